@@ -1,0 +1,459 @@
+// Package config owns the Config type: it loads YAML, applies KVGATE_* environment overrides,
+// fills defaults and validates, with errors that name the offending field. It is pure: it opens
+// no sockets and starts nothing.
+package config
+
+import (
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Config is the whole gateway configuration. Zero values mean "use the default" unless a field's
+// doc says otherwise.
+type Config struct {
+	// Listen is the gateway's address. Default 127.0.0.1:8080.
+	Listen string `yaml:"listen"`
+	// AdminKeySHA256 is the hex SHA-256 of the admin key; empty disables the admin routes.
+	AdminKeySHA256 string `yaml:"admin_key_sha256"`
+	// MaxBodyBytes caps request bodies; larger ones get 413 request_too_large. Default 32 MiB.
+	MaxBodyBytes int `yaml:"max_body_bytes"`
+
+	Backends  []Backend `yaml:"backends"`
+	Tenants   []Tenant  `yaml:"tenants"`
+	Policy    Policy    `yaml:"policy"`
+	Tokenizer Tokenizer `yaml:"tokenizer"`
+	State     State     `yaml:"state"`
+	Canary    Canary    `yaml:"canary"`
+	Capacity  Capacity  `yaml:"capacity"`
+	Upstream  Upstream  `yaml:"upstream"`
+}
+
+// Backend is one engine server.
+type Backend struct {
+	Name string `yaml:"name"`
+	// URL is the engine's base URL, http://host:port.
+	URL string `yaml:"url"`
+	// Role is unified (SGLang's disaggregation_mode "null"), prefill or decode.
+	Role string `yaml:"role"`
+	// APIKey is sent to the engine as a bearer token; the client's own key never is.
+	APIKey string `yaml:"api_key"`
+}
+
+// Tenant is one API customer.
+type Tenant struct {
+	Name string `yaml:"name"`
+	// KeySHA256 is the hex SHA-256 of the tenant's API key; the key itself is never stored.
+	KeySHA256 string `yaml:"key_sha256"`
+	// MaxPromptTokens caps the prompt (after template and canary); 0 means no cap.
+	MaxPromptTokens int `yaml:"max_prompt_tokens"`
+	// CanaryOptOut disables marker injection for this tenant (its replies are still scanned).
+	CanaryOptOut bool `yaml:"canary_opt_out"`
+}
+
+// Policy is the admission policy.
+type Policy struct {
+	// Mode is enforce (default) or monitor (the token rule is logged, not enforced).
+	Mode string `yaml:"mode"`
+	// Strict refuses to start when a backend's KV pool is smaller than its context.
+	Strict bool `yaml:"strict"`
+	// DefaultMaxTokens is the output reserved for OpenAI routes that name none; 0 reserves none.
+	DefaultMaxTokens int `yaml:"default_max_tokens"`
+}
+
+// Tokenizer selects the estimator used when the byte bound cannot decide.
+type Tokenizer struct {
+	// Library is tiktoken-go (default: github.com/tiktoken-go/tokenizer) or pkoukk.
+	Library string `yaml:"library"`
+	// Encoding is cl100k_base (default) or o200k_base.
+	Encoding string `yaml:"encoding"`
+	// SafetyRatio r: estimate×r must fit to admit without an exact count. Default 1.3, ≥ 1.
+	SafetyRatio float64 `yaml:"safety_ratio"`
+	// SafetyRatioMax caps how far engine reports may raise r. Default 2.0.
+	SafetyRatioMax float64 `yaml:"safety_ratio_max"`
+	// ExactConcurrency bounds concurrent /tokenize calls to engines. Default 4; 0 uses the default.
+	ExactConcurrency int `yaml:"exact_concurrency"`
+	// ExactTimeout bounds one /tokenize call. Default 2s.
+	ExactTimeout time.Duration `yaml:"exact_timeout"`
+}
+
+// State says where shared state lives.
+type State struct {
+	// RedisURL empty keeps all state in memory (one replica).
+	RedisURL string `yaml:"redis_url"`
+	// RedisMode is standalone (default), sentinel or cluster.
+	RedisMode string `yaml:"redis_mode"`
+	// KeyPrefix prefixes every Redis key. Default "kvgate:".
+	KeyPrefix string `yaml:"key_prefix"`
+}
+
+// Canary configures marker injection and reply scanning.
+type Canary struct {
+	Enabled bool `yaml:"enabled"`
+	// Secret derives markers; required when enabled. KVGATE_CANARY_SECRET overrides it.
+	Secret string `yaml:"secret"`
+	// Epoch is how often markers rotate. Default 1h.
+	Epoch time.Duration `yaml:"epoch"`
+	// DetectWindow is how long an old marker stays detectable. Default 24h.
+	DetectWindow time.Duration `yaml:"detect_window"`
+	// EveryBytes repeats the marker every N bytes of prompt; 0 injects once.
+	EveryBytes int `yaml:"every_bytes"`
+	// Placement is system_end (default) or prefix.
+	Placement string `yaml:"placement"`
+	// QuarantineTTL is how long a backend that leaked stays out of rotation. Default 15m.
+	QuarantineTTL time.Duration `yaml:"quarantine_ttl"`
+}
+
+// Capacity configures how engine capacity is read.
+type Capacity struct {
+	// PollInterval is how often each backend's /server_info and /v1/models are read. Default 2s.
+	PollInterval time.Duration `yaml:"poll_interval"`
+	// MaxAge: a capacity reading older than this is unknown (fail closed, 503). Default 3×poll.
+	MaxAge time.Duration `yaml:"max_age"`
+	// Timeout bounds one poll request. Default 2s.
+	Timeout time.Duration `yaml:"timeout"`
+}
+
+// Upstream configures the proxy's connections to engines.
+type Upstream struct {
+	// ResponseHeaderTimeout bounds the wait for an engine's first response byte. Default 300s
+	// (a long prefill is slow to start).
+	ResponseHeaderTimeout time.Duration `yaml:"response_header_timeout"`
+	// IdleTimeout closes a stream that sends nothing for this long. Default 60s.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// MaxConns per backend; every open stream holds one. Default 4096.
+	MaxConns int `yaml:"max_conns"`
+	// Retries of a PD request on 408/429/5xx before any byte reached the client. Default 1.
+	Retries int `yaml:"retries"`
+}
+
+// Roles.
+const (
+	RoleUnified = "unified"
+	RolePrefill = "prefill"
+	RoleDecode  = "decode"
+)
+
+// Load reads path, applies env overrides from environ (os.Environ() form), defaults, validates.
+func Load(path string, environ []string) (*Config, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading config: %w", err)
+	}
+	return Parse(raw, environ)
+}
+
+// Parse is Load without the file: YAML bytes in, validated Config out.
+func Parse(raw []byte, environ []string) (*Config, error) {
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	dec.KnownFields(true) // an unknown key is an error that names it
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	if err := ApplyEnv(&c, environ); err != nil {
+		return nil, err
+	}
+	c.applyDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+func (c *Config) applyDefaults() {
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:8080"
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 32 << 20
+	}
+	if c.Policy.Mode == "" {
+		c.Policy.Mode = "enforce"
+	}
+	if c.Tokenizer.Library == "" {
+		c.Tokenizer.Library = "tiktoken-go"
+	}
+	if c.Tokenizer.Encoding == "" {
+		c.Tokenizer.Encoding = "cl100k_base"
+	}
+	if c.Tokenizer.SafetyRatio == 0 {
+		c.Tokenizer.SafetyRatio = 1.3
+	}
+	if c.Tokenizer.SafetyRatioMax == 0 {
+		c.Tokenizer.SafetyRatioMax = 2.0
+	}
+	if c.Tokenizer.ExactConcurrency == 0 {
+		c.Tokenizer.ExactConcurrency = 4
+	}
+	if c.Tokenizer.ExactTimeout == 0 {
+		c.Tokenizer.ExactTimeout = 2 * time.Second
+	}
+	if c.State.RedisMode == "" {
+		c.State.RedisMode = "standalone"
+	}
+	if c.State.KeyPrefix == "" {
+		c.State.KeyPrefix = "kvgate:"
+	}
+	if c.Canary.Epoch == 0 {
+		c.Canary.Epoch = time.Hour
+	}
+	if c.Canary.DetectWindow == 0 {
+		c.Canary.DetectWindow = 24 * time.Hour
+	}
+	if c.Canary.Placement == "" {
+		c.Canary.Placement = "system_end"
+	}
+	if c.Canary.QuarantineTTL == 0 {
+		c.Canary.QuarantineTTL = 15 * time.Minute
+	}
+	if c.Capacity.PollInterval == 0 {
+		c.Capacity.PollInterval = 2 * time.Second
+	}
+	if c.Capacity.MaxAge == 0 {
+		// Three missed polls in a row: long enough to ride out one slow reply, short enough
+		// that a restarted engine's new pool is not trusted stale for long.
+		c.Capacity.MaxAge = 3 * c.Capacity.PollInterval
+	}
+	if c.Capacity.Timeout == 0 {
+		c.Capacity.Timeout = 2 * time.Second
+	}
+	if c.Upstream.ResponseHeaderTimeout == 0 {
+		c.Upstream.ResponseHeaderTimeout = 300 * time.Second
+	}
+	if c.Upstream.IdleTimeout == 0 {
+		c.Upstream.IdleTimeout = 60 * time.Second
+	}
+	if c.Upstream.MaxConns == 0 {
+		c.Upstream.MaxConns = 4096
+	}
+	if c.Upstream.Retries == 0 {
+		c.Upstream.Retries = 1
+	}
+}
+
+// Validate refuses a configuration that cannot work, naming the field.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("config: %s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if c.MaxBodyBytes < 0 {
+		bad("max_body_bytes", "must be positive, got %d", c.MaxBodyBytes)
+	}
+	if c.AdminKeySHA256 != "" && !isSHA256Hex(c.AdminKeySHA256) {
+		bad("admin_key_sha256", "must be 64 hex characters (sha256 of the admin key)")
+	}
+	if len(c.Backends) == 0 {
+		bad("backends", "at least one backend is required")
+	}
+	names := map[string]bool{}
+	roles := map[string]int{}
+	for i, b := range c.Backends {
+		f := fmt.Sprintf("backends[%d]", i)
+		if b.Name == "" {
+			bad(f+".name", "required")
+		} else if names[b.Name] {
+			bad(f+".name", "duplicate name %q", b.Name)
+		} else if strings.ContainsAny(b.Name, "/ ") {
+			bad(f+".name", "%q must not contain '/' or spaces (it appears in admin URLs)", b.Name)
+		}
+		names[b.Name] = true
+		if u, err := url.Parse(b.URL); err != nil || u.Scheme != "http" || u.Host == "" {
+			bad(f+".url", "must be http://host:port, got %q", b.URL)
+		}
+		switch b.Role {
+		case RoleUnified, RolePrefill, RoleDecode:
+			roles[b.Role]++
+		default:
+			bad(f+".role", "must be unified, prefill or decode, got %q", b.Role)
+		}
+	}
+	if (roles[RolePrefill] > 0) != (roles[RoleDecode] > 0) {
+		bad("backends", "prefill and decode backends come in pairs: have %d prefill and %d decode", roles[RolePrefill], roles[RoleDecode])
+	}
+	tenantNames := map[string]bool{}
+	keys := map[string]bool{}
+	for i, t := range c.Tenants {
+		f := fmt.Sprintf("tenants[%d]", i)
+		if t.Name == "" {
+			bad(f+".name", "required")
+		} else if tenantNames[t.Name] {
+			bad(f+".name", "duplicate name %q", t.Name)
+		}
+		tenantNames[t.Name] = true
+		if !isSHA256Hex(t.KeySHA256) {
+			bad(f+".key_sha256", "must be 64 hex characters (sha256 of the tenant's API key)")
+		} else if keys[strings.ToLower(t.KeySHA256)] {
+			bad(f+".key_sha256", "the same key is configured for two tenants")
+		}
+		keys[strings.ToLower(t.KeySHA256)] = true
+		if t.MaxPromptTokens < 0 {
+			bad(f+".max_prompt_tokens", "must be ≥ 0 (0 = no cap), got %d", t.MaxPromptTokens)
+		}
+	}
+	switch c.Policy.Mode {
+	case "enforce", "monitor":
+	default:
+		bad("policy.mode", "must be enforce or monitor, got %q", c.Policy.Mode)
+	}
+	if c.Policy.DefaultMaxTokens < 0 {
+		bad("policy.default_max_tokens", "must be ≥ 0, got %d", c.Policy.DefaultMaxTokens)
+	}
+	switch c.Tokenizer.Library {
+	case "tiktoken-go", "pkoukk":
+	default:
+		bad("tokenizer.library", "must be tiktoken-go or pkoukk, got %q", c.Tokenizer.Library)
+	}
+	switch c.Tokenizer.Encoding {
+	case "cl100k_base", "o200k_base":
+	default:
+		bad("tokenizer.encoding", "must be cl100k_base or o200k_base, got %q", c.Tokenizer.Encoding)
+	}
+	if c.Tokenizer.SafetyRatio < 1 {
+		bad("tokenizer.safety_ratio", "must be ≥ 1, got %v", c.Tokenizer.SafetyRatio)
+	}
+	if c.Tokenizer.SafetyRatioMax < c.Tokenizer.SafetyRatio {
+		bad("tokenizer.safety_ratio_max", "must be ≥ safety_ratio (%v), got %v", c.Tokenizer.SafetyRatio, c.Tokenizer.SafetyRatioMax)
+	}
+	if c.Tokenizer.ExactConcurrency < 0 {
+		bad("tokenizer.exact_concurrency", "must be ≥ 0, got %d", c.Tokenizer.ExactConcurrency)
+	}
+	switch c.State.RedisMode {
+	case "standalone", "sentinel", "cluster":
+	default:
+		bad("state.redis_mode", "must be standalone, sentinel or cluster, got %q", c.State.RedisMode)
+	}
+	if c.Canary.Enabled && c.Canary.Secret == "" {
+		bad("canary.secret", "required when canary.enabled is true (or set KVGATE_CANARY_SECRET)")
+	}
+	if c.Canary.EveryBytes < 0 {
+		bad("canary.every_bytes", "must be ≥ 0 (0 = once), got %d", c.Canary.EveryBytes)
+	}
+	switch c.Canary.Placement {
+	case "system_end", "prefix":
+	default:
+		bad("canary.placement", "must be system_end or prefix, got %q", c.Canary.Placement)
+	}
+	if c.Canary.DetectWindow < c.Canary.Epoch {
+		bad("canary.detect_window", "must be ≥ canary.epoch (%s), got %s", c.Canary.Epoch, c.Canary.DetectWindow)
+	}
+	if c.Capacity.MaxAge < c.Capacity.PollInterval {
+		bad("capacity.max_age", "must be ≥ capacity.poll_interval (%s), got %s", c.Capacity.PollInterval, c.Capacity.MaxAge)
+	}
+	if c.Upstream.Retries < 0 {
+		bad("upstream.retries", "must be ≥ 0, got %d", c.Upstream.Retries)
+	}
+	return errors.Join(errs...)
+}
+
+func isSHA256Hex(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(s)
+	return err == nil
+}
+
+// ApplyEnv sets every scalar field named by a KVGATE_* variable: the variable's name is KVGATE_
+// followed by the field's YAML path in upper case joined by "_" (KVGATE_LISTEN,
+// KVGATE_POLICY_MODE, KVGATE_CANARY_SECRET, KVGATE_STATE_REDIS_URL). Lists (backends, tenants)
+// are not overridable from the environment. Other variables are ignored.
+func ApplyEnv(c *Config, environ []string) error {
+	fields := map[string]reflect.Value{}
+	collectEnvFields(reflect.ValueOf(c).Elem(), "KVGATE", fields)
+	for _, kv := range environ {
+		name, value, ok := strings.Cut(kv, "=")
+		if !ok || !strings.HasPrefix(name, "KVGATE_") {
+			continue
+		}
+		f, known := fields[name]
+		if !known {
+			continue
+		}
+		if err := setScalar(f, value); err != nil {
+			return fmt.Errorf("config: environment %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// EnvNames lists every variable ApplyEnv understands (for docs and tests).
+func EnvNames() []string {
+	fields := map[string]reflect.Value{}
+	var c Config
+	collectEnvFields(reflect.ValueOf(&c).Elem(), "KVGATE", fields)
+	out := make([]string, 0, len(fields))
+	for k := range fields {
+		out = append(out, k)
+	}
+	return out
+}
+
+func collectEnvFields(v reflect.Value, prefix string, out map[string]reflect.Value) {
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		tag := strings.Split(t.Field(i).Tag.Get("yaml"), ",")[0]
+		if tag == "" || tag == "-" {
+			continue
+		}
+		name := prefix + "_" + strings.ToUpper(tag)
+		f := v.Field(i)
+		switch f.Kind() {
+		case reflect.Struct:
+			collectEnvFields(f, name, out)
+		case reflect.Slice, reflect.Map:
+			// lists are configured in the file only
+		default:
+			out[name] = f
+		}
+	}
+}
+
+var durationType = reflect.TypeOf(time.Duration(0))
+
+func setScalar(f reflect.Value, s string) error {
+	if f.Type() == durationType {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("not a duration (like 2s, 1h): %q", s)
+		}
+		f.SetInt(int64(d))
+		return nil
+	}
+	switch f.Kind() {
+	case reflect.String:
+		f.SetString(s)
+	case reflect.Bool:
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			return fmt.Errorf("not a boolean: %q", s)
+		}
+		f.SetBool(b)
+	case reflect.Int, reflect.Int64:
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return fmt.Errorf("not an integer: %q", s)
+		}
+		f.SetInt(n)
+	case reflect.Float64:
+		x, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return fmt.Errorf("not a number: %q", s)
+		}
+		f.SetFloat(x)
+	default:
+		return fmt.Errorf("unsupported field kind %s", f.Kind())
+	}
+	return nil
+}
