@@ -1,0 +1,178 @@
+// Package policy owns the admission decision: given what a request needs and what each path to
+// the engines can hold, admit or refuse, and say which counting tier decided. The rule itself is
+// pure and table-tested; the only effects are the estimator and the exact counter passed in.
+// It never sends a request to an engine and never reads configuration files.
+package policy
+
+import (
+	"context"
+	"math"
+)
+
+// Path is one way to serve a request: a unified backend, or a prefill + decode pair. Its limits
+// are the strictest of its backends' (the engine rejects at the smallest).
+type Path struct {
+	Backends []string
+	// MaxReqInputLen is SGLang's max_req_input_len (min over the path): the engine rejects P ≥ it.
+	MaxReqInputLen int
+	// ContextLen is /v1/models max_model_len (min over the path).
+	ContextLen int
+}
+
+// MaxPrompt is the largest prompt P that the admission rule admits on p:
+// P < mril, P < ctx, P + O < ctx, and P ≤ tenantMax when tenantMax > 0. It may be negative
+// (nothing fits, e.g. when the requested output alone fills the context).
+func MaxPrompt(p Path, output, tenantMax int) int {
+	m := min(p.MaxReqInputLen-1, p.ContextLen-1, p.ContextLen-1-output)
+	if tenantMax > 0 {
+		m = min(m, tenantMax)
+	}
+	return m
+}
+
+// Admits is the admission rule written exactly as DESIGN.md states it; MaxPrompt must agree with
+// it at every boundary (tested).
+func Admits(p Path, prompt, output, tenantMax int) bool {
+	return prompt < p.MaxReqInputLen && prompt < p.ContextLen && prompt+output < p.ContextLen &&
+		(tenantMax == 0 || prompt <= tenantMax)
+}
+
+// Limit is the largest prompt that any of paths admits (math.MinInt when there are none).
+func Limit(paths []Path, output, tenantMax int) int {
+	best := math.MinInt
+	for _, p := range paths {
+		best = max(best, MaxPrompt(p, output, tenantMax))
+	}
+	return best
+}
+
+// Eligible returns the paths that admit a prompt of (at most) tokens tokens.
+func Eligible(paths []Path, tokens, output, tenantMax int) []Path {
+	var out []Path
+	for _, p := range paths {
+		if MaxPrompt(p, output, tenantMax) >= tokens {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Zone is where an estimate falls relative to a limit under a safety ratio.
+type Zone int
+
+const (
+	ZoneAdmit  Zone = iota // estimate × r fits: admit
+	ZoneRefuse             // estimate ÷ r is still over: refuse
+	ZoneGray               // in between: ask for the exact count
+)
+
+// Classify places estimate against limit with safety ratio r ≥ 1.
+func Classify(estimate int, r float64, limit int) Zone {
+	switch {
+	case float64(estimate)*r <= float64(limit):
+		return ZoneAdmit
+	case float64(estimate)/r > float64(limit):
+		return ZoneRefuse
+	default:
+		return ZoneGray
+	}
+}
+
+// Tier names what decided.
+type Tier string
+
+const (
+	TierInputIDs Tier = "input_ids" // token ids given: the count is exact
+	TierBound    Tier = "bound"     // bytes ≥ tokens, and the bytes fit
+	TierEstimate Tier = "estimate"  // tiktoken estimate × or ÷ the safety ratio decided
+	TierExact    Tier = "exact"     // the engine's /tokenize counted
+	TierFallback Tier = "fallback"  // gray zone, exact count unavailable: estimate × ratio decided
+)
+
+// Estimator counts tokens with early exit (tokenize.Encoder satisfies it).
+type Estimator interface {
+	Count(text string, stopAfter int) (n int, complete bool)
+}
+
+// ExactCounter asks an engine for the exact count of the rendered prompt. It returns an error
+// when saturated or unavailable; the caller then falls back.
+type ExactCounter interface {
+	Exact(ctx context.Context, text string) (int, error)
+}
+
+// Request is what admission needs to know about one request.
+type Request struct {
+	// Text is the rendered prompt (template and canary included) when the request is text.
+	Text string
+	// Bytes is the byte bound of everything rendered into the prompt (≥ len(Text)).
+	Bytes int
+	// InputIDs is the number of token ids when the request gave ids; HasInputIDs says so.
+	InputIDs    int
+	HasInputIDs bool
+}
+
+// Decision is the outcome of counting against a limit.
+type Decision struct {
+	Admit bool
+	Tier  Tier
+	// Tokens is the count used: for an admit an upper bound on the engine's count (route on it),
+	// for a refusal the best count known (shown to the client).
+	Tokens int
+	// Limit is the largest prompt some path admits.
+	Limit int
+}
+
+// Decide counts req just as far as needed to compare it with limit, cheapest tier first:
+// input ids are exact; the byte bound admits most traffic without tokenizing; the estimate
+// with early exit decides clear cases; the gray zone asks exact (nil: skip) and otherwise falls
+// back to estimate × ratio.
+func Decide(ctx context.Context, req Request, limit int, est Estimator, ratio float64, exact ExactCounter) Decision {
+	d := Decision{Limit: limit}
+	if req.HasInputIDs {
+		d.Tier, d.Tokens, d.Admit = TierInputIDs, req.InputIDs, req.InputIDs <= limit
+		return d
+	}
+	if req.Bytes <= limit {
+		d.Tier, d.Tokens, d.Admit = TierBound, req.Bytes, true
+		return d
+	}
+	if limit < 0 {
+		// Nothing fits; one token is a lower bound for any non-empty prompt.
+		d.Tier, d.Tokens = TierEstimate, 1
+		if n, _ := est.Count(req.Text, 0); n > 1 {
+			d.Tokens = n
+		}
+		return d
+	}
+	// Counting past limit×r cannot change the outcome: stop there.
+	stopAfter := int(math.Floor(float64(limit)*ratio)) + 1
+	n, _ := est.Count(req.Text, stopAfter)
+	d.Tier = TierEstimate
+	switch Classify(n, ratio, limit) {
+	case ZoneAdmit:
+		d.Admit, d.Tokens = true, upper(n, ratio, req.Bytes)
+		return d
+	case ZoneRefuse:
+		d.Tokens = n
+		return d
+	}
+	if exact != nil {
+		if e, err := exact.Exact(ctx, req.Text); err == nil {
+			d.Tier, d.Tokens, d.Admit = TierExact, e, e <= limit
+			return d
+		}
+	}
+	d.Tier = TierFallback
+	up := upper(n, ratio, req.Bytes)
+	if up <= limit {
+		d.Admit, d.Tokens = true, up
+	} else {
+		d.Tokens = n
+	}
+	return d
+}
+
+// upper is the estimate scaled by the ratio, never above the byte bound (which is sound).
+func upper(n int, r float64, bytes int) int {
+	return min(int(math.Ceil(float64(n)*r)), bytes)
+}

@@ -1,0 +1,172 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+)
+
+// The incident's numbers: context 1,048,576, prefill pool 681,280 → mril = min(ctx-1, pool-1)-5.
+var incident = Path{MaxReqInputLen: 681280 - 1 - 5, ContextLen: 1048576}
+
+func TestMaxPromptAgreesWithTheRuleAtEveryBoundary(t *testing.T) {
+	paths := []Path{
+		incident,
+		{MaxReqInputLen: 20474, ContextLen: 32768},
+		{MaxReqInputLen: 32762, ContextLen: 32768},
+		{MaxReqInputLen: 100, ContextLen: 100},
+		{MaxReqInputLen: 10, ContextLen: 5},
+	}
+	for _, p := range paths {
+		for _, out := range []int{0, 1, 127, 128, 1000, p.ContextLen - 1, p.ContextLen, p.ContextLen + 5} {
+			for _, cap := range []int{0, 1, 50, 20473, 20474} {
+				m := MaxPrompt(p, out, cap)
+				// Probe around every boundary: the limit itself and its neighbours.
+				for _, prompt := range []int{0, 1, m - 1, m, m + 1, p.MaxReqInputLen - 1, p.MaxReqInputLen, p.ContextLen - out - 1, p.ContextLen - out, cap, cap + 1} {
+					if prompt < 0 {
+						continue
+					}
+					want := Admits(p, prompt, out, cap)
+					got := prompt <= m
+					if got != want {
+						t.Fatalf("path %+v out=%d cap=%d prompt=%d: MaxPrompt=%d says %v, rule says %v", p, out, cap, prompt, m, got, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestAdmitsBoundaries(t *testing.T) {
+	p := Path{MaxReqInputLen: 20474, ContextLen: 32768}
+	cases := []struct {
+		name             string
+		prompt, out, cap int
+		want             bool
+	}{
+		{"one below mril", 20473, 0, 0, true},
+		{"at mril: the engine rejects P ≥ mril", 20474, 0, 0, false},
+		{"P+O one below ctx", 20000, 12767, 0, true},
+		{"P+O equals ctx: strict form refuses", 20000, 12768, 0, false},
+		{"tenant cap equal admits (≤)", 500, 0, 500, true},
+		{"tenant cap exceeded", 501, 0, 500, false},
+		{"cap 0 means none", 20473, 0, 0, true},
+	}
+	for _, tc := range cases {
+		if got := Admits(p, tc.prompt, tc.out, tc.cap); got != tc.want {
+			t.Errorf("%s: Admits=%v want %v", tc.name, got, tc.want)
+		}
+	}
+	if got := MaxPrompt(incident, 0, 0); got != 681273 {
+		t.Errorf("incident limit: got %d want 681273", got)
+	}
+}
+
+func TestClassify(t *testing.T) {
+	cases := []struct {
+		est   int
+		r     float64
+		limit int
+		want  Zone
+	}{
+		{100, 1.3, 130, ZoneAdmit},
+		{100, 1.3, 129, ZoneGray},
+		{130, 1.3, 100, ZoneGray},
+		{131, 1.3, 100, ZoneRefuse},
+		{100, 1.0, 100, ZoneAdmit},
+		{101, 1.0, 100, ZoneRefuse},
+	}
+	for _, tc := range cases {
+		if got := Classify(tc.est, tc.r, tc.limit); got != tc.want {
+			t.Errorf("Classify(%d, %v, %d) = %v want %v", tc.est, tc.r, tc.limit, got, tc.want)
+		}
+	}
+}
+
+// wordEstimator counts space-separated words and records how far it was asked to count.
+type wordEstimator struct{ stopAfter []int }
+
+func (w *wordEstimator) Count(text string, stopAfter int) (int, bool) {
+	w.stopAfter = append(w.stopAfter, stopAfter)
+	n := len(strings.Fields(text))
+	if stopAfter >= 0 && n > stopAfter {
+		return stopAfter + 1, false
+	}
+	return n, true
+}
+
+type fixedExact struct {
+	n     int
+	err   error
+	calls int
+}
+
+func (f *fixedExact) Exact(context.Context, string) (int, error) { f.calls++; return f.n, f.err }
+
+func TestDecideTiers(t *testing.T) {
+	words := func(n int) string { return strings.Repeat("word ", n) } // 5 bytes per word
+	cases := []struct {
+		name      string
+		req       Request
+		limit     int
+		exact     *fixedExact
+		wantAdmit bool
+		wantTier  Tier
+		wantCalls int
+	}{
+		{"input ids fit", Request{InputIDs: 10, HasInputIDs: true}, 10, nil, true, TierInputIDs, 0},
+		{"input ids over", Request{InputIDs: 11, HasInputIDs: true}, 10, nil, false, TierInputIDs, 0},
+		{"byte bound admits", Request{Text: words(10), Bytes: 50}, 50, nil, true, TierBound, 0},
+		{"estimate admits", Request{Text: words(100), Bytes: 500}, 130, &fixedExact{}, true, TierEstimate, 0},
+		{"estimate refuses", Request{Text: words(200), Bytes: 1000}, 100, &fixedExact{}, false, TierEstimate, 0},
+		{"gray zone asks exact: fits", Request{Text: words(100), Bytes: 500}, 110, &fixedExact{n: 110}, true, TierExact, 1},
+		{"gray zone asks exact: over", Request{Text: words(100), Bytes: 500}, 110, &fixedExact{n: 111}, false, TierExact, 1},
+		{"gray zone, exact unavailable: fallback refuses", Request{Text: words(100), Bytes: 500}, 110, &fixedExact{err: errors.New("busy")}, false, TierFallback, 1},
+		{"nothing fits", Request{Text: words(3), Bytes: 15}, -5, nil, false, TierEstimate, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var ex ExactCounter
+			if tc.exact != nil {
+				ex = tc.exact
+			}
+			d := Decide(context.Background(), tc.req, tc.limit, &wordEstimator{}, 1.3, ex)
+			if d.Admit != tc.wantAdmit || d.Tier != tc.wantTier {
+				t.Fatalf("got %+v, want admit=%v tier=%s", d, tc.wantAdmit, tc.wantTier)
+			}
+			if tc.exact != nil && tc.exact.calls != tc.wantCalls {
+				t.Fatalf("exact called %d times, want %d", tc.exact.calls, tc.wantCalls)
+			}
+			if d.Admit && d.Tokens > tc.limit {
+				t.Fatalf("admitted with tokens %d over limit %d", d.Tokens, tc.limit)
+			}
+		})
+	}
+}
+
+func TestDecideStopsEarly(t *testing.T) {
+	est := &wordEstimator{}
+	d := Decide(context.Background(), Request{Text: strings.Repeat("w ", 100000), Bytes: 200000}, 1000, est, 1.3, nil)
+	if d.Admit || len(est.stopAfter) != 1 || est.stopAfter[0] != 1301 {
+		t.Fatalf("want a refusal after counting to limit×r+1=1301, got %+v stops=%v", d, est.stopAfter)
+	}
+}
+
+func TestEligibleAndLimit(t *testing.T) {
+	small := Path{Backends: []string{"p1", "d1"}, MaxReqInputLen: 1000, ContextLen: 4096}
+	large := Path{Backends: []string{"p2", "d2"}, MaxReqInputLen: 3000, ContextLen: 4096}
+	paths := []Path{small, large}
+	if got := Limit(paths, 0, 0); got != 2999 {
+		t.Fatalf("Limit = %d", got)
+	}
+	if got := Eligible(paths, 1500, 0, 0); len(got) != 1 || got[0].Backends[0] != "p2" {
+		t.Fatalf("only the large pair admits 1500: %+v", got)
+	}
+	if got := Eligible(paths, 3000, 0, 0); len(got) != 0 {
+		t.Fatalf("nothing admits 3000: %+v", got)
+	}
+	if got := Limit(nil, 0, 0); got >= 0 {
+		t.Fatalf("no paths must give a negative limit, got %d", got)
+	}
+}
