@@ -1,0 +1,51 @@
+// Package redisstate builds the one Redis client that every piece of shared kvgate state (incidents,
+// quarantine flags, rate-limit cells) uses. It owns only the translation of state.redis_url and
+// state.redis_mode into a go-redis UniversalClient; it must never hold state itself, issue
+// commands at construction time, or hide a configuration error behind a default.
+package redisstate
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Modes accepted by NewClient.
+const (
+	ModeStandalone = "standalone"
+	ModeSentinel   = "sentinel"
+	ModeCluster    = "cluster"
+)
+
+// NewClient builds one redis.UniversalClient from url and mode ("standalone" | "sentinel" |
+// "cluster"; empty means standalone), using go-redis's ParseURL, ParseFailoverURL and
+// ParseClusterURL. It does not connect: the first command does. Errors name the config field
+// (state.redis_url or state.redis_mode) so an operator can find the bad line.
+func NewClient(url, mode string) (redis.UniversalClient, error) {
+	if strings.TrimSpace(url) == "" {
+		return nil, fmt.Errorf("state.redis_url: empty")
+	}
+	switch strings.ToLower(strings.TrimSpace(mode)) {
+	case "", ModeStandalone:
+		opt, err := redis.ParseURL(url)
+		if err != nil {
+			return nil, fmt.Errorf("state.redis_url (mode %s): %w", ModeStandalone, err)
+		}
+		return redis.NewClient(opt), nil
+	case ModeSentinel:
+		opt, err := redis.ParseFailoverURL(url)
+		if err != nil {
+			return nil, fmt.Errorf("state.redis_url (mode %s): %w", ModeSentinel, err)
+		}
+		return redis.NewFailoverClient(opt), nil
+	case ModeCluster:
+		opt, err := redis.ParseClusterURL(url)
+		if err != nil {
+			return nil, fmt.Errorf("state.redis_url (mode %s): %w", ModeCluster, err)
+		}
+		return redis.NewClusterClient(opt), nil
+	default:
+		return nil, fmt.Errorf("state.redis_mode: %q is not one of standalone, sentinel, cluster", mode)
+	}
+}
