@@ -1,0 +1,14 @@
+// Package tokenize counts prompt tokens for kvgate's admission check.
+//
+// It owns the encoders (built once per library and encoding, then shared), the ChatML rendering
+// that both kvgate and the simulator count, the byte bound (tier 1 of DESIGN.md's "Counting
+// tokens"), the early-exit and parallel chunked estimate (tier 2) and the safety ratio used when
+// the exact count is not available (tier 3's fallback).
+//
+// It must never reach the network: the tiktoken-go library has its vocabularies compiled in and
+// the pkoukk library is always given its offline loader before it builds an encoding. It must
+// never under-count through its own splitting: chunks are cut only where both cl100k_base's and
+// o200k_base's pre-tokenizers would cut anyway, and the only cuts that are not such boundaries
+// (runs with no boundary at all) can only add tokens. It takes no admission decision: callers
+// compare the counts it returns with limits.
+package tokenize
