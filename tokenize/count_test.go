@@ -1,0 +1,291 @@
+package tokenize
+
+import (
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	tiktoken "github.com/pkoukk/tiktoken-go"
+	"github.com/tiktoken-go/tokenizer"
+)
+
+var libraries = []string{LibraryTiktokenGo, LibraryPkoukk}
+
+func mustEncoder(t testing.TB, library, encoding string) Encoder {
+	t.Helper()
+	enc, err := NewEncoder(library, encoding)
+	if err != nil {
+		t.Fatalf("NewEncoder(%q, %q): %v", library, encoding, err)
+	}
+	return enc
+}
+
+func TestNewEncoderNamesAndErrors(t *testing.T) {
+	names := map[[2]string]string{
+		{"", ""}:                      "tiktoken-go/cl100k_base",
+		{"tiktoken-go", "o200k_base"}: "tiktoken-go/o200k_base",
+		{"pkoukk", ""}:                "pkoukk/cl100k_base",
+		{"pkoukk", "o200k_base"}:      "pkoukk/o200k_base",
+	}
+	for args, want := range names {
+		if got := mustEncoder(t, args[0], args[1]).Name(); got != want {
+			t.Errorf("NewEncoder(%q, %q).Name() = %q, want %q", args[0], args[1], got, want)
+		}
+	}
+	for _, c := range []struct{ library, encoding, mention string }{
+		{"hf", "", `"hf"`},
+		{"tiktoken-go", "p50k_base", `"p50k_base"`},
+		{"pkoukk", "gpt2", `"gpt2"`},
+	} {
+		_, err := NewEncoder(c.library, c.encoding)
+		if err == nil {
+			t.Fatalf("NewEncoder(%q, %q): no error", c.library, c.encoding)
+		}
+		for _, s := range []string{c.mention, "allowed"} {
+			if !strings.Contains(err.Error(), s) {
+				t.Errorf("NewEncoder(%q, %q) error %q does not mention %s", c.library, c.encoding, err, s)
+			}
+		}
+	}
+}
+
+// Known counts: OpenAI's tiktoken gives these (the cl100k "tiktoken is great!" example is from
+// OpenAI's cookbook).
+func TestKnownCounts(t *testing.T) {
+	cases := []struct {
+		encoding, text string
+		want           int
+	}{
+		{"cl100k_base", "hello world", 2},
+		{"cl100k_base", "", 0},
+		{"cl100k_base", "tiktoken is great!", 6},
+		{"o200k_base", "hello world", 2},
+	}
+	for _, lib := range libraries {
+		for _, c := range cases {
+			enc := mustEncoder(t, lib, c.encoding)
+			n, complete := enc.Count(c.text, -1)
+			if n != c.want || !complete {
+				t.Errorf("%s Count(%q) = %d, %v; want %d, true", enc.Name(), c.text, n, complete, c.want)
+			}
+		}
+	}
+}
+
+// wholeCount is the single-piece count, straight from the library.
+func wholeCount(t testing.TB, library, encoding, text string) int {
+	t.Helper()
+	if library == LibraryPkoukk {
+		mustEncoder(t, library, encoding) // sets the offline loader
+		tk, err := tiktoken.GetEncoding(encoding)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(tk.Encode(text, nil, nil))
+	}
+	codec, err := tokenizer.Get(tokenizer.Encoding(encoding))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := codec.Count(text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// The chunked parallel count must equal (the spec allows 0.1%) the library's count of the whole
+// text on ordinary text, for every library and encoding.
+func TestChunkedCountMatchesWholeCount(t *testing.T) {
+	corpora := map[string]string{
+		"english": englishText(21, 300<<10),
+		"go":      goCodeText(22, 300<<10),
+		"chinese": chineseText(23, 300<<10),
+		"mixed":   mixedText(24, 600<<10),
+	}
+	for _, lib := range libraries {
+		for _, encoding := range []string{EncodingCl100k, EncodingO200k} {
+			enc := mustEncoder(t, lib, encoding)
+			for name, text := range corpora {
+				got, complete := enc.Count(text, -1)
+				want := wholeCount(t, lib, encoding, text)
+				if !complete || got < want || float64(got-want) > 0.001*float64(want) {
+					t.Errorf("%s %s (%d bytes): chunked %d (complete %v), whole %d", enc.Name(), name, len(text), got, complete, want)
+				} else if got != want {
+					t.Logf("%s %s: chunked %d, whole %d (+%d)", enc.Name(), name, got, want, got-want)
+				}
+			}
+		}
+	}
+}
+
+// The two libraries are independent implementations with independently shipped vocabularies;
+// on ordinary text they must agree (the field notes saw 1 token in 1.24 M differ, on "\n\t\n").
+func TestLibrariesAgree(t *testing.T) {
+	text := mixedText(61, 500<<10)
+	for _, encoding := range []string{EncodingCl100k, EncodingO200k} {
+		a, _ := mustEncoder(t, LibraryTiktokenGo, encoding).Count(text, -1)
+		b, _ := mustEncoder(t, LibraryPkoukk, encoding).Count(text, -1)
+		if d := max(a-b, b-a); d > 1+a/10000 {
+			t.Errorf("%s: tiktoken-go %d, pkoukk %d", encoding, a, b)
+		} else {
+			t.Logf("%s: tiktoken-go %d, pkoukk %d tokens on %d bytes", encoding, a, b, len(text))
+		}
+	}
+}
+
+// Adversarial megabyte inputs must be decided quickly by both libraries. 2 s is generous: the
+// guard is against the quadratic case (pkoukk alone takes ~97 s on 400 KB of "a").
+func TestAdversarialMegabyteWithinTwoSeconds(t *testing.T) {
+	inputs := map[string]string{
+		"one char":      strings.Repeat("a", 1<<20),
+		"spaces":        strings.Repeat(" ", 1<<20),
+		"special token": strings.Repeat("hello <|endoftext|> ", (1<<20)/20),
+		"punctuation":   strings.Repeat(".", 1<<20),
+		"newlines":      strings.Repeat("\n", 1<<20),
+		"ideographs":    strings.Repeat("中", (1<<20)/3),
+	}
+	bound := 2 * time.Second * raceSlowdown
+	for _, lib := range libraries {
+		enc := mustEncoder(t, lib, "")
+		for name, text := range inputs {
+			start := time.Now()
+			n, complete := enc.Count(text, -1)
+			took := time.Since(start)
+			if took > bound {
+				t.Errorf("%s on 1 MB of %s took %v (> %v)", enc.Name(), name, took, bound)
+			}
+			if !complete || n <= 0 || n > ByteBound(text) {
+				t.Errorf("%s on 1 MB of %s: n=%d complete=%v", enc.Name(), name, n, complete)
+			}
+			t.Logf("%s %-13s %7d tokens in %v", enc.Name(), name, n, took.Round(time.Millisecond))
+		}
+	}
+}
+
+// Special-token text must not panic pkoukk (it does with Encode(text, nil, []string{"all"})) and
+// must be counted as ordinary text, like the engine's /tokenize does for user content.
+func TestPkoukkSpecialTokenTextCountedAsText(t *testing.T) {
+	enc := mustEncoder(t, LibraryPkoukk, "")
+	tk, err := tiktoken.GetEncoding(EncodingCl100k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"<|endoftext|>", "a<|fim_prefix|>b<|endofprompt|>", strings.Repeat("<|endoftext|>", 500)} {
+		n, complete := enc.Count(s, -1)
+		if want := len(tk.EncodeOrdinary(s)); n != want || !complete {
+			t.Errorf("Count(%.30q) = %d, %v; ordinary encoding gives %d", s, n, complete, want)
+		}
+		if n <= 1 {
+			t.Errorf("Count(%.30q) = %d: counted as a special token", s, n)
+		}
+	}
+}
+
+func TestEarlyExit(t *testing.T) {
+	text := mixedText(31, 2<<20)
+	for _, lib := range libraries {
+		enc := mustEncoder(t, lib, "")
+		full, complete := enc.Count(text, -1)
+		if !complete {
+			t.Fatalf("%s: stopAfter -1 gave complete=false", enc.Name())
+		}
+		// The exact count is returned whenever it is <= stopAfter, including the boundary.
+		for _, stop := range []int{full, full + 1, 1 << 40} {
+			if n, c := enc.Count(text, stop); n != full || !c {
+				t.Errorf("%s Count(stopAfter=%d) = %d, %v; want %d, true", enc.Name(), stop, n, c, full)
+			}
+		}
+		for _, stop := range []int{0, 1, 1000, full / 2, full - 1} {
+			n, c := enc.Count(text, stop)
+			if n <= stop || c {
+				t.Errorf("%s Count(stopAfter=%d) = %d, %v; want > %d, false", enc.Name(), stop, n, c, stop)
+			}
+		}
+	}
+}
+
+// Early exit must save work, not just report it: count the pieces actually encoded.
+func TestEarlyExitStopsCounting(t *testing.T) {
+	base := mustEncoder(t, LibraryTiktokenGo, "").(*chunked)
+	var pieces atomic.Int64
+	counting := *base
+	counting.countPiece = func(s string) int { pieces.Add(1); return base.countPiece(s) }
+	text := mixedText(32, 4<<20)
+
+	counting.Count(text, -1)
+	all := pieces.Swap(0)
+	n, complete := counting.Count(text, 1000)
+	some := pieces.Load()
+	if complete || n <= 1000 {
+		t.Fatalf("Count(stopAfter=1000) = %d, %v", n, complete)
+	}
+	// Each worker may finish the piece it is in: at most GOMAXPROCS pieces past the one that
+	// crossed, and 1000 tokens fit in one 16 KiB piece.
+	if limit := int64(1 + 2*runtime.GOMAXPROCS(0)); some > limit {
+		t.Fatalf("early exit encoded %d of %d pieces, want at most %d", some, all, limit)
+	}
+	if all < 100 {
+		t.Fatalf("only %d pieces in 4 MB: the test proves nothing", all)
+	}
+}
+
+// The count depends on the text only, not on how many workers share it.
+func TestCountIndependentOfParallelism(t *testing.T) {
+	texts := []string{mixedText(41, 1<<20), strings.Repeat("1", 300<<10), strings.Repeat("é", 200<<10)}
+	for _, lib := range libraries {
+		enc := mustEncoder(t, lib, "")
+		var want []int
+		for _, s := range texts {
+			n, _ := enc.Count(s, -1)
+			want = append(want, n)
+		}
+		prev := runtime.GOMAXPROCS(1)
+		for i, s := range texts {
+			if n, _ := enc.Count(s, -1); n != want[i] {
+				t.Errorf("%s text %d: %d with 1 worker, %d with %d", enc.Name(), i, n, want[i], prev)
+			}
+		}
+		runtime.GOMAXPROCS(prev)
+	}
+}
+
+func TestConcurrentCounts(t *testing.T) {
+	texts := []string{englishText(51, 40000), goCodeText(52, 200<<10), chineseText(53, 10000), "hello world"}
+	for _, lib := range libraries {
+		enc := mustEncoder(t, lib, "")
+		want := make([]int, len(texts))
+		for i, s := range texts {
+			want[i], _ = enc.Count(s, -1)
+		}
+		var wg sync.WaitGroup
+		for g := range 8 {
+			wg.Go(func() {
+				for k := range 6 {
+					i := (g + k) % len(texts)
+					if n, _ := enc.Count(texts[i], -1); n != want[i] {
+						t.Errorf("%s concurrent count of text %d = %d, want %d", enc.Name(), i, n, want[i])
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+}
+
+// Invalid UTF-8 is counted as U+FFFD, so its count is that of the repaired text.
+func TestInvalidUTF8CountedAsReplacement(t *testing.T) {
+	bad := "abc\xff\xfe def \xe4\xb8 end"
+	repaired := strings.ToValidUTF8(bad, "\uFFFD")
+	for _, lib := range libraries {
+		enc := mustEncoder(t, lib, "")
+		got, _ := enc.Count(bad, -1)
+		want, _ := enc.Count(repaired, -1)
+		if got != want || got == 0 {
+			t.Errorf("%s: invalid text counted %d, repaired text %d", enc.Name(), got, want)
+		}
+	}
+}
