@@ -1,0 +1,415 @@
+package canary
+
+import (
+	"bytes"
+	"unicode/utf8"
+)
+
+// Redacted replaces any "KVG-" text that is neither the requester's marker, an echo, nor a leak.
+// It starts with '[' so that it can never complete a "KVG-" with the bytes before it.
+const Redacted = "[redacted]"
+
+// holdMax bounds the run of "K"/"KV"/"KVG" pieces held at the end of an event (see chainSuffix).
+const holdMax = 64
+
+// contextSide is how many bytes of text each side of a hit go into Hit.Context.
+const contextSide = 100
+
+var prefixBytes = []byte(MarkerPrefix)
+
+// Verdict is what one Feed found.
+type Verdict struct {
+	Leak   *Hit  // nil unless a foreign marker (or ≥ 8-character fragment of one) was found
+	Echoes []Hit // echoes seen in this event; nil (no allocation) when there are none
+}
+
+// Hit describes one marker found in reply text.
+type Hit struct {
+	Marker  string // the matched text, "KVG-" included (possibly a fragment): never send it to a client
+	Victim  string // owner tenant
+	Epoch   uint64
+	Context string // up to 200 bytes around the hit, markers and "KVG-" text redacted
+}
+
+// Scanner checks the decoded text of one reply stream (one per choice index). It is not safe for
+// concurrent use. Feed emits text without "KVG-" byte-identical and at once; only a tail that
+// could begin a marker ("K", "KV", "KVG", "KVG-", "KVG-abc…") is held back until the next Feed or
+// Flush settles it.
+//
+// Semantics, applied to the leftmost "KVG-" at each step; run = the base32 characters after it,
+// at most 20:
+//   - fewer than 8 characters: redacted (replaced by Redacted, run included);
+//   - the first 8 characters begin no live marker: redacted;
+//   - they begin the requester's own marker (any live epoch): stripped, run included;
+//   - they begin a foreign marker found in the requester's prompt (echo set): stripped, reported
+//     as an echo;
+//   - they begin another tenant's marker: a leak; nothing from "KVG-" on is emitted, and the
+//     scanner emits nothing more.
+//
+// If 8-character prefixes of live markers of different classes collide (about once among 10^6
+// live markers), the scanner waits for the whole run and picks the candidate sharing the most
+// characters (ties: leak before echo before own). Stripping can join the bytes before and after
+// the marker ("KV" + marker + "G-…"); the joined text is scanned again, so that never emits "KVG-".
+type Scanner struct {
+	k       *Keyring
+	tenant  string
+	echoes  []string
+	held    [holdMax + MarkerLen]byte // undecided tail
+	nheld   int
+	swallow int    // run characters still to drop at the start of the next text
+	buf     []byte // work buffer: held ++ text, reused across Feeds
+	hist    [contextSide]byte
+	nhist   int // bytes of hist in use: the last bytes emitted, for Hit.Context
+	cut     *Hit
+}
+
+// NewScanner returns a scanner for replies to tenant. echoes are the foreign markers found in
+// tenant's own prompt (FindMarkers); the slice is retained, not copied.
+func (k *Keyring) NewScanner(tenant string, echoes []string) *Scanner {
+	s := &Scanner{k: k}
+	s.Reset(tenant, echoes)
+	return s
+}
+
+// Reset prepares s for a new stream, keeping its buffers (sync.Pool friendly).
+func (s *Scanner) Reset(tenant string, echoes []string) {
+	s.tenant = tenant
+	s.echoes = echoes
+	s.nheld = 0
+	s.swallow = 0
+	s.nhist = 0
+	s.cut = nil
+	s.buf = s.buf[:0]
+}
+
+// Feed takes the new decoded text of one event and appends to dst the text that may be emitted
+// now. On a leak, dst gets only the text before the marker and Verdict.Leak is set: the caller
+// must cut the stream there; later Feeds emit nothing and report the same leak. text is only
+// read; dst must not overlap it.
+func (s *Scanner) Feed(dst, text []byte) ([]byte, Verdict) {
+	if s.cut != nil {
+		return dst, Verdict{Leak: s.cut}
+	}
+	start := len(dst)
+	if s.swallow > 0 {
+		n := b32run(text, s.swallow)
+		if n < len(text) {
+			s.swallow = 0 // the run ended inside this text
+		} else {
+			s.swallow -= n
+		}
+		text = text[n:]
+	}
+	b := text
+	owned := false
+	if s.nheld > 0 {
+		s.buf = append(append(s.buf[:0], s.held[:s.nheld]...), text...)
+		b, owned = s.buf, true
+		s.nheld = 0
+	}
+	var v Verdict
+	dst = s.scan(dst, start, b, owned, false, &v)
+	s.remember(dst[start:])
+	return dst, v
+}
+
+// Flush settles the held tail at the end of the stream (redact or strip) and appends what may be
+// emitted. A leak or echo settled here is dropped from the report; use FlushVerdict to see it.
+func (s *Scanner) Flush(dst []byte) []byte {
+	dst, _ = s.FlushVerdict(dst)
+	return dst
+}
+
+// FlushVerdict is Flush that also reports what the held tail turned out to be. A leak can only be
+// settled here when 8-character prefixes of live markers collide; its bytes are not emitted.
+func (s *Scanner) FlushVerdict(dst []byte) ([]byte, Verdict) {
+	s.swallow = 0
+	if s.cut != nil || s.nheld == 0 {
+		return dst, Verdict{}
+	}
+	s.buf = append(s.buf[:0], s.held[:s.nheld]...)
+	s.nheld = 0
+	var v Verdict
+	start := len(dst)
+	dst = s.scan(dst, start, s.buf, true, true, &v)
+	s.remember(dst[start:])
+	return dst, v
+}
+
+// ScanAll is the non-streaming convenience: it scans a whole text and returns the cleaned text
+// and the verdict (on a leak, the text before the marker).
+func (k *Keyring) ScanAll(tenant string, echoes []string, text []byte) ([]byte, Verdict) {
+	s := k.NewScanner(tenant, echoes)
+	out, v := s.Feed(make([]byte, 0, len(text)), text)
+	if v.Leak != nil {
+		return out, v
+	}
+	out, fv := s.FlushVerdict(out)
+	v.Leak = fv.Leak
+	v.Echoes = append(v.Echoes, fv.Echoes...)
+	return out, v
+}
+
+type class uint8
+
+const (
+	classWait class = iota
+	classRedact
+	classOwn
+	classEcho
+	classLeak
+)
+
+// scan processes b (held ++ new text, or just the new text when owned is false, in which case b
+// belongs to the caller and is never written). emitStart is where this call's output began in dst.
+func (s *Scanner) scan(dst []byte, emitStart int, b []byte, owned, final bool, v *Verdict) []byte {
+	i := 0
+	for {
+		j := bytes.Index(b[i:], prefixBytes)
+		if j < 0 {
+			break
+		}
+		p := i + j
+		runStart := p + len(MarkerPrefix)
+		r := b32run(b[runStart:], MarkerChars)
+		end := runStart + r
+		terminated := final || r == MarkerChars || end < len(b)
+		cl, owner, epoch := s.classify(b[runStart:end], terminated)
+		switch cl {
+		case classWait:
+			c := chainSuffix(b[i:p], holdMax)
+			dst = append(dst, b[i:p-c]...)
+			s.nheld = copy(s.held[:], b[p-c:])
+			return dst
+		case classLeak:
+			dst = append(dst, b[i:p]...)
+			h := s.hit(dst[emitStart:], b[p:end], b[end:], owner, epoch)
+			s.cut = &h
+			v.Leak = s.cut
+			return dst
+		case classRedact:
+			dst = append(dst, b[i:p]...)
+			dst = append(dst, Redacted...)
+			i = end
+		case classOwn, classEcho:
+			if cl == classEcho {
+				dst = append(dst, b[i:p]...)
+				v.Echoes = append(v.Echoes, s.hit(dst[emitStart:], b[p:end], b[end:], owner, epoch))
+				dst = dst[:len(dst)-(p-i)]
+			}
+			// Bytes just before the marker that could begin "KVG-" are rescanned with what follows.
+			t := chainSuffix(b[i:p], p-i)
+			if t == p-i && s.emittedPartial(dst[emitStart:]) {
+				// Pathological: a chain longer than holdMax was partly emitted already and
+				// stripping would join it with what follows; a separator keeps "KVG-" out.
+				dst = append(dst, b[i:p]...)
+				dst = append(dst, Redacted...)
+				i = end
+				break
+			}
+			dst = append(dst, b[i:p-t]...)
+			i = end
+			if t > 0 {
+				if owned {
+					copy(b[end-t:end], b[p-t:p])
+				} else {
+					s.buf = append(append(s.buf[:0], b[p-t:p]...), b[end:]...)
+					b, owned = s.buf, true
+					end = t
+				}
+				i = end - t
+			}
+		}
+		if !final && r < MarkerChars && end == len(b) && cl != classWait {
+			// The run reached the end of this text: drop its continuation from the next one.
+			s.swallow = MarkerChars - r
+		}
+	}
+	rest := b[i:]
+	if final {
+		return append(dst, rest...)
+	}
+	t := chainSuffix(rest, holdMax)
+	dst = append(dst, rest[:len(rest)-t]...)
+	s.nheld = copy(s.held[:], rest[len(rest)-t:])
+	return dst
+}
+
+// chainSuffix returns the length (at most max) of the longest suffix of b made of the pieces
+// "K", "KV" and "KVG". One piece could begin "KVG-" with the next event; several could too once
+// markers between them are stripped ("KV" + "K" + own + "VG-" + own + "G-"), so the whole chain
+// is held. The parse from the end is unique: the last byte says which piece ends there.
+func chainSuffix(b []byte, max int) int {
+	n := 0
+	for {
+		t := partialSuffix(b[:len(b)-n])
+		if t == 0 || n+t > max {
+			return n
+		}
+		n += t
+	}
+}
+
+// emittedPartial reports whether the output so far (earlier Feeds, then out) ends in "K", "KV"
+// or "KVG".
+func (s *Scanner) emittedPartial(out []byte) bool {
+	var tail [3]byte
+	n := 0
+	for i := len(out) - 1; i >= 0 && n < 3; i-- {
+		n++
+		tail[3-n] = out[i]
+	}
+	for i := s.nhist - 1; i >= 0 && n < 3; i-- {
+		n++
+		tail[3-n] = s.hist[i]
+	}
+	return partialSuffix(tail[3-n:]) > 0
+}
+
+// partialSuffix returns the length of the suffix of b that is a proper prefix of "KVG-" (0..3).
+func partialSuffix(b []byte) int {
+	n := len(b)
+	switch {
+	case n >= 3 && b[n-3] == 'K' && b[n-2] == 'V' && b[n-1] == 'G':
+		return 3
+	case n >= 2 && b[n-2] == 'K' && b[n-1] == 'V':
+		return 2
+	case n >= 1 && b[n-1] == 'K':
+		return 1
+	}
+	return 0
+}
+
+// classify decides what the run of base32 characters after a "KVG-" is. terminated says whether
+// the run can still grow (more text may follow).
+func (s *Scanner) classify(run []byte, terminated bool) (class, string, uint64) {
+	if len(run) < FragmentMin {
+		if terminated {
+			return classRedact, "", 0
+		}
+		return classWait, "", 0
+	}
+	key := prefixKey(run)
+	k := s.k
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	first, ok := k.byPrefix[key]
+	if !ok {
+		return classRedact, "", 0
+	}
+	more := k.overflow[key]
+	fc := s.classOf(run, &first)
+	mixed := false
+	for i := range more {
+		if s.classOf(run, &more[i]) != fc {
+			mixed = true
+			break
+		}
+	}
+	if !mixed {
+		// Report the candidate that agrees with the run the longest (the exact one when complete).
+		best, bestLen := &first, commonLen(run, &first)
+		for i := range more {
+			if n := commonLen(run, &more[i]); n > bestLen {
+				best, bestLen = &more[i], n
+			}
+		}
+		return fc, k.tenants[best.tenant].name, best.epoch
+	}
+	if !terminated {
+		return classWait, "", 0
+	}
+	best, bestLen, bestClass := &first, commonLen(run, &first), fc
+	for i := range more {
+		e := &more[i]
+		n, c := commonLen(run, e), s.classOf(run, e)
+		if n > bestLen || (n == bestLen && c > bestClass) {
+			best, bestLen, bestClass = e, n, c
+		}
+	}
+	return bestClass, k.tenants[best.tenant].name, best.epoch
+}
+
+// classOf says what a candidate entry (whose first 8 characters equal run's) means for this
+// scanner's tenant. Own first: the requester's own marker can be in its echo set too.
+func (s *Scanner) classOf(run []byte, e *entry) class {
+	if s.k.tenants[e.tenant].name == s.tenant {
+		return classOwn
+	}
+	if len(s.echoes) > 0 {
+		var m [MarkerLen]byte
+		copy(m[:], MarkerPrefix)
+		copy(m[len(MarkerPrefix):], run[:FragmentMin])
+		copy(m[len(MarkerPrefix)+FragmentMin:], e.rest[:])
+		for _, echo := range s.echoes {
+			if echo == string(m[:]) {
+				return classEcho
+			}
+		}
+	}
+	return classLeak
+}
+
+// commonLen is how many characters of run agree with the candidate e.
+func commonLen(run []byte, e *entry) int {
+	n := FragmentMin
+	for n < len(run) && run[n] == e.rest[n-FragmentMin] {
+		n++
+	}
+	return n
+}
+
+// hit builds a Hit; before is what this call emitted so far, after the raw text after the run.
+func (s *Scanner) hit(before, match, after []byte, victim string, epoch uint64) Hit {
+	// Emitted text never contains "KVG-"; the history plus this call's output is the left side.
+	left := make([]byte, 0, s.nhist+len(before))
+	left = append(append(left, s.hist[:s.nhist]...), before...)
+	if len(left) > contextSide {
+		left = left[len(left)-contextSide:]
+	}
+	for len(left) > 0 && !utf8.RuneStart(left[0]) {
+		left = left[1:]
+	}
+	ctx := make([]byte, 0, len(left)+len(after)+16)
+	ctx = append(ctx, left...)
+	ctx = append(ctx, "[marker]"...)
+	if len(after) > contextSide {
+		cut := contextSide
+		for cut > 0 && !utf8.RuneStart(after[cut]) {
+			cut-- // never split a UTF-8 sequence
+		}
+		after = after[:cut]
+	}
+	ctx = append(ctx, RedactAll(after)...)
+	return Hit{Marker: string(match), Victim: victim, Epoch: epoch, Context: string(ctx)}
+}
+
+// remember keeps the last contextSide bytes emitted, for the left side of Hit.Context.
+func (s *Scanner) remember(out []byte) {
+	if len(out) >= contextSide {
+		s.nhist = copy(s.hist[:], out[len(out)-contextSide:])
+		return
+	}
+	keep := contextSide - len(out)
+	if keep > s.nhist {
+		keep = s.nhist
+	}
+	copy(s.hist[:], s.hist[s.nhist-keep:s.nhist])
+	s.nhist = keep + copy(s.hist[keep:], out)
+}
+
+// RedactAll returns b with every "KVG-" and the base32 run after it (up to 20 characters)
+// replaced by Redacted, whoever the marker belongs to. It is for logs and incident records.
+func RedactAll(b []byte) []byte {
+	out := make([]byte, 0, len(b))
+	for {
+		j := bytes.Index(b, prefixBytes)
+		if j < 0 {
+			return append(out, b...)
+		}
+		out = append(out, b[:j]...)
+		out = append(out, Redacted...)
+		b = b[j+len(MarkerPrefix):]
+		b = b[b32run(b, MarkerChars):]
+	}
+}

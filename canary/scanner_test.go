@@ -1,0 +1,319 @@
+package canary
+
+import (
+	"bytes"
+	"math/rand"
+	"strings"
+	"testing"
+	"time"
+)
+
+// world is a keyring plus an independent list of every live marker, derived from the written
+// definition (Marker and the window arithmetic), for the reference scanner below.
+type world struct {
+	secret []byte
+	k      *Keyring
+	now    time.Time
+	live   map[string]Owner // complete marker → owner
+	cur    map[string]string
+}
+
+func newWorld(t testing.TB, tenants ...string) *world {
+	t.Helper()
+	w := &world{secret: []byte("property secret"), now: time.Now(), live: map[string]Owner{}, cur: map[string]string{}}
+	w.k = NewKeyring(w.secret, time.Hour, 6*time.Hour, tenants)
+	lo := w.k.Epoch(w.now.Add(-6 * time.Hour))
+	hi := w.k.Epoch(w.now) + 1
+	for _, tn := range tenants {
+		for e := lo; e <= hi; e++ {
+			w.live[Marker(w.secret, tn, e)] = Owner{tn, e}
+		}
+		w.cur[tn], _ = w.k.Current(tn, w.now)
+	}
+	return w
+}
+
+// reference is the scanner's semantics written as plainly as possible on a whole string: take the
+// leftmost "KVG-", classify its run, redact / strip (and rescan the join) / stop at a leak.
+func (w *world) reference(tenant string, echoes []string, text string) (out string, leak bool, nEcho int) {
+	var sb strings.Builder
+	rest := text
+	for {
+		j := strings.Index(rest, MarkerPrefix)
+		if j < 0 {
+			sb.WriteString(rest)
+			return sb.String(), false, nEcho
+		}
+		r := 0
+		for r < MarkerChars && j+4+r < len(rest) && strings.IndexByte(b32alphabet, rest[j+4+r]) >= 0 {
+			r++
+		}
+		run := rest[j+4 : j+4+r]
+		cls := "redact"
+		if r >= FragmentMin {
+			for m, o := range w.live {
+				if m[4:12] != run[:8] {
+					continue
+				}
+				switch {
+				case o.Tenant == tenant:
+					cls = "own"
+				case contains(echoes, m):
+					cls = "echo"
+				default:
+					cls = "leak"
+				}
+			}
+		}
+		switch cls {
+		case "leak":
+			sb.WriteString(rest[:j])
+			return sb.String(), true, nEcho
+		case "redact":
+			sb.WriteString(rest[:j])
+			sb.WriteString(Redacted)
+			rest = rest[j+4+r:]
+		default:
+			if cls == "echo" {
+				nEcho++
+			}
+			rest = rest[:j] + rest[j+4+r:]
+		}
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// stream feeds text to a fresh scanner in pieces cut at the given offsets, then flushes.
+func stream(k *Keyring, tenant string, echoes []string, text []byte, cuts []int) (out []byte, leak *Hit, echoes_ int, firstOut []byte) {
+	s := k.NewScanner(tenant, echoes)
+	prev := 0
+	for n, c := range append(cuts, len(text)) {
+		// A copy per event: the scanner must not keep references into the caller's text.
+		ev := append([]byte(nil), text[prev:c]...)
+		before := len(out)
+		var v Verdict
+		out, v = s.Feed(out, ev)
+		for i := range ev {
+			ev[i] = '#'
+		}
+		if n == 0 {
+			firstOut = append([]byte(nil), out[before:]...)
+		}
+		echoes_ += len(v.Echoes)
+		if v.Leak != nil {
+			return out, v.Leak, echoes_, firstOut
+		}
+		prev = c
+	}
+	out, v := s.FlushVerdict(out)
+	echoes_ += len(v.Echoes)
+	return out, v.Leak, echoes_, firstOut
+}
+
+// textGen builds random texts from noise that likes to form near-markers, and planted items.
+type textGen struct {
+	w   *world
+	rnd *rand.Rand
+}
+
+var noise = []string{"K", "V", "G", "-", "KV", "KVG", "KVG-", "a", "b", "z", "2", "7", " ", "\n",
+	"hello ", "é", "中文", "😀", "Kx", "KVGx", "{\"", "\\n", "abcdefgh", "KVG-KV"}
+
+func (g *textGen) noise(n int) string {
+	var sb strings.Builder
+	for i := 0; i < n; i++ {
+		sb.WriteString(noise[g.rnd.Intn(len(noise))])
+	}
+	return sb.String()
+}
+
+func (g *textGen) liveOf(tenant string) string {
+	for {
+		for m, o := range g.w.live {
+			if o.Tenant == tenant && g.rnd.Intn(4) == 0 {
+				return m
+			}
+		}
+	}
+}
+
+func (g *textGen) fragment(m string) string {
+	return m[:4+FragmentMin+g.rnd.Intn(MarkerChars-FragmentMin+1)]
+}
+
+func randomB32(r *rand.Rand, n int) string {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = b32alphabet[r.Intn(32)]
+	}
+	return string(b)
+}
+
+func TestScannerPassesPlainTextUntouchedAtEverySplit(t *testing.T) {
+	w := newWorld(t, "alice", "bob")
+	rnd := rand.New(rand.NewSource(1))
+	texts := []string{"", "K", "KV", "KVG", "plain text", "ends with K", "ends with KV", "ends with KVG",
+		"KVGKVKVG KV-G K-V-G", "中文 KVG 😀 KV", "VG-abcdefghijabcdefghij"}
+	g := &textGen{w: w, rnd: rnd}
+	for i := 0; i < 40; i++ {
+		s := strings.ReplaceAll(g.noise(30), "KVG-", "KVG_")
+		texts = append(texts, s)
+	}
+	for _, txt := range texts {
+		if strings.Contains(txt, MarkerPrefix) {
+			t.Fatalf("generator produced KVG- in %q", txt)
+		}
+		for cut := 0; cut <= len(txt); cut++ {
+			out, leak, _, first := stream(w.k, "alice", nil, []byte(txt), []int{cut})
+			if leak != nil || string(out) != txt {
+				t.Fatalf("%q split at %d: got %q (leak %v), want it byte-identical", txt, cut, out, leak)
+			}
+			// Undelayed: the first event's text is emitted at once except a possible marker start.
+			head := []byte(txt[:cut])
+			want := head[:len(head)-chainSuffix(head, holdMax)]
+			if !bytes.Equal(first, want) {
+				t.Fatalf("%q split at %d: first event emitted %q, want %q", txt, cut, first, want)
+			}
+		}
+	}
+}
+
+func TestScannerPropertiesAtEverySplit(t *testing.T) {
+	w := newWorld(t, "alice", "bob", "carol", "dave")
+	rnd := rand.New(rand.NewSource(42))
+	g := &textGen{w: w, rnd: rnd}
+	echoMarker := g.liveOf("carol") // carol's marker was in alice's prompt
+	echoes := []string{echoMarker}
+	const requester = "alice"
+
+	kinds := []string{"foreign", "foreignFrag", "own", "ownFrag", "echo", "echoFrag", "unknown", "short", "noise"}
+	cases := 0
+	for iter := 0; iter < 1500; iter++ {
+		var sb strings.Builder
+		planted := map[string]int{}
+		for p := 0; p < 1+rnd.Intn(3); p++ {
+			sb.WriteString(g.noise(rnd.Intn(8)))
+			kind := kinds[rnd.Intn(len(kinds))]
+			planted[kind]++
+			switch kind {
+			case "foreign":
+				sb.WriteString(g.liveOf([]string{"bob", "dave"}[rnd.Intn(2)]))
+			case "foreignFrag":
+				sb.WriteString(g.fragment(g.liveOf("bob")))
+			case "own":
+				sb.WriteString(g.liveOf(requester))
+			case "ownFrag":
+				sb.WriteString(g.fragment(g.liveOf(requester)))
+			case "echo":
+				sb.WriteString(echoMarker)
+			case "echoFrag":
+				sb.WriteString(g.fragment(echoMarker))
+			case "unknown":
+				sb.WriteString(MarkerPrefix + randomB32(rnd, MarkerChars))
+			case "short":
+				sb.WriteString(MarkerPrefix + randomB32(rnd, rnd.Intn(FragmentMin)))
+			}
+			sb.WriteString(g.noise(rnd.Intn(8)))
+		}
+		text := sb.String()
+		wantOut, wantLeak, wantEcho := w.reference(requester, echoes, text)
+		if planted["foreign"]+planted["foreignFrag"] > 0 && !wantLeak {
+			t.Fatalf("reference missed a planted foreign marker in %q", text)
+		}
+		check := func(cuts []int) {
+			cases++
+			out, leak, nEcho, _ := stream(w.k, requester, echoes, []byte(text), cuts)
+			if bytes.Contains(out, prefixBytes) {
+				t.Fatalf("%q cuts %v: output contains KVG-: %q", text, cuts, out)
+			}
+			if (leak != nil) != wantLeak {
+				t.Fatalf("%q cuts %v: leak %v, want %v", text, cuts, leak, wantLeak)
+			}
+			if string(out) != wantOut {
+				t.Fatalf("%q cuts %v:\n got %q\nwant %q", text, cuts, out, wantOut)
+			}
+			if nEcho != wantEcho {
+				t.Fatalf("%q cuts %v: %d echoes reported, want %d", text, cuts, nEcho, wantEcho)
+			}
+			if leak != nil {
+				if leak.Victim != "bob" && leak.Victim != "dave" {
+					t.Fatalf("%q: leak names victim %q", text, leak.Victim)
+				}
+				if strings.Contains(leak.Context, MarkerPrefix) {
+					t.Fatalf("leak context carries KVG-: %q", leak.Context)
+				}
+			}
+		}
+		for cut := 0; cut <= len(text); cut++ {
+			check([]int{cut})
+		}
+		for m := 0; m < 20; m++ {
+			n := 1 + rnd.Intn(8)
+			cuts := make([]int, n)
+			for i := range cuts {
+				cuts[i] = rnd.Intn(len(text) + 1)
+			}
+			sortInts(cuts)
+			check(cuts)
+		}
+		// Every byte its own event: the worst case for held tails.
+		every := make([]int, len(text))
+		for i := range every {
+			every[i] = i
+		}
+		check(every)
+	}
+	t.Logf("%d split cases checked", cases)
+}
+
+func sortInts(a []int) {
+	for i := 1; i < len(a); i++ {
+		for j := i; j > 0 && a[j] < a[j-1]; j-- {
+			a[j], a[j-1] = a[j-1], a[j]
+		}
+	}
+}
+
+func TestScannerCasesByName(t *testing.T) {
+	w := newWorld(t, "alice", "bob", "carol")
+	own, bob, carol := w.cur["alice"], w.cur["bob"], w.cur["carol"]
+	echoes := []string{carol}
+	for _, tc := range []struct {
+		name, in, out string
+		leak          bool
+		echoes        int
+	}{
+		{"own stripped", "a " + own + " b", "a  b", false, 0},
+		{"own fragment stripped", "a " + own[:14] + " b", "a  b", false, 0},
+		{"foreign cut before marker", "hello " + bob + " secret", "hello ", true, 0},
+		{"foreign fragment of 8", "hi " + bob[:12] + "!", "hi ", true, 0},
+		{"foreign 7 chars is only redacted", "hi " + bob[:11] + "!", "hi " + Redacted + "!", false, 0},
+		{"echo stripped and reported", "x" + carol + "y", "xy", false, 1},
+		{"unknown redacted", "x KVG-" + randomB32(rand.New(rand.NewSource(3)), 20) + " y", "x " + Redacted + " y", false, 0},
+		{"bare prefix redacted", "x KVG- y", "x " + Redacted + " y", false, 0},
+		{"strip joins KV + G-", "KV" + own + "G-abc", Redacted, false, 0},
+		{"strip joins KVG + -", "KVG" + own + "-", Redacted, false, 0},
+		{"strip joins into a foreign marker", "K" + own + bob[1:], "", true, 0},
+		{"run stops after 20 characters", own + "abcdef", "abcdef", false, 0},
+		{"nested strips join across pieces", "K" + own + "V" + own + "G-", Redacted, false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, v := w.k.ScanAll("alice", echoes, []byte(tc.in))
+			if string(out) != tc.out || (v.Leak != nil) != tc.leak || len(v.Echoes) != tc.echoes {
+				t.Fatalf("ScanAll(%q) = %q leak=%v echoes=%d; want %q leak=%v echoes=%d",
+					tc.in, out, v.Leak != nil, len(v.Echoes), tc.out, tc.leak, tc.echoes)
+			}
+			if tc.leak && v.Leak.Victim != "bob" {
+				t.Fatalf("victim %q, want bob", v.Leak.Victim)
+			}
+		})
+	}
+}
