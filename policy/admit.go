@@ -109,6 +109,9 @@ type Request struct {
 	// InputIDs is the number of token ids when the request gave ids; HasInputIDs says so.
 	InputIDs    int
 	HasInputIDs bool
+	// DistrustEstimate says the engine's tokenizer was seen counting more than estimate × ratio
+	// (calibration against its /tokenize): an estimate may then refuse but never admit.
+	DistrustEstimate bool
 }
 
 // Decision is the outcome of counting against a limit.
@@ -150,8 +153,10 @@ func Decide(ctx context.Context, req Request, limit int, est Estimator, ratio fl
 	d.Tier = TierEstimate
 	switch Classify(n, ratio, limit) {
 	case ZoneAdmit:
-		d.Admit, d.Tokens = true, upper(n, ratio, req.Bytes)
-		return d
+		if !req.DistrustEstimate {
+			d.Admit, d.Tokens = true, upper(n, ratio, req.Bytes)
+			return d
+		}
 	case ZoneRefuse:
 		d.Tokens = n
 		return d
@@ -164,6 +169,9 @@ func Decide(ctx context.Context, req Request, limit int, est Estimator, ratio fl
 	}
 	d.Tier = TierFallback
 	up := upper(n, ratio, req.Bytes)
+	if req.DistrustEstimate {
+		up = req.Bytes // only the byte bound is sound against an unknown tokenizer
+	}
 	if up <= limit {
 		d.Admit, d.Tokens = true, up
 	} else {

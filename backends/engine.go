@@ -1,0 +1,65 @@
+package backends
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Tokenize asks the engine for the exact token count of prompt (SGLang's /tokenize, the count
+// of the engine's own tokenizer).
+func (b *Backend) Tokenize(ctx context.Context, prompt string, timeout time.Duration) (int, error) {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
+		timeout = time.Until(dl)
+	}
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	body, _ := json.Marshal(map[string]any{"prompt": prompt, "add_special_tokens": false})
+	req.SetRequestURI("http://" + b.Addr + "/tokenize")
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType("application/json")
+	if b.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+b.APIKey)
+	}
+	req.SetBodyRaw(body)
+	if err := b.poll.DoTimeout(req, resp, timeout); err != nil {
+		return 0, fmt.Errorf("tokenize on %s: %w", b.Name, err)
+	}
+	if resp.StatusCode() != fasthttp.StatusOK {
+		return 0, fmt.Errorf("tokenize on %s: status %d", b.Name, resp.StatusCode())
+	}
+	var out struct {
+		Count  *int  `json:"count"`
+		Tokens []int `json:"tokens"`
+	}
+	if err := json.Unmarshal(resp.Body(), &out); err != nil {
+		return 0, fmt.Errorf("tokenize on %s: %w", b.Name, err)
+	}
+	if out.Count != nil {
+		return *out.Count, nil
+	}
+	return len(out.Tokens), nil
+}
+
+// Abort asks the engine to drop request rid (SGLang's /abort_request). It runs in the
+// background, bounded by timeout: an abort must never hold up the client.
+func (b *Backend) Abort(rid string, timeout time.Duration) {
+	go func() {
+		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseRequest(req)
+		defer fasthttp.ReleaseResponse(resp)
+		body, _ := json.Marshal(map[string]any{"rid": rid, "abort_all": false})
+		req.SetRequestURI("http://" + b.Addr + "/abort_request")
+		req.Header.SetMethod(fasthttp.MethodPost)
+		req.Header.SetContentType("application/json")
+		if b.APIKey != "" {
+			req.Header.Set("Authorization", "Bearer "+b.APIKey)
+		}
+		req.SetBodyRaw(body)
+		_ = b.poll.DoTimeout(req, resp, timeout)
+	}()
+}

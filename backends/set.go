@@ -1,0 +1,437 @@
+// Package backends owns the upstream set: each engine's live capacity (polled from /server_info
+// and /v1/models), health, reported role, load, quarantine flags, the routes a request can take
+// (unified backends and prefill+decode pairs), and the HTTP clients that reach them. It decides
+// nothing about admission and never reads a request body.
+package backends
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+
+	"github.com/kvgate/kvgate/config"
+	"github.com/kvgate/kvgate/policy"
+)
+
+// Capacity is one reading of an engine's limits.
+type Capacity struct {
+	PoolTokens     int    `json:"max_total_num_tokens"`
+	MaxReqInputLen int    `json:"max_req_input_len"`
+	ContextLen     int    `json:"max_model_len"`
+	PageSize       int    `json:"page_size"`
+	Mode           string `json:"disaggregation_mode"`
+	BootstrapPort  int    `json:"disaggregation_bootstrap_port"`
+	Model          string `json:"model"`
+	// UsedTokens is the engine's num_used_tokens (summed over DP ranks) from /v1/loads; -1 unknown.
+	UsedTokens int       `json:"num_used_tokens"`
+	ReadAt     time.Time `json:"read_at"`
+}
+
+// PoolBelowContext reports the incident's precondition: prompts in [mril, ctx) are rejected by
+// the engine, or, on affected PD versions, leaked.
+func (c *Capacity) PoolBelowContext() bool { return c.PoolTokens < c.ContextLen }
+
+// Backend is one configured engine.
+type Backend struct {
+	Name, Role, APIKey string
+	// Addr is host:port; Host is the host alone (the prefill's bootstrap_host).
+	Addr, Host string
+	// Client streams requests to the engine. Its timeouts are per read (see timedConn).
+	Client *fasthttp.HostClient
+
+	poll     *fasthttp.HostClient
+	capacity atomic.Pointer[Capacity]
+	lastErr  atomic.Pointer[string]
+	polled   atomic.Bool
+	roleOK   atomic.Bool
+	inflight atomic.Int64 // prompt tokens of requests in flight through this gateway
+	// quarantinedUntil is unix nanoseconds; 0 when not quarantined.
+	quarantinedUntil atomic.Int64
+	infoPath         atomic.Value // "/server_info" until it answers 404
+}
+
+// Capacity returns the last successful reading, or nil.
+func (b *Backend) Capacity() *Capacity { return b.capacity.Load() }
+
+// LastError is the last poll failure ("" when the last poll succeeded).
+func (b *Backend) LastError() string {
+	if p := b.lastErr.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// RoleMatches reports whether the engine's disaggregation_mode matches the configured role.
+func (b *Backend) RoleMatches() bool { return b.roleOK.Load() }
+
+// QuarantinedUntil is the end of the backend's quarantine (zero time when none).
+func (b *Backend) QuarantinedUntil() time.Time {
+	if n := b.quarantinedUntil.Load(); n > 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
+
+// AddInflight accounts tokens of a request in flight (negative to release).
+func (b *Backend) AddInflight(tokens int) { b.inflight.Add(int64(tokens)) }
+
+// Options are the set's timings.
+type Options struct {
+	PollInterval, MaxAge, PollTimeout  time.Duration
+	ConnectTimeout                     time.Duration
+	ResponseHeaderTimeout, IdleTimeout time.Duration
+	MaxConns                           int
+}
+
+// Set is every configured backend.
+type Set struct {
+	list   []*Backend
+	byName map[string]*Backend
+	opts   Options
+	log    *zap.Logger
+	// OnCapacityChange is called (from the poller) when a backend's limits change; may be nil.
+	OnCapacityChange func(b *Backend, old, cur *Capacity)
+}
+
+// New builds the set; nothing is contacted until Run.
+func New(cfgs []config.Backend, opts Options, log *zap.Logger) (*Set, error) {
+	if opts.ConnectTimeout == 0 {
+		opts.ConnectTimeout = 3 * time.Second
+	}
+	s := &Set{byName: map[string]*Backend{}, opts: opts, log: log.Named("backends")}
+	for _, c := range cfgs {
+		u, err := url.Parse(c.URL)
+		if err != nil {
+			return nil, fmt.Errorf("backend %s: url: %w", c.Name, err)
+		}
+		host, _, err := net.SplitHostPort(u.Host)
+		if err != nil {
+			return nil, fmt.Errorf("backend %s: url %q needs host:port: %w", c.Name, c.URL, err)
+		}
+		b := &Backend{Name: c.Name, Role: c.Role, APIKey: c.APIKey, Addr: u.Host, Host: host}
+		b.Client = &fasthttp.HostClient{
+			Addr:               u.Host,
+			Name:               "kvgate",
+			StreamResponseBody: true,
+			MaxConns:           opts.MaxConns,
+			// A request waits briefly for a connection instead of failing at once at MaxConns.
+			MaxConnWaitTimeout: time.Second,
+			Dial:               timedDialer(opts.ConnectTimeout, opts.ResponseHeaderTimeout, opts.IdleTimeout),
+			// Engines' replies are passed through; do not rewrite their header names.
+			DisableHeaderNamesNormalizing: false,
+		}
+		b.poll = &fasthttp.HostClient{Addr: u.Host, Name: "kvgate-poll", ReadTimeout: opts.PollTimeout, WriteTimeout: opts.PollTimeout, MaxConns: 16}
+		b.infoPath.Store("/server_info")
+		s.list = append(s.list, b)
+		s.byName[c.Name] = b
+	}
+	return s, nil
+}
+
+// All returns every backend in configuration order.
+func (s *Set) All() []*Backend { return s.list }
+
+// Get returns the backend named name, or nil.
+func (s *Set) Get(name string) *Backend { return s.byName[name] }
+
+// Run polls every backend until ctx ends. The first round runs at once.
+func (s *Set) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, b := range s.list {
+		wg.Add(1)
+		go func(b *Backend) {
+			defer wg.Done()
+			t := time.NewTicker(s.opts.PollInterval)
+			defer t.Stop()
+			for {
+				s.PollOnce(b)
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+			}
+		}(b)
+	}
+	wg.Wait()
+}
+
+// Ready reports whether every backend has been read or judged down at least once.
+func (s *Set) Ready() bool {
+	for _, b := range s.list {
+		if !b.polled.Load() {
+			return false
+		}
+	}
+	return true
+}
+
+// PollOnce reads one backend's capacity now.
+func (s *Set) PollOnce(b *Backend) {
+	cur, err := s.read(b)
+	b.polled.Store(true)
+	if err != nil {
+		msg := err.Error()
+		if old := b.lastErr.Swap(&msg); old == nil || *old != msg {
+			s.log.Warn("backend unreachable or unreadable", zap.String("backend", b.Name), zap.Error(err))
+		}
+		return
+	}
+	if old := b.lastErr.Swap(nil); old != nil {
+		s.log.Info("backend answering again", zap.String("backend", b.Name))
+	}
+	want := map[string]string{config.RoleUnified: "null", config.RolePrefill: "prefill", config.RoleDecode: "decode"}[b.Role]
+	ok := cur.Mode == want
+	if b.roleOK.Swap(ok) != ok || (!ok && b.capacity.Load() == nil) {
+		if !ok {
+			s.log.Error("backend reports a different role than configured: taken out of rotation",
+				zap.String("backend", b.Name), zap.String("configured", b.Role), zap.String("reported_disaggregation_mode", cur.Mode))
+		}
+	}
+	old := b.capacity.Swap(cur)
+	if old == nil || old.PoolTokens != cur.PoolTokens || old.MaxReqInputLen != cur.MaxReqInputLen || old.ContextLen != cur.ContextLen || old.Mode != cur.Mode {
+		fields := []zap.Field{zap.String("backend", b.Name), zap.Int("pool_tokens", cur.PoolTokens),
+			zap.Int("max_req_input_len", cur.MaxReqInputLen), zap.Int("context_len", cur.ContextLen), zap.String("mode", cur.Mode)}
+		if cur.PoolBelowContext() {
+			s.log.Error("KV pool is smaller than the advertised context: prompts between max_req_input_len and the context are rejected by the engine, or leaked by affected PD versions; kvgate refuses them", fields...)
+		} else {
+			s.log.Info("backend capacity", fields...)
+		}
+		if s.OnCapacityChange != nil {
+			s.OnCapacityChange(b, old, cur)
+		}
+	}
+}
+
+var errNotFound = errors.New("404")
+
+func (s *Set) read(b *Backend) (*Capacity, error) {
+	var info struct {
+		PoolTokens     *int    `json:"max_total_num_tokens"`
+		MaxReqInputLen *int    `json:"max_req_input_len"`
+		PageSize       int     `json:"page_size"`
+		Mode           *string `json:"disaggregation_mode"`
+		BootstrapPort  *int    `json:"disaggregation_bootstrap_port"`
+		Served         string  `json:"served_model_name"`
+	}
+	path := b.infoPath.Load().(string)
+	err := s.getJSON(b, path, &info)
+	if errors.Is(err, errNotFound) && path == "/server_info" {
+		// Older SGLang only has the deprecated name.
+		if err = s.getJSON(b, "/get_server_info", &info); err == nil {
+			b.infoPath.Store("/get_server_info")
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading server info: %w", err)
+	}
+	if info.PoolTokens == nil || info.MaxReqInputLen == nil {
+		return nil, fmt.Errorf("reading server info: max_total_num_tokens or max_req_input_len missing")
+	}
+	var models struct {
+		Data []struct {
+			ID          string `json:"id"`
+			MaxModelLen *int   `json:"max_model_len"`
+		} `json:"data"`
+	}
+	if err := s.getJSON(b, "/v1/models", &models); err != nil {
+		return nil, fmt.Errorf("reading /v1/models: %w", err)
+	}
+	if len(models.Data) == 0 || models.Data[0].MaxModelLen == nil {
+		return nil, fmt.Errorf("reading /v1/models: no max_model_len")
+	}
+	c := &Capacity{
+		PoolTokens: *info.PoolTokens, MaxReqInputLen: *info.MaxReqInputLen, ContextLen: *models.Data[0].MaxModelLen,
+		PageSize: info.PageSize, Model: models.Data[0].ID, UsedTokens: -1, ReadAt: time.Now(),
+	}
+	if info.Mode != nil {
+		c.Mode = *info.Mode
+	}
+	if info.BootstrapPort != nil {
+		c.BootstrapPort = *info.BootstrapPort
+	}
+	var loads json.RawMessage
+	if err := s.getJSON(b, "/v1/loads", &loads); err == nil {
+		if n, ok := sumField(loads, "num_used_tokens"); ok {
+			c.UsedTokens = n
+		}
+	}
+	return c, nil
+}
+
+// sumField adds up every numeric field named name anywhere in a JSON document: /v1/loads has
+// one object per DP rank, in shapes that differ between versions.
+func sumField(raw json.RawMessage, name string) (int, bool) {
+	var v any
+	if json.Unmarshal(raw, &v) != nil {
+		return 0, false
+	}
+	total, found := 0, false
+	var walk func(any)
+	walk = func(v any) {
+		switch x := v.(type) {
+		case map[string]any:
+			for k, e := range x {
+				if f, ok := e.(float64); ok && k == name {
+					total += int(f)
+					found = true
+				} else {
+					walk(e)
+				}
+			}
+		case []any:
+			for _, e := range x {
+				walk(e)
+			}
+		}
+	}
+	walk(v)
+	return total, found
+}
+
+func (s *Set) getJSON(b *Backend, path string, out any) error {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + b.Addr + path)
+	req.Header.SetMethod(fasthttp.MethodGet)
+	if b.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+b.APIKey)
+	}
+	if err := b.poll.DoTimeout(req, resp, s.opts.PollTimeout); err != nil {
+		return err
+	}
+	switch code := resp.StatusCode(); {
+	case code == fasthttp.StatusNotFound:
+		return errNotFound
+	case code != fasthttp.StatusOK:
+		return fmt.Errorf("%s answered %d", path, code)
+	}
+	if err := json.Unmarshal(resp.Body(), out); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// Route is one way to serve a request: Unified alone, or Prefill with Decode.
+type Route struct {
+	policy.Path
+	Unified, Prefill, Decode *Backend
+}
+
+// Load is the route's current load in tokens: what the engines report in use plus what this
+// gateway has in flight to them.
+func (r *Route) Load() int64 {
+	var n int64
+	for _, b := range []*Backend{r.Unified, r.Prefill, r.Decode} {
+		if b == nil {
+			continue
+		}
+		n += b.inflight.Load()
+		if c := b.Capacity(); c != nil && c.UsedTokens > 0 {
+			n += int64(c.UsedTokens)
+		}
+	}
+	return n
+}
+
+// Reasons no route is available.
+var (
+	ErrCapacityUnknown = errors.New("capacity_unknown")
+	ErrNoBackend       = errors.New("no_backend")
+)
+
+// usable says whether b can take traffic now, and if not whether that is because its capacity
+// is unknown (never read, or older than MaxAge) rather than it being down or excluded.
+func (s *Set) usable(b *Backend, now time.Time) (ok, unknown bool) {
+	if until := b.quarantinedUntil.Load(); until > 0 && now.UnixNano() < until {
+		return false, false
+	}
+	c := b.capacity.Load()
+	if c == nil || now.Sub(c.ReadAt) > s.opts.MaxAge {
+		return false, b.LastError() == ""
+	}
+	if b.LastError() != "" || !b.roleOK.Load() {
+		return false, false
+	}
+	return true, false
+}
+
+// Routes lists every route that can take traffic now. With none, the error says why:
+// ErrCapacityUnknown (fail closed: nothing fresh to check against) or ErrNoBackend.
+func (s *Set) Routes(now time.Time) ([]Route, error) {
+	var unified, prefill, decode []*Backend
+	unknown := false
+	for _, b := range s.list {
+		ok, unk := s.usable(b, now)
+		unknown = unknown || unk
+		if !ok {
+			continue
+		}
+		switch b.Role {
+		case config.RoleUnified:
+			unified = append(unified, b)
+		case config.RolePrefill:
+			prefill = append(prefill, b)
+		case config.RoleDecode:
+			decode = append(decode, b)
+		}
+	}
+	var routes []Route
+	for _, u := range unified {
+		c := u.Capacity()
+		routes = append(routes, Route{Path: policy.Path{Backends: []string{u.Name}, MaxReqInputLen: c.MaxReqInputLen, ContextLen: c.ContextLen}, Unified: u})
+	}
+	for _, p := range prefill {
+		for _, d := range decode {
+			pc, dc := p.Capacity(), d.Capacity()
+			routes = append(routes, Route{
+				Path: policy.Path{Backends: []string{p.Name, d.Name},
+					MaxReqInputLen: min(pc.MaxReqInputLen, dc.MaxReqInputLen), ContextLen: min(pc.ContextLen, dc.ContextLen)},
+				Prefill: p, Decode: d,
+			})
+		}
+	}
+	if len(routes) == 0 {
+		if unknown {
+			return nil, ErrCapacityUnknown
+		}
+		return nil, ErrNoBackend
+	}
+	return routes, nil
+}
+
+// SetQuarantine applies the shared quarantine state: backends named in until are out of rotation
+// until then; the others are released.
+func (s *Set) SetQuarantine(until map[string]time.Time) {
+	for _, b := range s.list {
+		if t, ok := until[b.Name]; ok {
+			b.quarantinedUntil.Store(t.UnixNano())
+		} else {
+			b.quarantinedUntil.Store(0)
+		}
+	}
+}
+
+// Quarantine takes one backend out of rotation locally until the given time (the shared store
+// tells the other replicas).
+func (s *Set) Quarantine(name string, until time.Time) {
+	if b := s.byName[name]; b != nil {
+		b.quarantinedUntil.Store(until.UnixNano())
+	}
+}
+
+// Usable reports whether b can take traffic now.
+func (s *Set) Usable(b *Backend, now time.Time) bool {
+	ok, _ := s.usable(b, now)
+	return ok
+}

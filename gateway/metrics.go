@@ -1,0 +1,91 @@
+package gateway
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/kvgate/kvgate/backends"
+)
+
+// metrics are the gateway's Prometheus series. Backend capacity is read from the backend set at
+// scrape time, so the poller keeps no metric state of its own.
+type metrics struct {
+	reg          *prometheus.Registry
+	decisions    *prometheus.CounterVec
+	admitSeconds prometheus.Histogram
+	upstream     *prometheus.CounterVec
+	requests     *prometheus.CounterVec
+	capChanges   *prometheus.CounterVec
+	exactCalls   *prometheus.CounterVec
+	ratio        prometheus.GaugeFunc
+}
+
+func newMetrics(set *backends.Set, ratio func() float64) *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	m.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_admission_decisions_total",
+		Help: "Admission decisions by outcome, reason and the counting tier that decided."}, []string{"decision", "reason", "tier"})
+	m.admitSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvgate_admission_seconds",
+		Help: "Time to parse, count and decide one request.", Buckets: prometheus.ExponentialBuckets(5e-6, 4, 10)})
+	m.upstream = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_upstream_responses_total",
+		Help: "Engine responses by backend and status code (0: transport error)."}, []string{"backend", "code"})
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_requests_total",
+		Help: "Requests by route and the status the client got."}, []string{"route", "code"})
+	m.capChanges = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_backend_capacity_changes_total",
+		Help: "Times a backend's reported limits changed (first reading included)."}, []string{"backend"})
+	m.exactCalls = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_exact_count_calls_total",
+		Help: "Calls to engines' /tokenize for gray-zone prompts, by result (ok, error, saturated)."}, []string{"result"})
+	m.ratio = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_tokenizer_safety_ratio",
+		Help: "Current safety ratio applied to tiktoken estimates."}, ratio)
+	m.reg.MustRegister(m.decisions, m.admitSeconds, m.upstream, m.requests, m.capChanges, m.exactCalls, m.ratio,
+		&backendCollector{set: set}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+var (
+	capDesc = prometheus.NewDesc("kvgate_backend_capacity_tokens",
+		"Backend limits as last read: pool (max_total_num_tokens), max_req_input_len, context (max_model_len).",
+		[]string{"backend", "role", "kind"}, nil)
+	mismatchDesc = prometheus.NewDesc("kvgate_backend_pool_below_context",
+		"1 when a backend's KV pool is smaller than its advertised context (the incident's precondition).",
+		[]string{"backend"}, nil)
+	upDesc = prometheus.NewDesc("kvgate_backend_usable",
+		"1 when the backend answers, reports its configured role and is not quarantined.", []string{"backend"}, nil)
+	roleDesc = prometheus.NewDesc("kvgate_backend_role_mismatch",
+		"1 when the backend's disaggregation_mode differs from its configured role.", []string{"backend"}, nil)
+	quarantineDesc = prometheus.NewDesc("kvgate_backend_quarantined",
+		"1 while the backend is quarantined.", []string{"backend"}, nil)
+)
+
+type backendCollector struct{ set *backends.Set }
+
+func (c *backendCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- capDesc
+	ch <- mismatchDesc
+	ch <- upDesc
+	ch <- roleDesc
+	ch <- quarantineDesc
+}
+
+func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, b := range c.set.All() {
+		st := describeBackend(c.set, b, time.Now())
+		if cp := b.Capacity(); cp != nil {
+			ch <- prometheus.MustNewConstMetric(capDesc, prometheus.GaugeValue, float64(cp.PoolTokens), b.Name, b.Role, "pool")
+			ch <- prometheus.MustNewConstMetric(capDesc, prometheus.GaugeValue, float64(cp.MaxReqInputLen), b.Name, b.Role, "max_req_input_len")
+			ch <- prometheus.MustNewConstMetric(capDesc, prometheus.GaugeValue, float64(cp.ContextLen), b.Name, b.Role, "context")
+			ch <- prometheus.MustNewConstMetric(mismatchDesc, prometheus.GaugeValue, b01(cp.PoolBelowContext()), b.Name)
+			ch <- prometheus.MustNewConstMetric(roleDesc, prometheus.GaugeValue, b01(!b.RoleMatches()), b.Name)
+		}
+		ch <- prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, b01(st.Usable), b.Name)
+		ch <- prometheus.MustNewConstMetric(quarantineDesc, prometheus.GaugeValue, b01(st.QuarantinedUntil != nil), b.Name)
+	}
+}
+
+func b01(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

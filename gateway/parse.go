@@ -1,0 +1,405 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/kvgate/kvgate/tokenize"
+)
+
+type routeKind int
+
+const (
+	routeChat routeKind = iota
+	routeCompletions
+	routeGenerate
+)
+
+func (r routeKind) path() string {
+	return [...]string{"/v1/chat/completions", "/v1/completions", "/generate"}[r]
+}
+
+// Engine-control fields a client must never set: they steer the engine's KV transfer, identity,
+// or code execution. They are refused by name so the client knows why.
+var engineControl = map[string]bool{
+	"bootstrap_host": true, "bootstrap_port": true, "bootstrap_room": true, "rid": true,
+	"custom_logit_processor": true, "input_embeds": true, "return_hidden_states": true,
+	"session_params": true,
+}
+
+// Media fields and parts are not supported: the byte bound cannot cover them.
+var mediaFields = map[string]bool{"image_data": true, "audio_data": true, "video_data": true, "modalities": true}
+
+// The allow-lists: everything else is refused with 400, so an unknown engine option can never
+// slip through unreviewed.
+var allowed = map[routeKind]map[string]bool{
+	routeChat: set("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+		"top_k", "min_p", "n", "stream", "stream_options", "stop", "stop_token_ids", "presence_penalty",
+		"frequency_penalty", "repetition_penalty", "logit_bias", "logprobs", "top_logprobs", "user", "seed",
+		"tools", "tool_choice", "functions", "function_call", "response_format", "parallel_tool_calls",
+		"reasoning_effort", "separate_reasoning", "stream_reasoning", "chat_template_kwargs", "regex", "ebnf",
+		"json_schema", "ignore_eos", "skip_special_tokens", "no_stop_trim", "min_tokens",
+		"continue_final_message", "lora_path", "metadata", "store", "service_tier"),
+	routeCompletions: set("model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n",
+		"stream", "stream_options", "stop", "stop_token_ids", "logprobs", "echo", "presence_penalty",
+		"frequency_penalty", "repetition_penalty", "best_of", "logit_bias", "user", "seed", "suffix",
+		"regex", "ebnf", "json_schema", "ignore_eos", "skip_special_tokens", "no_stop_trim", "min_tokens",
+		"lora_path"),
+	routeGenerate: set("text", "input_ids", "sampling_params", "stream", "return_logprob",
+		"logprob_start_len", "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs",
+		"lora_path", "log_metrics"),
+}
+
+func set(names ...string) map[string]bool {
+	m := make(map[string]bool, len(names))
+	for _, n := range names {
+		m[n] = true
+	}
+	return m
+}
+
+// prompt is one sequence the engine will prefill (a batch has several).
+type prompt struct {
+	// text is what the engine tokenizes (the chat template applied) when the prompt is text.
+	text string
+	// ids is the token count when the client sent token ids.
+	ids    int
+	hasIDs bool
+}
+
+// request is a parsed, sanitized generation request.
+type request struct {
+	kind   routeKind
+	fields map[string]json.RawMessage
+	stream bool
+	// output is the requested output tokens for the admission rule (× n).
+	output int
+	// outputGiven says the client named an output length (the rule reserves output only then,
+	// or from policy.default_max_tokens).
+	outputGiven bool
+	// n is the number of completions asked for (OpenAI's n).
+	n       int
+	prompts []prompt
+	batch   bool
+	model   string
+
+	// chat only: messages as sent, kept as raw fields so unknown-but-allowed keys survive.
+	messages []map[string]json.RawMessage
+	extra    string // tools / functions / response_format JSON, rendered into the prompt
+	// texts for completions / generate: the prompt strings (nil when ids)
+	texts []string
+}
+
+// parseRequest validates body for kind. Errors are client errors (400) naming the field.
+func parseRequest(kind routeKind, body []byte) (*request, *apiError) {
+	if !utf8.Valid(body) {
+		return nil, badRequest("", "Request body is not valid UTF-8.")
+	}
+	var fields map[string]json.RawMessage
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&fields); err != nil || fields == nil {
+		return nil, badRequest("", "Request body must be a JSON object: "+jsonErr(err))
+	}
+	if dec.More() {
+		return nil, badRequest("", "Request body has data after the JSON object.")
+	}
+	names := make([]string, 0, len(fields))
+	for k := range fields {
+		names = append(names, k)
+	}
+	sort.Strings(names) // deterministic error for several bad fields
+	for _, k := range names {
+		switch {
+		case engineControl[k]:
+			return nil, badRequest(k, fmt.Sprintf("Field %q is engine-internal and may not be set by clients.", k))
+		case mediaFields[k]:
+			return nil, badRequest(k, fmt.Sprintf("Field %q is not supported: this gateway accepts text and token ids only.", k))
+		case !allowed[kind][k]:
+			return nil, badRequest(k, fmt.Sprintf("Unsupported field %q for %s.", k, kind.path()))
+		}
+	}
+	r := &request{kind: kind, fields: fields}
+	if raw, ok := fields["stream"]; ok && !isNull(raw) {
+		if err := json.Unmarshal(raw, &r.stream); err != nil {
+			return nil, badRequest("stream", "'stream' must be a boolean.")
+		}
+	}
+	if raw, ok := fields["model"]; ok && !isNull(raw) {
+		if err := json.Unmarshal(raw, &r.model); err != nil {
+			return nil, badRequest("model", "'model' must be a string.")
+		}
+	}
+	var err *apiError
+	switch kind {
+	case routeChat:
+		err = r.parseChat()
+	case routeCompletions:
+		err = r.parseCompletions()
+	case routeGenerate:
+		err = r.parseGenerate()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func jsonErr(err error) string {
+	if err == nil {
+		return "null"
+	}
+	return err.Error()
+}
+
+func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
+
+// intField reads an optional non-negative integer field.
+func intField(fields map[string]json.RawMessage, name string) (int, bool, *apiError) {
+	raw, ok := fields[name]
+	if !ok || isNull(raw) {
+		return 0, false, nil
+	}
+	var n int
+	if err := json.Unmarshal(raw, &n); err != nil || n < 0 {
+		return 0, false, badRequest(name, fmt.Sprintf("'%s' must be a non-negative integer.", name))
+	}
+	return n, true, nil
+}
+
+// openAIOutput applies DESIGN.md's O for OpenAI routes: max_completion_tokens, else max_tokens; × n.
+func (r *request) openAIOutput() *apiError {
+	out, given, err := intField(r.fields, "max_completion_tokens")
+	if err != nil {
+		return err
+	}
+	if !given {
+		if out, given, err = intField(r.fields, "max_tokens"); err != nil {
+			return err
+		}
+	}
+	n, hasN, err := intField(r.fields, "n")
+	if err != nil {
+		return err
+	}
+	if hasN && n == 0 {
+		return badRequest("n", "'n' must be at least 1.")
+	}
+	if !hasN {
+		n = 1
+	}
+	r.output, r.outputGiven, r.n = out*n, given, n
+	return nil
+}
+
+func (r *request) parseChat() *apiError {
+	raw, ok := r.fields["messages"]
+	if !ok {
+		return badRequest("messages", "'messages' is required.")
+	}
+	if err := json.Unmarshal(raw, &r.messages); err != nil || len(r.messages) == 0 {
+		return badRequest("messages", "'messages' must be a non-empty array of message objects.")
+	}
+	for i, m := range r.messages {
+		var role string
+		if err := json.Unmarshal(m["role"], &role); err != nil || role == "" {
+			return badRequest(fmt.Sprintf("messages[%d].role", i), "Each message needs a string 'role'.")
+		}
+		if _, err := messageText(m["content"]); err != nil {
+			return badRequest(fmt.Sprintf("messages[%d].content", i), err.Error())
+		}
+		if raw, ok := m["name"]; ok && !isNull(raw) {
+			var s string
+			if json.Unmarshal(raw, &s) != nil {
+				return badRequest(fmt.Sprintf("messages[%d].name", i), "'name' must be a string.")
+			}
+		}
+	}
+	// Tool definitions and schemas are rendered into the prompt by the engine's template: count them.
+	var extra []string
+	for _, k := range []string{"tools", "functions", "response_format"} {
+		if raw, ok := r.fields[k]; ok && !isNull(raw) {
+			extra = append(extra, string(raw))
+		}
+	}
+	r.extra = strings.Join(extra, "\n")
+	return r.openAIOutput()
+}
+
+// messageText extracts the text of a message content: a string, null, or an array of text parts.
+// Image and audio parts are refused: the byte bound cannot speak for them.
+func messageText(raw json.RawMessage) (string, error) {
+	if len(raw) == 0 || isNull(raw) {
+		return "", nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string  `json:"type"`
+		Text *string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", fmt.Errorf("'content' must be a string or an array of text parts")
+	}
+	var b strings.Builder
+	for _, p := range parts {
+		switch p.Type {
+		case "text":
+			if p.Text == nil {
+				return "", fmt.Errorf("a text part needs 'text'")
+			}
+			b.WriteString(*p.Text)
+		case "image_url", "input_image", "image", "input_audio", "audio", "video_url", "file":
+			return "", fmt.Errorf("content parts of type %q are not supported: this gateway accepts text only", p.Type)
+		default:
+			return "", fmt.Errorf("unknown content part type %q", p.Type)
+		}
+	}
+	return b.String(), nil
+}
+
+// idsOrTexts parses a prompt field that may be a string, a list of strings, a list of token ids
+// or a list of token-id lists.
+func (r *request) idsOrTexts(name string, raw json.RawMessage) *apiError {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		r.texts = []string{s}
+		return nil
+	}
+	var ss []string
+	if json.Unmarshal(raw, &ss) == nil && len(ss) > 0 {
+		r.texts, r.batch = ss, true
+		return nil
+	}
+	var ids []int
+	if json.Unmarshal(raw, &ids) == nil && len(ids) > 0 {
+		r.prompts = []prompt{{ids: len(ids), hasIDs: true}}
+		return nil
+	}
+	var batch [][]int
+	if json.Unmarshal(raw, &batch) == nil && len(batch) > 0 {
+		r.batch = true
+		for _, b := range batch {
+			r.prompts = append(r.prompts, prompt{ids: len(b), hasIDs: true})
+		}
+		return nil
+	}
+	return badRequest(name, fmt.Sprintf("'%s' must be a string, a non-empty list of strings, or token ids.", name))
+}
+
+func (r *request) parseCompletions() *apiError {
+	raw, ok := r.fields["prompt"]
+	if !ok || isNull(raw) {
+		return badRequest("prompt", "'prompt' is required.")
+	}
+	if err := r.idsOrTexts("prompt", raw); err != nil {
+		return err
+	}
+	return r.openAIOutput()
+}
+
+func (r *request) parseGenerate() *apiError {
+	text, hasText := r.fields["text"]
+	ids, hasIDs := r.fields["input_ids"]
+	hasText, hasIDs = hasText && !isNull(text), hasIDs && !isNull(ids)
+	switch {
+	case hasText && hasIDs:
+		return badRequest("input_ids", "Give either 'text' or 'input_ids', not both.")
+	case hasText:
+		if err := r.idsOrTexts("text", text); err != nil || r.texts == nil {
+			return badRequest("text", "'text' must be a string or a non-empty list of strings.")
+		}
+	case hasIDs:
+		if err := r.idsOrTexts("input_ids", ids); err != nil || r.texts != nil {
+			return badRequest("input_ids", "'input_ids' must be a list of token ids or a list of such lists.")
+		}
+	default:
+		return badRequest("text", "'text' or 'input_ids' is required.")
+	}
+	r.output = 128 // SGLang's default max_new_tokens
+	r.outputGiven = true
+	if raw, ok := r.fields["sampling_params"]; ok && !isNull(raw) {
+		var sp map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &sp); err != nil {
+			return badRequest("sampling_params", "'sampling_params' must be an object.")
+		}
+		n, given, err := intField(sp, "max_new_tokens")
+		if err != nil {
+			return badRequest("sampling_params.max_new_tokens", "'sampling_params.max_new_tokens' must be a non-negative integer.")
+		}
+		if given {
+			r.output = n
+		}
+		if raw, ok := sp["n"]; ok && !isNull(raw) {
+			var k int
+			if json.Unmarshal(raw, &k) != nil || k < 1 {
+				return badRequest("sampling_params.n", "'sampling_params.n' must be a positive integer.")
+			}
+			r.output *= k
+		}
+	}
+	return nil
+}
+
+// render builds the prompts the engine will see (after any injection) and writes the changed
+// fields back into the body.
+func (r *request) render() {
+	switch r.kind {
+	case routeChat:
+		msgs := make([]tokenize.Message, len(r.messages))
+		for i, m := range r.messages {
+			var role, name string
+			_ = json.Unmarshal(m["role"], &role)
+			if raw, ok := m["name"]; ok {
+				_ = json.Unmarshal(raw, &name)
+			}
+			text, _ := messageText(m["content"])
+			// Assistant tool calls are rendered into the prompt too.
+			if raw, ok := m["tool_calls"]; ok && !isNull(raw) {
+				text += string(raw)
+			}
+			msgs[i] = tokenize.Message{Role: role, Name: name, Content: text}
+		}
+		r.prompts = []prompt{{text: tokenize.RenderChatML(msgs, r.extra)}}
+	default:
+		if r.texts != nil {
+			r.prompts = r.prompts[:0]
+			for _, t := range r.texts {
+				r.prompts = append(r.prompts, prompt{text: t})
+			}
+		}
+	}
+}
+
+// setTexts replaces the prompt texts (completions prompt / generate text) in the body.
+func (r *request) setTexts(texts []string) {
+	r.texts = texts
+	field := "prompt"
+	if r.kind == routeGenerate {
+		field = "text"
+	}
+	if r.batch {
+		r.fields[field] = mustJSON(texts)
+	} else {
+		r.fields[field] = mustJSON(texts[0])
+	}
+}
+
+// setMessages replaces the chat messages in the body.
+func (r *request) setMessages(msgs []map[string]json.RawMessage) {
+	r.messages = msgs
+	r.fields["messages"] = mustJSON(msgs)
+}
+
+func mustJSON(v any) json.RawMessage {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // only values that came from json.Unmarshal are marshalled here
+	}
+	return b
+}

@@ -1,0 +1,406 @@
+package gateway
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"io"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+
+	"github.com/kvgate/kvgate/backends"
+)
+
+// maxBufferedReply caps a non-streaming engine reply held for scanning and pass-through.
+const maxBufferedReply = 64 << 20
+
+// abortTimeout bounds one /abort_request call.
+const abortTimeout = 2 * time.Second
+
+// leg is one upstream request of an exchange (one for unified, two for PD).
+type leg struct {
+	b    *backends.Backend
+	rid  string
+	req  *fasthttp.Request
+	resp *fasthttp.Response
+	err  error
+}
+
+func (l *leg) release() {
+	if l.resp != nil {
+		_ = l.resp.CloseBodyStream()
+		fasthttp.ReleaseResponse(l.resp)
+		l.resp = nil
+	}
+	if l.req != nil {
+		fasthttp.ReleaseRequest(l.req)
+		l.req = nil
+	}
+}
+
+func newRoom() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.BigEndian.Uint64(b[:]) >> 1 // [0, 2^63−1]
+}
+
+// buildLeg prepares the upstream request: a fresh request, so no client header (credentials,
+// cookies, hop-by-hop) can reach the engine; only ours and the backend's own key.
+func (x *exchange) buildLeg(b *backends.Backend, body []byte, rid string) *leg {
+	req := fasthttp.AcquireRequest()
+	req.SetRequestURI("http://" + b.Addr + x.kind.path())
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType("application/json")
+	req.Header.Set("X-Request-Id", x.rid)
+	if x.req.stream {
+		req.Header.Set("Accept", "text/event-stream")
+	}
+	if b.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+b.APIKey)
+	}
+	req.SetBodyRaw(body)
+	return &leg{b: b, rid: rid, req: req}
+}
+
+// body serializes the sanitized request with our rid and, for PD, the bootstrap fields.
+func (x *exchange) body(rid string, prefill *backends.Backend) []byte {
+	f := make(map[string]json.RawMessage, len(x.req.fields)+4)
+	for k, v := range x.req.fields {
+		f[k] = v
+	}
+	items := len(x.req.prompts)
+	if x.req.batch {
+		rids := make([]string, items)
+		for i := range rids {
+			rids[i] = rid + "-" + strconv.Itoa(i)
+		}
+		f["rid"] = mustJSON(rids)
+	} else {
+		f["rid"] = mustJSON(rid)
+	}
+	if prefill != nil {
+		port := prefill.Capacity().BootstrapPort
+		if x.req.batch {
+			hosts, ports, rooms := make([]string, items), make([]int, items), make([]uint64, items)
+			seen := map[uint64]bool{}
+			for i := range rooms {
+				hosts[i], ports[i] = prefill.Host, port
+				for rooms[i] = newRoom(); seen[rooms[i]]; rooms[i] = newRoom() {
+				}
+				seen[rooms[i]] = true
+			}
+			f["bootstrap_host"], f["bootstrap_port"], f["bootstrap_room"] = mustJSON(hosts), mustJSON(ports), mustJSON(rooms)
+		} else {
+			f["bootstrap_host"], f["bootstrap_port"], f["bootstrap_room"] = mustJSON(prefill.Host), mustJSON(port), mustJSON(newRoom())
+		}
+	}
+	b, _ := json.Marshal(f)
+	return b
+}
+
+func retryable(code int) bool { return code == 408 || code == 429 || code >= 500 }
+
+// forward sends the admitted request along x.route and relays the reply.
+func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange) {
+	r := x.route
+	tokens := x.decision.Tokens
+	for _, b := range []*backends.Backend{r.Unified, r.Prefill, r.Decode} {
+		if b != nil {
+			b.AddInflight(tokens)
+		}
+	}
+	releaseInflight := func() {
+		for _, b := range []*backends.Backend{r.Unified, r.Prefill, r.Decode} {
+			if b != nil {
+				b.AddInflight(-tokens)
+			}
+		}
+	}
+	if r.Unified != nil {
+		x.upstream = r.Unified.Name
+		l := x.buildLeg(r.Unified, x.body(x.rid, nil), x.rid)
+		l.resp = fasthttp.AcquireResponse()
+		l.err = r.Unified.Client.Do(l.req, l.resp)
+		g.countUpstream(l)
+		if l.err != nil {
+			releaseInflight()
+			l.release()
+			x.fail(ctx, upstreamFailed("The engine could not be reached: "+l.err.Error()))
+			return
+		}
+		x.relay(ctx, l, nil, releaseInflight)
+		return
+	}
+	x.upstream = r.Prefill.Name + "+" + r.Decode.Name
+	for attempt := 0; ; attempt++ {
+		last := attempt >= g.cfg.Upstream.Retries
+		rid := x.rid
+		if attempt > 0 {
+			rid += "-r" + strconv.Itoa(attempt)
+		}
+		body := x.body(rid, r.Prefill) // a new room on every try
+		pl, dl := x.buildLeg(r.Prefill, body, rid), x.buildLeg(r.Decode, body, rid)
+		prefillDone := make(chan struct{})
+		go func() {
+			defer close(prefillDone)
+			pl.resp = fasthttp.AcquireResponse()
+			pl.err = r.Prefill.Client.Do(pl.req, pl.resp)
+			if pl.err == nil {
+				// Prefill's reply is drained and discarded (its output is one token); keep a
+				// bounded copy for the error case.
+				var buf bytes.Buffer
+				_, pl.err = io.Copy(&buf, io.LimitReader(pl.resp.BodyStream(), 1<<20))
+				_, _ = io.Copy(io.Discard, pl.resp.BodyStream())
+				_ = pl.resp.CloseBodyStream()
+				pl.resp.SetBodyRaw(buf.Bytes())
+			}
+		}()
+		dl.resp = fasthttp.AcquireResponse()
+		dl.err = r.Decode.Client.Do(dl.req, dl.resp)
+		g.countUpstream(dl)
+		if dl.err != nil {
+			// A transport error on one leg cancels the other.
+			r.Prefill.Abort(rid, abortTimeout)
+			<-prefillDone
+			g.countUpstream(pl)
+			pl.release()
+			dl.release()
+			if !last {
+				continue
+			}
+			releaseInflight()
+			x.fail(ctx, upstreamFailed("The decode engine could not be reached: "+dl.err.Error()))
+			return
+		}
+		if code := dl.resp.StatusCode(); code < 200 || code > 299 {
+			r.Prefill.Abort(rid, abortTimeout)
+			if retryable(code) && !last {
+				dl.release()
+				<-prefillDone
+				pl.release()
+				continue
+			}
+			// Decode's error first: pass it through.
+			x.relay(ctx, dl, nil, func() { releaseInflight(); <-prefillDone; pl.release() })
+			return
+		}
+		// Decode accepted. The request only succeeded if prefill did too.
+		select {
+		case <-prefillDone:
+		case <-time.After(g.cfg.Upstream.ResponseHeaderTimeout):
+			pl.err = errors.New("prefill did not answer within upstream.response_header_timeout")
+		}
+		g.countUpstream(pl)
+		if pl.err != nil || pl.resp.StatusCode() < 200 || pl.resp.StatusCode() > 299 {
+			r.Decode.Abort(rid, abortTimeout)
+			dl.release()
+			retry := pl.err != nil || retryable(pl.resp.StatusCode())
+			if retry && !last {
+				<-prefillDone
+				pl.release()
+				continue
+			}
+			releaseInflight()
+			if pl.err != nil {
+				x.fail(ctx, upstreamFailed("The prefill engine failed: "+pl.err.Error()))
+			} else {
+				// The engine's own error, with its status.
+				x.status = pl.resp.StatusCode()
+				x.errMsg = "prefill_failed"
+				ctx.SetStatusCode(x.status)
+				ctx.SetContentType("application/json")
+				ctx.SetBody(pl.resp.Body())
+				x.finish()
+			}
+			<-prefillDone
+			pl.release()
+			return
+		}
+		pl.release()
+		x.relay(ctx, dl, r.Prefill, releaseInflight)
+		return
+	}
+}
+
+func (g *Gateway) countUpstream(l *leg) {
+	code := "0"
+	if l.err == nil && l.resp != nil {
+		code = strconv.Itoa(l.resp.StatusCode())
+	}
+	g.metrics.upstream.WithLabelValues(l.b.Name, code).Inc()
+}
+
+// hop-by-hop and framing headers are never copied from an engine's reply.
+var skipReplyHeaders = map[string]bool{
+	"Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
+	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true,
+	"Server": true, "Date": true, "Set-Cookie": true,
+}
+
+func copyReplyHeaders(ctx *fasthttp.RequestCtx, resp *fasthttp.Response) {
+	resp.Header.VisitAll(func(k, v []byte) {
+		if !skipReplyHeaders[string(k)] {
+			ctx.Response.Header.SetBytesKV(k, v)
+		}
+	})
+}
+
+// relay writes the engine's reply to the client. Errors and non-streaming bodies are read whole
+// (bounded) and passed through; event streams are relayed event by event as they arrive.
+// other is the PD peer leg's backend, aborted too if the client goes away mid-stream.
+func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *leg, other *backends.Backend, done func()) {
+	resp := l.resp
+	code := resp.StatusCode()
+	copyReplyHeaders(ctx, resp)
+	ctx.Response.Header.Set("X-Request-Id", x.rid)
+	ctx.SetStatusCode(code)
+	isStream := bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream"))
+	if code >= 200 && code <= 299 && isStream {
+		ctx.Response.ImmediateHeaderFlush = true
+		ctx.Response.Header.SetContentType("text/event-stream")
+		ctx.Response.Header.Set("Cache-Control", "no-cache")
+		rr := &relayReader{x: x, l: l, other: other, done: done, src: resp.BodyStream()}
+		x.status = code
+		ctx.SetBodyStream(rr, -1)
+		return
+	}
+	defer func() {
+		l.release()
+		done()
+		x.finish()
+	}()
+	body, err := io.ReadAll(io.LimitReader(resp.BodyStream(), maxBufferedReply+1))
+	if err != nil || len(body) > maxBufferedReply {
+		l.b.Abort(l.rid, abortTimeout)
+		msg := "The engine's reply was cut off"
+		if err != nil {
+			msg += ": " + err.Error()
+		} else {
+			msg += ": larger than the gateway buffers"
+		}
+		writeError(ctx, upstreamFailed(msg))
+		ctx.Response.Header.Set("X-Request-Id", x.rid)
+		x.status, x.errMsg = 502, "upstream_error"
+		return
+	}
+	x.status = code
+	if code >= 200 && code <= 299 {
+		x.learn(body, l.b)
+	}
+	ctx.SetBody(body)
+}
+
+// learn raises the safety ratio from the prompt count a unified or decode engine reported for a
+// prompt that was estimated (never from prefill, which reports 1 for a stubbed prompt).
+func (x *exchange) learn(body []byte, b *backends.Backend) {
+	if x.estimate <= 0 || b.Role == "prefill" || len(x.req.prompts) != 1 {
+		return
+	}
+	var reply struct {
+		Usage struct {
+			PromptTokens int `json:"prompt_tokens"`
+		} `json:"usage"`
+		Meta struct {
+			PromptTokens int `json:"prompt_tokens"`
+		} `json:"meta_info"`
+	}
+	if json.Unmarshal(body, &reply) != nil {
+		return
+	}
+	x.g.ratio.Observe(x.estimate, max(reply.Usage.PromptTokens, reply.Meta.PromptTokens))
+}
+
+// relayReader is the client's body for a streamed reply. fasthttp calls Read until EOF, writing
+// and flushing each chunk, and calls Close when the body is done or the client is gone. It owns
+// the upstream response from the moment it is set as the body stream.
+type relayReader struct {
+	x     *exchange
+	l     *leg
+	other *backends.Backend
+	done  func()
+	src   io.Reader
+
+	buf     []byte // upstream bytes not yet split into events
+	out     []byte // processed bytes not yet handed to fasthttp
+	readBuf [16 << 10]byte
+	eof     bool // upstream finished (cleanly or not); out holds the rest
+	clean   bool // upstream reached its end normally
+	once    sync.Once
+}
+
+func (r *relayReader) Read(p []byte) (int, error) {
+	for len(r.out) == 0 {
+		if r.eof {
+			return 0, io.EOF
+		}
+		n, err := r.src.Read(r.readBuf[:])
+		if n > 0 {
+			r.buf = append(r.buf, r.readBuf[:n]...)
+			r.takeEvents()
+		}
+		if err != nil {
+			r.eof = true
+			if errors.Is(err, io.EOF) {
+				r.clean = true
+				r.out = append(r.out, r.buf...) // a last event without its blank line
+			} else {
+				// Headers are on the wire: end the stream with an error event, never a 502 page.
+				r.x.errMsg = "upstream_stream_error"
+				r.x.g.log.Warn("engine stream failed", zap.String("request_id", r.x.rid), zap.String("backend", r.l.b.Name), zap.Error(err))
+				r.out = append(r.out, sseError(upstreamFailed("The engine's stream failed: "+err.Error()))...)
+			}
+			r.buf = r.buf[:0]
+		}
+	}
+	n := copy(p, r.out)
+	r.out = r.out[n:]
+	return n, nil
+}
+
+// takeEvents moves every complete SSE event from buf to out, event by event.
+func (r *relayReader) takeEvents() {
+	for {
+		i := bytes.Index(r.buf, []byte("\n\n"))
+		if i < 0 {
+			return
+		}
+		ev := r.buf[:i+2]
+		r.out = append(r.out, ev...)
+		r.buf = r.buf[i+2:]
+	}
+}
+
+// Close releases the upstream reply. If the stream did not finish (client gone, cut, error), the
+// engines are told to abort the request.
+func (r *relayReader) Close() error {
+	r.once.Do(func() {
+		if !r.clean {
+			r.l.b.Abort(r.l.rid, abortTimeout)
+			if r.other != nil {
+				r.other.Abort(r.l.rid, abortTimeout)
+			}
+			if r.x.errMsg == "" {
+				r.x.errMsg = "client_gone"
+			}
+		}
+		r.l.release()
+		r.done()
+		r.x.finish()
+	})
+	return nil
+}
+
+// sseError is an error event in OpenAI's envelope followed by [DONE].
+func sseError(e *apiError) []byte {
+	var b bytes.Buffer
+	b.WriteString("data: ")
+	b.Write(e.body())
+	b.WriteString("\n\ndata: [DONE]\n\n")
+	return b.Bytes()
+}

@@ -1,0 +1,305 @@
+// Package gateway is kvgate's HTTP front: the fasthttp server, routes, auth, the request
+// pipeline (parse, sanitize, count, admit, forward, relay), error bodies, the access log and
+// metrics. It holds nothing persistent: capacity lives in backends, decisions in policy, counting
+// in tokenize. It must never forward a request that admission did not pass, nor a client's
+// credentials.
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
+	"go.uber.org/zap"
+
+	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/config"
+	"github.com/kvgate/kvgate/policy"
+	"github.com/kvgate/kvgate/tokenize"
+)
+
+// Gateway is one replica.
+type Gateway struct {
+	cfg      *config.Config
+	log      *zap.Logger
+	access   *zap.Logger
+	backends *backends.Set
+	enc      tokenize.Encoder
+	ratio    *tokenize.SafetyRatio
+	exact    *exactCounter
+	tenants  []tenant
+	admin    []byte // sha256 of the admin key; nil disables admin routes
+	metrics  *metrics
+	server   *fasthttp.Server
+	metricsH fasthttp.RequestHandler
+	draining atomic.Bool
+	// distrustEstimate is set when calibration finds an engine whose tokenizer counts more than
+	// estimate × ratio: estimates may then refuse, never admit.
+	distrustEstimate atomic.Bool
+}
+
+type tenant struct {
+	config.Tenant
+	hash []byte
+}
+
+// New builds a gateway from cfg; it starts nothing until Serve.
+func New(cfg *config.Config, set *backends.Set, log *zap.Logger) (*Gateway, error) {
+	enc, err := tokenize.NewEncoder(cfg.Tokenizer.Library, cfg.Tokenizer.Encoding)
+	if err != nil {
+		return nil, fmt.Errorf("building tokenizer: %w", err)
+	}
+	g := &Gateway{
+		cfg: cfg, log: log.Named("gateway"), access: log.Named("access"), backends: set, enc: enc,
+		ratio: tokenize.NewSafetyRatio(cfg.Tokenizer.SafetyRatio, cfg.Tokenizer.SafetyRatioMax),
+	}
+	g.exact = newExactCounter(set, cfg.Tokenizer.ExactConcurrency, cfg.Tokenizer.ExactTimeout)
+	for _, t := range cfg.Tenants {
+		h, _ := hex.DecodeString(strings.ToLower(t.KeySHA256)) // validated by config
+		g.tenants = append(g.tenants, tenant{Tenant: t, hash: h})
+	}
+	if cfg.AdminKeySHA256 != "" {
+		g.admin, _ = hex.DecodeString(strings.ToLower(cfg.AdminKeySHA256))
+	}
+	g.metrics = newMetrics(set, g.ratio.Get)
+	g.exact.metrics = g.metrics
+	g.metricsH = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(g.metrics.reg, promhttp.HandlerOpts{}))
+	prev := set.OnCapacityChange
+	set.OnCapacityChange = func(b *backends.Backend, old, cur *backends.Capacity) {
+		g.metrics.capChanges.WithLabelValues(b.Name).Inc()
+		g.calibrate(b)
+		if prev != nil {
+			prev(b, old, cur)
+		}
+	}
+	g.server = &fasthttp.Server{
+		Handler: g.Handle,
+		Name:    "kvgate",
+		// The body is read by the handler itself, so an oversized one gets our own 413 JSON
+		// instead of fasthttp's plain 400 (field-notes.md).
+		StreamRequestBody:  true,
+		MaxRequestBodySize: cfg.MaxBodyBytes,
+		ReadTimeout:        30 * time.Second, // request headers+body; replies stream without a deadline
+		IdleTimeout:        120 * time.Second,
+		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
+			if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+				writeError(ctx, tooLarge(cfg.MaxBodyBytes))
+				return
+			}
+			writeError(ctx, badRequest("", "Malformed HTTP request: "+err.Error()))
+		},
+		NoDefaultServerHeader: true,
+		CloseOnShutdown:       true,
+	}
+	return g, nil
+}
+
+// Serve accepts connections on ln until Shutdown.
+func (g *Gateway) Serve(ln net.Listener) error { return g.server.Serve(ln) }
+
+// Shutdown stops accepting, lets requests in flight finish (bounded by ctx), then returns.
+func (g *Gateway) Shutdown(ctx context.Context) error {
+	g.draining.Store(true)
+	return g.server.ShutdownWithContext(ctx)
+}
+
+// Handle routes one request.
+func (g *Gateway) Handle(ctx *fasthttp.RequestCtx) {
+	path := string(ctx.Path())
+	method := string(ctx.Method())
+	switch path {
+	case "/v1/chat/completions":
+		g.onlyPost(ctx, method, routeChat)
+	case "/v1/completions":
+		g.onlyPost(ctx, method, routeCompletions)
+	case "/generate":
+		g.onlyPost(ctx, method, routeGenerate)
+	case "/healthz":
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"status":"ok"}`)
+	case "/readyz":
+		g.readyz(ctx)
+	case "/metrics":
+		g.metricsH(ctx)
+	case "/v1/models":
+		if method != fasthttp.MethodGet {
+			writeError(ctx, errMethod)
+			return
+		}
+		g.models(ctx)
+	case "/admin/backends":
+		if g.adminAuth(ctx) {
+			g.adminBackends(ctx)
+		}
+	default:
+		writeError(ctx, errNotFound)
+	}
+}
+
+func (g *Gateway) onlyPost(ctx *fasthttp.RequestCtx, method string, kind routeKind) {
+	if method != fasthttp.MethodPost {
+		writeError(ctx, errMethod)
+		return
+	}
+	g.generate(ctx, kind)
+}
+
+// authenticate maps the bearer key to a tenant. Every tenant's hash is compared in constant
+// time, so timing says nothing about which (or whether a) prefix matched.
+func (g *Gateway) authenticate(ctx *fasthttp.RequestCtx) *tenant {
+	key, ok := bearer(ctx)
+	if !ok {
+		return nil
+	}
+	sum := sha256.Sum256(key)
+	var found *tenant
+	for i := range g.tenants {
+		if subtle.ConstantTimeCompare(sum[:], g.tenants[i].hash) == 1 {
+			found = &g.tenants[i]
+		}
+	}
+	return found
+}
+
+func bearer(ctx *fasthttp.RequestCtx) ([]byte, bool) {
+	h := ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)
+	const p = "Bearer "
+	if len(h) <= len(p) || !strings.EqualFold(string(h[:len(p)]), p) {
+		return nil, false
+	}
+	return h[len(p):], true
+}
+
+func (g *Gateway) adminAuth(ctx *fasthttp.RequestCtx) bool {
+	key, ok := bearer(ctx)
+	if g.admin == nil || !ok {
+		writeError(ctx, errUnauthorized)
+		return false
+	}
+	sum := sha256.Sum256(key)
+	if subtle.ConstantTimeCompare(sum[:], g.admin) != 1 {
+		writeError(ctx, errUnauthorized)
+		return false
+	}
+	return true
+}
+
+func (g *Gateway) readyz(ctx *fasthttp.RequestCtx) {
+	ctx.SetContentType("application/json")
+	switch {
+	case g.draining.Load():
+		ctx.SetStatusCode(503)
+		ctx.SetBodyString(`{"status":"draining"}`)
+	case !g.backends.Ready():
+		ctx.SetStatusCode(503)
+		ctx.SetBodyString(`{"status":"starting","reason":"not every backend has been read yet"}`)
+	default:
+		ctx.SetBodyString(`{"status":"ready"}`)
+	}
+}
+
+// models answers /v1/models with max_model_len = the largest prompt some healthy path admits for
+// this tenant, so clients that size prompts from it never get a 413.
+func (g *Gateway) models(ctx *fasthttp.RequestCtx) {
+	t := g.authenticate(ctx)
+	if t == nil {
+		writeError(ctx, errUnauthorized)
+		return
+	}
+	routes, err := g.backends.Routes(time.Now())
+	if err != nil {
+		writeError(ctx, routeError(err))
+		return
+	}
+	paths := make([]policy.Path, len(routes))
+	model := ""
+	for i, r := range routes {
+		paths[i] = r.Path
+		if model == "" {
+			for _, b := range []*backends.Backend{r.Unified, r.Decode} {
+				if b != nil && b.Capacity() != nil {
+					model = b.Capacity().Model
+				}
+			}
+		}
+	}
+	limit := max(policy.Limit(paths, g.cfg.Policy.DefaultMaxTokens, t.MaxPromptTokens), 0)
+	body, _ := json.Marshal(map[string]any{"object": "list", "data": []any{map[string]any{
+		"id": model, "object": "model", "owned_by": "kvgate", "root": model, "max_model_len": limit,
+	}}})
+	ctx.SetContentType("application/json")
+	ctx.SetBody(body)
+}
+
+func routeError(err error) *apiError {
+	if errors.Is(err, backends.ErrCapacityUnknown) {
+		return capacityUnknown()
+	}
+	return noBackend()
+}
+
+// backendStatus is one row of /admin/backends.
+type backendStatus struct {
+	Name             string             `json:"name"`
+	ConfiguredRole   string             `json:"configured_role"`
+	ReportedMode     string             `json:"reported_disaggregation_mode,omitempty"`
+	RoleMatches      bool               `json:"role_matches"`
+	Usable           bool               `json:"usable"`
+	Capacity         *backends.Capacity `json:"capacity,omitempty"`
+	LastError        string             `json:"last_error,omitempty"`
+	QuarantinedUntil *time.Time         `json:"quarantined_until,omitempty"`
+}
+
+func describeBackend(set *backends.Set, b *backends.Backend, now time.Time) backendStatus {
+	st := backendStatus{Name: b.Name, ConfiguredRole: b.Role, RoleMatches: b.RoleMatches(), Usable: set.Usable(b, now),
+		Capacity: b.Capacity(), LastError: b.LastError()}
+	if st.Capacity != nil {
+		st.ReportedMode = st.Capacity.Mode
+	}
+	if q := b.QuarantinedUntil(); q.After(now) {
+		st.QuarantinedUntil = &q
+	}
+	return st
+}
+
+func (g *Gateway) adminBackends(ctx *fasthttp.RequestCtx) {
+	now := time.Now()
+	var out []backendStatus
+	for _, b := range g.backends.All() {
+		out = append(out, describeBackend(g.backends, b, now))
+	}
+	body, _ := json.Marshal(map[string]any{"backends": out})
+	ctx.SetContentType("application/json")
+	ctx.SetBody(body)
+}
+
+// requestID keeps a sane client X-Request-Id or makes one.
+func requestID(ctx *fasthttp.RequestCtx) string {
+	if id := ctx.Request.Header.Peek("X-Request-Id"); len(id) > 0 && len(id) <= 128 && printable(id) {
+		return string(id)
+	}
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return "kvg-" + hex.EncodeToString(b[:])
+}
+
+func printable(b []byte) bool {
+	for _, c := range b {
+		if c <= ' ' || c >= 0x7f {
+			return false
+		}
+	}
+	return true
+}
