@@ -1,11 +1,77 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/kvgate/kvgate/enginesim"
 )
 
+// runSim runs `kvgate sim`: one simulated SGLang server. The first line on
+// stdout is "listening on ADDR" (the address actually bound, so --listen
+// 127.0.0.1:0 works); in prefill mode a second line names the bootstrap
+// address. Logs go to stderr.
 func runSim(args []string) int {
-	fmt.Fprintln(os.Stderr, "kvgate sim: not built yet")
-	return 1
+	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+	var cfg enginesim.Config
+	listen := fs.String("listen", "127.0.0.1:30000", "address to listen on (port 0 = ephemeral)")
+	fs.StringVar(&cfg.Mode, "mode", enginesim.ModeCombined, "combined | prefill | decode")
+	fs.IntVar(&cfg.PoolTokens, "pool-tokens", 20480, "KV pool size in tokens (rounded down to a page multiple)")
+	fs.IntVar(&cfg.ContextLength, "context-length", 32768, "the model's context length (max_model_len)")
+	fs.IntVar(&cfg.BootstrapPort, "bootstrap-port", enginesim.DefaultBootstrapPort,
+		"prefill: bootstrap port to bind (0 = ephemeral); decode: port used when a request's bootstrap_port is null")
+	fs.IntVar(&cfg.PageSize, "page-size", 64, "tokens per KV page")
+	fs.StringVar(&cfg.Allocator, "allocator", enginesim.AllocLIFO, "free-page policy: lifo | fifo | random")
+	fs.StringVar(&cfg.Tokenizer, "tokenizer", "cl100k", "cl100k | chunk4")
+	fs.StringVar(&cfg.Bug, "bug", enginesim.BugNone, "admit-rejected | none")
+	fs.StringVar(&cfg.Fix, "fix", enginesim.FixNone, "none | reject-at-admission | zero-on-release | ownership-tags | decode-length-check")
+	seed := fs.Uint64("seed", 1, "seed of the model and of the random allocator")
+	fs.DurationVar(&cfg.TokenDelay, "token-delay", 0, "sleep between generated tokens")
+	fs.DurationVar(&cfg.TransferTimeout, "transfer-timeout", 5*time.Second, "decode: how long to wait for a room's KV")
+	fs.StringVar(&cfg.Model, "model", "sim", "served model name (any requested name is accepted)")
+	fs.StringVar(&cfg.APIKey, "api-key", "", "require Authorization: Bearer KEY on every call")
+	quiet := fs.Bool("quiet", false, "do not log leaks and aborts on stderr")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "kvgate sim: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	cfg.Seed = *seed
+	if !*quiet {
+		cfg.Log = os.Stderr
+	}
+	srv, err := enginesim.New(cfg)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kvgate sim: %v\n", err)
+		return 2
+	}
+	if err := srv.Listen(*listen); err != nil {
+		fmt.Fprintf(os.Stderr, "kvgate sim: %v\n", err)
+		return 1
+	}
+	c := srv.Config()
+	fmt.Printf("listening on %s\n", srv.Addr())
+	if b := srv.BootstrapAddr(); b != "" {
+		fmt.Printf("bootstrap listening on %s\n", b)
+	}
+	fmt.Fprintf(os.Stderr, "kvgate sim: mode=%s pool=%d tokens (%d pages of %d) context=%d max_req_input_len=%d allocator=%s tokenizer=%s bug=%s fix=%s\n",
+		c.Mode, c.PoolTokens/c.PageSize*c.PageSize, c.PoolTokens/c.PageSize, c.PageSize, c.ContextLength, srv.MaxReqInputLen(),
+		c.Allocator, c.Tokenizer, c.Bug, c.Fix)
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		<-sig
+		_ = srv.Close()
+	}()
+	if err := srv.Serve(); err != nil {
+		fmt.Fprintf(os.Stderr, "kvgate sim: %v\n", err)
+		return 1
+	}
+	return 0
 }

@@ -1,0 +1,149 @@
+package enginesim
+
+import (
+	"fmt"
+	"io"
+	"time"
+)
+
+// Modes, as /server_info's disaggregation_mode reports them.
+const (
+	ModeCombined = "combined" // reported as "null", as a unified SGLang server does
+	ModePrefill  = "prefill"
+	ModeDecode   = "decode"
+)
+
+// Bugs and fixes.
+const (
+	BugNone          = "none"
+	BugAdmitRejected = "admit-rejected" // prefill turns a pool rejection into an admitted one-token stub
+
+	FixNone              = "none"
+	FixRejectAtAdmission = "reject-at-admission" // prefill and decode answer 400, nothing is transferred
+	FixZeroOnRelease     = "zero-on-release"     // released pages are cleared: stale slots read as nothing
+	FixOwnershipTags     = "ownership-tags"      // reading a slot the request does not own is a 500
+	FixDecodeLengthCheck = "decode-length-check" // decode refuses (400) a transfer shorter than the prompt
+)
+
+// DefaultBootstrapPort is SGLang's default disaggregation bootstrap port.
+const DefaultBootstrapPort = 8998
+
+// Config is one simulated server. Zero values are filled by Defaults.
+type Config struct {
+	Mode          string // combined | prefill | decode; default combined
+	PoolTokens    int    // KV pool size in tokens, rounded down to a page multiple; default 20480
+	ContextLength int    // the model's context length (max_model_len); default 32768
+	PageSize      int    // tokens per page; default 64
+	// BootstrapPort: prefill binds it (0 = ephemeral; -1 = unset, which
+	// means DefaultBootstrapPort); decode uses it when a request's
+	// bootstrap_port is null.
+	BootstrapPort   int
+	Allocator       string        // lifo | fifo | random; default lifo
+	Tokenizer       string        // cl100k | chunk4; default cl100k
+	Bug             string        // none | admit-rejected; default none
+	Fix             string        // see the Fix constants; default none
+	Seed            uint64        // seeds the model and the random allocator
+	TokenDelay      time.Duration // sleep between generated tokens; default 0
+	TransferTimeout time.Duration // how long decode waits for a room's KV; default 5 s
+	Model           string        // served model name; any requested name is accepted; default "sim"
+	APIKey          string        // when set, every call needs "Authorization: Bearer KEY"
+	// RoomTTL bounds how long prefill keeps an unpulled room (and its pages).
+	// Default: 2 × TransferTimeout, at least 10 s.
+	RoomTTL time.Duration
+	Log     io.Writer // request and error log lines; nil = discard
+}
+
+// Defaults fills zero fields with the documented defaults.
+func (c *Config) Defaults() {
+	if c.Mode == "" {
+		c.Mode = ModeCombined
+	}
+	if c.PoolTokens == 0 {
+		c.PoolTokens = 20480
+	}
+	if c.ContextLength == 0 {
+		c.ContextLength = 32768
+	}
+	if c.PageSize == 0 {
+		c.PageSize = 64
+	}
+	if c.BootstrapPort < 0 {
+		c.BootstrapPort = DefaultBootstrapPort
+	}
+	if c.Allocator == "" {
+		c.Allocator = AllocLIFO
+	}
+	if c.Tokenizer == "" {
+		c.Tokenizer = "cl100k"
+	}
+	if c.Bug == "" {
+		c.Bug = BugNone
+	}
+	if c.Fix == "" {
+		c.Fix = FixNone
+	}
+	if c.TransferTimeout == 0 {
+		c.TransferTimeout = 5 * time.Second
+	}
+	if c.Model == "" {
+		c.Model = "sim"
+	}
+	if c.RoomTTL == 0 {
+		c.RoomTTL = max(2*c.TransferTimeout, 10*time.Second)
+	}
+	if c.Log == nil {
+		c.Log = io.Discard
+	}
+}
+
+// Validate refuses a configuration that cannot run, naming the field.
+func (c *Config) Validate() error {
+	switch c.Mode {
+	case ModeCombined, ModePrefill, ModeDecode:
+	default:
+		return fmt.Errorf("mode: %q is not combined, prefill or decode", c.Mode)
+	}
+	if c.PageSize <= 0 {
+		return fmt.Errorf("page-size: must be positive, got %d", c.PageSize)
+	}
+	if c.PoolTokens < c.PageSize {
+		return fmt.Errorf("pool-tokens: %d holds no page of %d tokens", c.PoolTokens, c.PageSize)
+	}
+	if c.ContextLength < 8 {
+		return fmt.Errorf("context-length: must be at least 8, got %d", c.ContextLength)
+	}
+	if c.BootstrapPort > 65535 {
+		return fmt.Errorf("bootstrap-port: %d is not a port", c.BootstrapPort)
+	}
+	switch c.Allocator {
+	case AllocLIFO, AllocFIFO, AllocRandom:
+	default:
+		return fmt.Errorf("allocator: %q is not lifo, fifo or random", c.Allocator)
+	}
+	switch c.Tokenizer {
+	case "cl100k", "chunk4":
+	default:
+		return fmt.Errorf("tokenizer: %q is not cl100k or chunk4", c.Tokenizer)
+	}
+	switch c.Bug {
+	case BugNone, BugAdmitRejected:
+	default:
+		return fmt.Errorf("bug: %q is not none or admit-rejected", c.Bug)
+	}
+	switch c.Fix {
+	case FixNone, FixRejectAtAdmission, FixZeroOnRelease, FixOwnershipTags, FixDecodeLengthCheck:
+	default:
+		return fmt.Errorf("fix: %q is not none, reject-at-admission, zero-on-release, ownership-tags or decode-length-check", c.Fix)
+	}
+	if c.TokenDelay < 0 || c.TransferTimeout < 0 {
+		return fmt.Errorf("token-delay and transfer-timeout must not be negative")
+	}
+	return nil
+}
+
+// MaxReqInputLen is SGLang's derivation: min(context−1, pool−1) − 5, with
+// the pool already rounded down to a page multiple.
+func MaxReqInputLen(poolTokens, pageSize, contextLength int) int {
+	pool := poolTokens / pageSize * pageSize
+	return min(contextLength-1, pool-1) - 5
+}

@@ -1,0 +1,324 @@
+package enginesim
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// pageWait bounds how long a request queues for free pages before it is
+// refused with 503, as a saturated engine would eventually time out.
+const pageWait = 30 * time.Second
+
+// Server is one simulated SGLang server (combined, prefill or decode).
+type Server struct {
+	cfg     Config
+	tok     Tokenizer
+	mril    int
+	padID   uint32
+	padText string
+	created int64
+
+	mu      sync.Mutex // guards pool, rng, seq, waiting, running
+	cond    *sync.Cond
+	pool    *Pool
+	rng     *rand.Rand
+	seq     uint64
+	waiting int
+	running int
+
+	statsMu  sync.Mutex
+	requests map[string]int
+	maxPT    int
+	tokReqs  int
+	rejected map[string]int
+
+	activeMu sync.Mutex
+	active   map[string]context.CancelFunc // rid → cancel, for /abort_request
+
+	rooms *roomStore // prefill: rooms waiting for decode
+
+	pullClient *http.Client
+
+	srv, bootSrv *fasthttp.Server
+	ln, bootLn   net.Listener
+	closed       atomic.Bool
+}
+
+// New builds a server from cfg (defaults applied, then validated).
+func New(cfg Config) (*Server, error) {
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	tok, err := NewTokenizer(cfg.Tokenizer)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := NewPool(cfg.PoolTokens, cfg.PageSize, cfg.Allocator, cfg.Seed, true)
+	if err != nil {
+		return nil, err
+	}
+	pool.ZeroOnRelease = cfg.Fix == FixZeroOnRelease
+	ids, texts := tok.Encode(" ")
+	s := &Server{
+		cfg:      cfg,
+		tok:      tok,
+		mril:     MaxReqInputLen(cfg.PoolTokens, cfg.PageSize, cfg.ContextLength),
+		padID:    ids[0],
+		padText:  texts[0],
+		created:  time.Now().Unix(),
+		pool:     pool,
+		rng:      rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0xda942042e4dd58b5)),
+		requests: map[string]int{"/generate": 0, "/v1/chat/completions": 0, "/v1/completions": 0},
+		rejected: map[string]int{},
+		active:   map[string]context.CancelFunc{},
+		rooms:    newRoomStore(),
+		// Decode pulls rooms over loopback HTTP; the wait is bounded by the
+		// request context, not by this client.
+		pullClient: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
+	}
+	s.cond = sync.NewCond(&s.mu)
+	return s, nil
+}
+
+// Config returns the configuration in effect (defaults applied).
+func (s *Server) Config() Config { return s.cfg }
+
+// MaxReqInputLen is the limit this server reports and enforces.
+func (s *Server) MaxReqInputLen() int { return s.mril }
+
+// Listen binds the API address and, in prefill mode, the bootstrap port.
+func (s *Server) Listen(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", addr, err)
+	}
+	s.ln = ln
+	if s.cfg.Mode == ModePrefill {
+		host, _, _ := net.SplitHostPort(ln.Addr().String())
+		bl, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(s.cfg.BootstrapPort)))
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("listening on bootstrap port %d: %w", s.cfg.BootstrapPort, err)
+		}
+		s.bootLn = bl
+	}
+	return nil
+}
+
+// Addr is the bound API address (after Listen).
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// BootstrapAddr is the bound bootstrap address in prefill mode, else "".
+func (s *Server) BootstrapAddr() string {
+	if s.bootLn == nil {
+		return ""
+	}
+	return s.bootLn.Addr().String()
+}
+
+// BootstrapPort is the port reported as disaggregation_bootstrap_port: the
+// one bound in prefill mode, the configured one otherwise.
+func (s *Server) BootstrapPort() int {
+	if s.bootLn != nil {
+		return s.bootLn.Addr().(*net.TCPAddr).Port
+	}
+	return s.cfg.BootstrapPort
+}
+
+// Serve answers on the listeners until Close. It returns nil after Close.
+func (s *Server) Serve() error {
+	s.srv = &fasthttp.Server{
+		Handler:            s.Handler(),
+		Name:               "kvgate-sim",
+		MaxRequestBodySize: 256 << 20,
+		// Streams can be long; no total write deadline (see field notes).
+		NoDefaultServerHeader: true,
+		CloseOnShutdown:       true,
+	}
+	errc := make(chan error, 2)
+	if s.bootLn != nil {
+		s.bootSrv = &fasthttp.Server{Handler: s.bootstrapHandler, Name: "kvgate-sim-bootstrap", CloseOnShutdown: true}
+		go func() { errc <- s.bootSrv.Serve(s.bootLn) }()
+	}
+	err := s.srv.Serve(s.ln)
+	if s.closed.Load() {
+		return nil
+	}
+	return err
+}
+
+// Close stops both listeners.
+func (s *Server) Close() error {
+	s.closed.Store(true)
+	if s.bootSrv != nil {
+		_ = s.bootSrv.Shutdown()
+	}
+	if s.srv != nil {
+		return s.srv.Shutdown()
+	}
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	if s.bootLn != nil {
+		s.bootLn.Close()
+	}
+	return nil
+}
+
+// Handler is the API handler (exposed for in-process benchmarks).
+func (s *Server) Handler() fasthttp.RequestHandler {
+	return func(ctx *fasthttp.RequestCtx) {
+		if s.cfg.APIKey != "" {
+			auth := ctx.Request.Header.Peek("Authorization")
+			if string(auth) != "Bearer "+s.cfg.APIKey {
+				ctx.SetStatusCode(401)
+				ctx.SetContentType("application/json")
+				ctx.SetBodyString(`{"error":"Unauthorized"}`)
+				return
+			}
+		}
+		path := string(ctx.Path())
+		get, post := ctx.IsGet(), ctx.IsPost()
+		switch {
+		case get && (path == "/health" || path == "/health_generate"):
+			ctx.SetStatusCode(200)
+		case get && (path == "/server_info" || path == "/get_server_info"):
+			s.serverInfo(ctx)
+		case get && path == "/v1/models":
+			s.models(ctx)
+		case get && (path == "/v1/loads" || path == "/get_load"):
+			s.loads(ctx)
+		case get && path == "/metrics":
+			s.metrics(ctx)
+		case get && path == "/sim/stats":
+			s.simStats(ctx)
+		case post && path == "/generate":
+			s.handleGenerate(ctx)
+		case post && path == "/v1/completions":
+			s.handleOpenAI(ctx, routeCompletions)
+		case post && path == "/v1/chat/completions":
+			s.handleOpenAI(ctx, routeChat)
+		case post && (path == "/tokenize" || path == "/v1/tokenize"):
+			s.handleTokenize(ctx)
+		case post && path == "/abort_request":
+			s.handleAbort(ctx)
+		default:
+			ctx.SetStatusCode(404)
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"detail":"Not Found"}`)
+		}
+	}
+}
+
+func (s *Server) countRequest(route string, promptTokens int) {
+	s.statsMu.Lock()
+	s.requests[route]++
+	if promptTokens > s.maxPT {
+		s.maxPT = promptTokens
+	}
+	s.statsMu.Unlock()
+}
+
+func (s *Server) reject(reason string) {
+	s.statsMu.Lock()
+	s.rejected[reason]++
+	s.statsMu.Unlock()
+}
+
+func (s *Server) logf(format string, args ...any) {
+	fmt.Fprintf(s.cfg.Log, time.Now().UTC().Format("15:04:05.000")+" "+format+"\n", args...)
+}
+
+// newRID makes a request id when the body carries none: deterministic from
+// the seed and the arrival order.
+func (s *Server) newRID() string {
+	s.mu.Lock()
+	s.seq++
+	n := s.seq
+	s.mu.Unlock()
+	return fmt.Sprintf("sim-%x-%d", s.cfg.Seed, n)
+}
+
+func (s *Server) register(rid string, cancel context.CancelFunc) {
+	s.activeMu.Lock()
+	s.active[rid] = cancel
+	s.activeMu.Unlock()
+}
+
+func (s *Server) unregister(rid string) {
+	s.activeMu.Lock()
+	delete(s.active, rid)
+	s.activeMu.Unlock()
+}
+
+// allocPages takes n pages, queueing up to pageWait (or until ctx ends).
+func (s *Server) allocPages(ctx context.Context, n int) ([]int32, error) {
+	if n > s.pool.NumPages {
+		return nil, fmt.Errorf("request needs %d pages, the pool has %d", n, s.pool.NumPages)
+	}
+	deadline := time.Now().Add(pageWait)
+	// Waking the waiters on deadline or cancellation keeps Cond usable with
+	// a timeout.
+	stop := context.AfterFunc(ctx, func() { s.mu.Lock(); s.cond.Broadcast(); s.mu.Unlock() })
+	defer stop()
+	var timer *time.Timer
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for {
+		pages, ok := s.pool.Alloc(n, make([]int32, 0, n))
+		if ok {
+			s.running++
+			return pages, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("no free KV pages for %d pages within %v", n, pageWait)
+		}
+		if timer == nil {
+			timer = time.AfterFunc(time.Until(deadline), func() { s.mu.Lock(); s.cond.Broadcast(); s.mu.Unlock() })
+			defer timer.Stop()
+		}
+		s.waiting++
+		s.cond.Wait()
+		s.waiting--
+	}
+}
+
+func (s *Server) releasePages(pages []int32) {
+	s.mu.Lock()
+	s.pool.Release(pages)
+	s.running--
+	s.cond.Broadcast()
+	s.mu.Unlock()
+}
+
+// writeStream runs fn as the body writer of a streamed reply. fn must not
+// touch ctx: fasthttp recycles it once the handler returns.
+func writeStream(ctx *fasthttp.RequestCtx, fn func(w *bufio.Writer) error) {
+	ctx.SetContentType("text/event-stream; charset=utf-8")
+	ctx.Response.Header.Set("Cache-Control", "no-cache")
+	ctx.Response.ImmediateHeaderFlush = true
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) { _ = fn(w) })
+}
+
+func loopbackHost(h string) bool {
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(strings.Trim(h, "[]"))
+	return ip != nil && ip.IsLoopback()
+}
