@@ -178,7 +178,8 @@ func (s *Set) Ready() bool {
 // PollOnce reads one backend's capacity now.
 func (s *Set) PollOnce(b *Backend) {
 	cur, err := s.read(b)
-	b.polled.Store(true)
+	// Ready only once this first reading has been acted on (logged, calibrated).
+	defer b.polled.Store(true)
 	if err != nil {
 		msg := err.Error()
 		if old := b.lastErr.Swap(&msg); old == nil || *old != msg {

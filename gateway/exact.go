@@ -73,9 +73,10 @@ Antidisestablishmentarianism, floccinaucinihilipilification and pseudopseudohypo
 
 // calibrate compares the engine's exact count of a fixed text with the local estimate. An engine
 // whose tokenizer counts more than estimate × ratio makes estimates unsafe for admission (they
-// may still refuse); the ratio also learns from it, up to its cap.
+// may still refuse); the ratio also learns from it, up to its cap. It runs on the poller's
+// goroutine, before the backend counts as read, so no request is decided before it.
 func (g *Gateway) calibrate(b *backends.Backend) {
-	go func() {
+	func() {
 		ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Tokenizer.ExactTimeout)
 		defer cancel()
 		engine, err := b.Tokenize(ctx, calibrationText, g.cfg.Tokenizer.ExactTimeout)
