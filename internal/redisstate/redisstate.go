@@ -38,6 +38,10 @@ func NewClient(url, mode string) (redis.UniversalClient, error) {
 		if err != nil {
 			return nil, fmt.Errorf("state.redis_url (mode %s): %w", ModeSentinel, err)
 		}
+		if opt.MasterName == "" {
+			// go-redis accepts it, but a failover client cannot find a master without its name.
+			return nil, fmt.Errorf("state.redis_url (mode %s): missing ?master_name=<name>", ModeSentinel)
+		}
 		return redis.NewFailoverClient(opt), nil
 	case ModeCluster:
 		opt, err := redis.ParseClusterURL(url)
