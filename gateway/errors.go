@@ -33,7 +33,7 @@ func (e *apiError) body() []byte {
 
 // writeError is the one place an error becomes a response.
 func writeError(ctx *fasthttp.RequestCtx, e *apiError) {
-	ctx.Response.Reset()
+	ctx.Response.ResetBody()
 	ctx.SetStatusCode(e.Status)
 	ctx.SetContentType("application/json")
 	if e.RetryAfter > 0 {
