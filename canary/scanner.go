@@ -197,17 +197,18 @@ func (s *Scanner) scan(dst []byte, emitStart int, b []byte, owned, final bool, v
 				v.Echoes = append(v.Echoes, s.hit(dst[emitStart:], b[p:end], b[end:], owner, epoch))
 				dst = dst[:len(dst)-(p-i)]
 			}
-			// Bytes just before the marker that could begin "KVG-" are rescanned with what follows.
-			t := chainSuffix(b[i:p], p-i)
-			if t == p-i && s.emittedPartial(dst[emitStart:]) {
+			// Bytes just before the marker that could begin "KVG-" are rescanned with what follows
+			// (at most holdMax of them, so rescans stay linear).
+			t := chainSuffix(b[i:p], holdMax)
+			dst = append(dst, b[i:p-t]...)
+			if s.emittedPartial(dst[emitStart:]) {
 				// Pathological: a chain longer than holdMax was partly emitted already and
 				// stripping would join it with what follows; a separator keeps "KVG-" out.
-				dst = append(dst, b[i:p]...)
+				dst = append(dst, b[p-t:p]...)
 				dst = append(dst, Redacted...)
 				i = end
 				break
 			}
-			dst = append(dst, b[i:p-t]...)
 			i = end
 			if t > 0 {
 				if owned {
