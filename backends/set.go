@@ -436,3 +436,6 @@ func (s *Set) Usable(b *Backend, now time.Time) bool {
 	ok, _ := s.usable(b, now)
 	return ok
 }
+
+// SetCapacityForTest installs a reading without polling (tests in other packages).
+func SetCapacityForTest(b *Backend, c *Capacity) { b.capacity.Store(c) }

@@ -154,7 +154,9 @@ func TestUnifiedAdmissionEndToEnd(t *testing.T) {
 			Choices []struct {
 				Message struct{ Content string } `json:"message"`
 			} `json:"choices"`
-			Usage struct{ PromptTokens int `json:"prompt_tokens"` } `json:"usage"`
+			Usage struct {
+				PromptTokens int `json:"prompt_tokens"`
+			} `json:"usage"`
 		}
 		if c.status != 200 || json.Unmarshal(c.body, &chat) != nil || chat.Object != "chat.completion" || len(chat.Choices) != 1 || chat.Usage.PromptTokens == 0 {
 			t.Fatalf("chat: %d %s", c.status, c.body)
