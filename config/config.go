@@ -5,6 +5,7 @@ package config
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -456,4 +457,10 @@ func setScalar(f reflect.Value, s string) error {
 		return fmt.Errorf("unsupported field kind %s", f.Kind())
 	}
 	return nil
+}
+
+// SHA256Hex is how keys are stored in the config: the hex SHA-256 of the key.
+func SHA256Hex(key string) string {
+	s := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(s[:])
 }

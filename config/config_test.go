@@ -95,3 +95,14 @@ func TestEnvNamesCoverScalarFields(t *testing.T) {
 		t.Errorf("lists must not be env-overridable: %s", names)
 	}
 }
+
+// The shipped example must stay a valid configuration.
+func TestExampleConfigLoads(t *testing.T) {
+	c, err := Load("../examples/kvgate.yaml", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Backends) != 3 || c.Tenants[0].KeySHA256 != SHA256Hex("sk-alice") || c.AdminKeySHA256 != SHA256Hex("admin-example") {
+		t.Fatalf("example config drifted: %+v", c)
+	}
+}
