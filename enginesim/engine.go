@@ -309,7 +309,7 @@ func (s *Server) pullRoom(ctx context.Context, host string, port int, room uint6
 // decodes, chunk4 ids are hashes and are shown as "<id>".
 func (s *Server) idTexts(ids []uint32) []string {
 	texts := make([]string, len(ids))
-	if c, ok := s.tok.(cl100kTok); ok {
+	if c, ok := s.tok.Tokenizer.(cl100kTok); ok {
 		for i, id := range ids {
 			t, err := c.c.Decode([]uint{uint(id)})
 			if err != nil {

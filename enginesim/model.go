@@ -119,7 +119,19 @@ func (v *seqView) generate(promptLen, maxNew int, rng *rand.Rand, padID uint32, 
 			continue
 		}
 		anyReadable = true
-		room := maxNew - len(g.ids)
+		// Runs are glued with a space when neither side has one, so a quoted
+		// word never fuses with the next run into a longer word.
+		sep := 0
+		if n := len(g.texts); n > 0 {
+			prev, cur := g.texts[n-1], v.slot(a).Text
+			if prev != "" && cur != "" && !isSpaceByte(prev[len(prev)-1]) && !isSpaceByte(cur[0]) {
+				sep = 1
+			}
+		}
+		room := maxNew - len(g.ids) - sep
+		if room <= 0 {
+			break
+		}
 		lastEnd := -1
 		for b := a + 1; b <= limit && b-a <= room; b++ {
 			if !readable(b - 1) {
@@ -134,6 +146,11 @@ func (v *seqView) generate(promptLen, maxNew int, rng *rand.Rand, padID uint32, 
 		}
 		if lastEnd <= a {
 			continue
+		}
+		if sep == 1 {
+			v.write(promptLen+len(g.ids), padID, padText)
+			g.ids = append(g.ids, padID)
+			g.texts = append(g.texts, padText)
 		}
 		for pos := a; pos < lastEnd; pos++ {
 			s := v.slot(pos)

