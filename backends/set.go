@@ -437,5 +437,11 @@ func (s *Set) Usable(b *Backend, now time.Time) bool {
 	return ok
 }
 
-// SetCapacityForTest installs a reading without polling (tests in other packages).
-func SetCapacityForTest(b *Backend, c *Capacity) { b.capacity.Store(c) }
+// SetCapacityForTest installs a reading, as a successful poll with the right role would, without
+// any network (tests and benchmarks in other packages).
+func SetCapacityForTest(b *Backend, c *Capacity) {
+	b.capacity.Store(c)
+	b.roleOK.Store(true)
+	b.lastErr.Store(nil)
+	b.polled.Store(true)
+}

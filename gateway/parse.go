@@ -164,8 +164,9 @@ func intField(fields map[string]json.RawMessage, name string) (int, bool, *apiEr
 		return 0, false, nil
 	}
 	var n int
-	if err := json.Unmarshal(raw, &n); err != nil || n < 0 {
-		return 0, false, badRequest(name, fmt.Sprintf("'%s' must be a non-negative integer.", name))
+	// The bound keeps products like max_tokens × n far from overflow.
+	if err := json.Unmarshal(raw, &n); err != nil || n < 0 || n > 1<<30 {
+		return 0, false, badRequest(name, fmt.Sprintf("'%s' must be an integer from 0 to 2^30.", name))
 	}
 	return n, true, nil
 }
@@ -337,7 +338,7 @@ func (r *request) parseGenerate() *apiError {
 		}
 		if raw, ok := sp["n"]; ok && !isNull(raw) {
 			var k int
-			if json.Unmarshal(raw, &k) != nil || k < 1 {
+			if json.Unmarshal(raw, &k) != nil || k < 1 || k > 1<<30 {
 				return badRequest("sampling_params.n", "'sampling_params.n' must be a positive integer.")
 			}
 			r.output *= k

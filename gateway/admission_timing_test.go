@@ -1,0 +1,101 @@
+package gateway
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+
+	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/config"
+)
+
+// benchGateway is a gateway whose one backend has a fixed capacity reading and no network, so
+// the benchmark measures parse, render, count and decide alone.
+func benchGateway(b *testing.B, library string, mril, ctxLen int) *Gateway {
+	yaml := fmt.Sprintf(`
+backends: [{name: sim, url: "http://127.0.0.1:1", role: unified}]
+tenants: [{name: alice, key_sha256: %q}]
+tokenizer: {library: %s}
+capacity: {poll_interval: 1h}
+`, config.SHA256Hex("k"), library)
+	cfg, err := config.Parse([]byte(yaml), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	set, err := backends.New(cfg.Backends, backends.Options{PollInterval: time.Hour, MaxAge: time.Hour, PollTimeout: time.Second}, zap.NewNop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	backends.SetCapacityForTest(set.Get("sim"), &backends.Capacity{PoolTokens: mril + 6, MaxReqInputLen: mril, ContextLen: ctxLen, ReadAt: time.Now().Add(time.Hour)})
+	g, err := New(cfg, set, zap.NewNop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	g.exact = nil // no engine to ask: the gray zone falls back
+	return g
+}
+
+func prose(bytes int) string {
+	words := strings.Fields("the quick brown fox jumps over a lazy dog while engineers review quarterly capacity plans for inference clusters")
+	var sb strings.Builder
+	for i := 0; sb.Len() < bytes; i++ {
+		sb.WriteString(words[i%len(words)])
+		sb.WriteByte(' ')
+	}
+	return sb.String()
+}
+
+// BenchmarkAdmission runs the whole admission path (auth, read, parse, render, count, decide) on
+// chat requests of ~8k, ~128k and ~1M tokens of normal and adversarial text, each once against a
+// limit it fits under the byte bound and once against a limit it exceeds (the estimate decides).
+func BenchmarkAdmission(b *testing.B) {
+	sizes := []struct {
+		name   string
+		tokens int
+	}{{"8k", 8 << 10}, {"128k", 128 << 10}, {"1M", 1 << 20}}
+	texts := []struct {
+		name string
+		make func(bytes int) string
+	}{
+		{"prose", prose},
+		{"one-char", func(n int) string { return strings.Repeat("a", n) }},
+		{"spaces", func(n int) string { return "x" + strings.Repeat(" ", n) + "x" }},
+	}
+	for _, lib := range []string{"tiktoken-go", "pkoukk"} {
+		for _, sz := range sizes {
+			for _, tx := range texts {
+				// ~4.5 bytes per token of prose; adversarial text is sized in bytes alike.
+				content := tx.make(sz.tokens * 9 / 2)
+				body := []byte(fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, content))
+				for _, lim := range []struct {
+					name string
+					mril int
+				}{{"fits", len(body) + 1000}, {"over", sz.tokens / 8}} {
+					name := fmt.Sprintf("%s/%s/%s/%s", lib, sz.name, tx.name, lim.name)
+					b.Run(name, func(b *testing.B) {
+						if lib == "pkoukk" && sz.tokens > 128<<10 && tx.name != "prose" {
+							b.Skip("pkoukk on megabytes of adversarial text: see tokenize benchmarks")
+						}
+						g := benchGateway(b, lib, lim.mril, lim.mril*4)
+						b.SetBytes(int64(len(body)))
+						b.ReportAllocs()
+						for i := 0; i < b.N; i++ {
+							var ctx fasthttp.RequestCtx
+							ctx.Request.Header.SetMethod("POST")
+							ctx.Request.Header.Set("Authorization", "Bearer k")
+							ctx.Request.SetBody(body)
+							x := &exchange{g: g, kind: routeChat, start: time.Now()}
+							if e := x.admit(&ctx); e != nil && e.Status != 413 {
+								b.Fatalf("unexpected %+v", e)
+							}
+						}
+					})
+				}
+			}
+		}
+	}
+}
