@@ -191,3 +191,44 @@ func TestInjectEvery(t *testing.T) {
 }
 
 func utf8Valid(s string) bool { return utf8.ValidString(s) }
+
+// TestKeyringConcurrentUse runs lookups, scans, Current and AddTenant while Refresh slides the
+// window (run with -race).
+func TestKeyringConcurrentUse(t *testing.T) {
+	secret := []byte("conc")
+	k := NewKeyring(secret, time.Hour, 4*time.Hour, []string{"alice", "bob"})
+	now := time.Now()
+	bob, _ := k.Current("bob", now)
+	done := make(chan struct{})
+	errs := make(chan string, 4)
+	for g := 0; g < 2; g++ {
+		go func() {
+			s := k.NewScanner("alice", nil)
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					errs <- ""
+					return
+				default:
+				}
+				s.Reset("alice", nil)
+				if _, v := s.Feed(nil, []byte("x "+bob+" y")); v.Leak == nil || v.Leak.Victim != "bob" {
+					errs <- "bob's current marker not caught during a refresh"
+					return
+				}
+				k.Current("alice", now)
+				k.AddTenant("t" + string(rune('a'+i%26)))
+			}
+		}()
+	}
+	for i := 0; i < 50; i++ {
+		// Slide within the window so bob's current marker stays live.
+		k.Refresh(now.Add(time.Duration(i%3) * time.Hour))
+	}
+	close(done)
+	for g := 0; g < 2; g++ {
+		if e := <-errs; e != "" {
+			t.Fatal(e)
+		}
+	}
+}
