@@ -154,7 +154,8 @@ func (r *RedisIncidents) Record(ctx context.Context, inc Incident) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if len(r.queue) == 0 {
-		cctx, cancel := context.WithTimeout(ctx, recordTimeout)
+		// The caller's cancellation (a client gone) must not drop or misfile the incident.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 		err := r.add(cctx, inc)
 		cancel()
 		if err == nil {
@@ -192,7 +193,7 @@ func (r *RedisIncidents) add(ctx context.Context, inc Incident) error {
 	return nil
 }
 
-// Run writes queued incidents until ctx is done, retrying with backoff (100 ms doubling to 5 s)
+// Run writes queued incidents until ctx is done; start it once per RedisIncidents, retrying with backoff (100 ms doubling to 5 s)
 // while Redis fails. The head of the queue is written before it is removed, so a crash of Redis
 // between the two can only duplicate an entry, never lose one.
 func (r *RedisIncidents) Run(ctx context.Context) {

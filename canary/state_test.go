@@ -321,3 +321,16 @@ func TestRedisQuarantine(t *testing.T) {
 		t.Errorf("quarantine set holds %d names after pruning, want 1", n)
 	}
 }
+
+func TestRedisIncidentsIgnoreCallerCancellation(t *testing.T) {
+	c, prefix := testRedis(t)
+	r := NewRedisIncidents(c, prefix, 100, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the request that found the leak is already gone
+	if err := r.Record(ctx, incident(1)); err != nil {
+		t.Fatal(err)
+	}
+	if r.Degraded() || r.QueueLen() != 0 || c.XLen(context.Background(), r.Key()).Val() != 1 {
+		t.Fatalf("degraded=%v queue=%d: the incident should be in the stream", r.Degraded(), r.QueueLen())
+	}
+}
