@@ -31,7 +31,7 @@ capacity: {poll_interval: 1h}
 		b.Fatal(err)
 	}
 	backends.SetCapacityForTest(set.Get("sim"), &backends.Capacity{PoolTokens: mril + 6, MaxReqInputLen: mril, ContextLen: ctxLen, ReadAt: time.Now().Add(time.Hour)})
-	g, err := New(cfg, set, zap.NewNop())
+	g, err := New(cfg, set, nil, zap.NewNop())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -29,6 +29,8 @@ type exchange struct {
 	// estimate is the raw tiktoken count when the estimate tier ran (to learn the ratio).
 	estimate int
 	route    *backends.Route
+	// echoes are foreign markers the client's own prompt contained.
+	echoes   []string
 	status   int
 	upstream string
 	errMsg   string
@@ -71,6 +73,7 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apiError {
 		return e
 	}
 	x.req = req
+	x.inject() // before counting: the marker is part of the prompt
 	req.render()
 	output := req.output
 	if !req.outputGiven {

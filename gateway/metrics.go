@@ -20,9 +20,14 @@ type metrics struct {
 	capChanges   *prometheus.CounterVec
 	exactCalls   *prometheus.CounterVec
 	ratio        prometheus.GaugeFunc
+
+	canaryInjected prometheus.Counter
+	canarySkipped  *prometheus.CounterVec
+	incidents      *prometheus.CounterVec
+	degraded       prometheus.GaugeFunc
 }
 
-func newMetrics(set *backends.Set, ratio func() float64) *metrics {
+func newMetrics(set *backends.Set, ratio func() float64, degraded func() bool) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
 	m.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_admission_decisions_total",
 		Help: "Admission decisions by outcome, reason and the counting tier that decided."}, []string{"decision", "reason", "tier"})
@@ -38,6 +43,15 @@ func newMetrics(set *backends.Set, ratio func() float64) *metrics {
 		Help: "Calls to engines' /tokenize for gray-zone prompts, by result (ok, error, saturated)."}, []string{"result"})
 	m.ratio = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_tokenizer_safety_ratio",
 		Help: "Current safety ratio applied to tiktoken estimates."}, ratio)
+	m.canaryInjected = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_canary_injected_total",
+		Help: "Requests that carried the tenant's canary marker."})
+	m.canarySkipped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_canary_skipped_total",
+		Help: "Requests without a marker, by reason (input_ids, opt_out)."}, []string{"reason"})
+	m.incidents = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_canary_incidents_total",
+		Help: "Foreign markers seen in replies: leak (cut, quarantined) or echo (the requester's own prompt had it). A rising echo rate is an alarm too."}, []string{"kind"})
+	m.degraded = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_state_degraded",
+		Help: "1 while the shared store (Redis) is unreachable and incident writes queue in memory."}, func() float64 { return b01(degraded()) })
+	m.reg.MustRegister(m.canaryInjected, m.canarySkipped, m.incidents, m.degraded)
 	m.reg.MustRegister(m.decisions, m.admitSeconds, m.upstream, m.requests, m.capChanges, m.exactCalls, m.ratio,
 		&backendCollector{set: set}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/canary"
 )
 
 // maxBufferedReply caps a non-streaming engine reply held for scanning and pass-through.
@@ -265,7 +266,7 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *leg, other *backends.Backe
 		ctx.Response.ImmediateHeaderFlush = true
 		ctx.Response.Header.SetContentType("text/event-stream")
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
-		rr := &relayReader{x: x, l: l, other: other, done: done, src: resp.BodyStream()}
+		rr := &relayReader{x: x, l: l, other: other, done: done, src: resp.BodyStream(), guard: x.newGuard()}
 		x.status = code
 		ctx.SetBodyStream(rr, -1)
 		return
@@ -290,10 +291,33 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *leg, other *backends.Backe
 		return
 	}
 	x.status = code
+	if gd := x.newGuard(); gd != nil {
+		// Engine errors are scanned too: they may quote the prompt they refused.
+		clean, ok := gd.body(body)
+		if !ok {
+			x.cut(gd.leak, l, other)
+			writeError(ctx, upstreamIntegrity())
+			ctx.Response.Header.Set("X-Request-Id", x.rid)
+			x.status = 502
+			return
+		}
+		body = clean
+	}
 	if code >= 200 && code <= 299 {
 		x.learn(body, l.b)
 	}
 	ctx.SetBody(body)
+}
+
+// cut records a leak: the incident, the quarantine of every backend on the path, and aborts
+// of the request on the engines.
+func (x *exchange) cut(h *canary.Hit, l *leg, other *backends.Backend) {
+	x.errMsg = "upstream_integrity"
+	x.g.recordIncident(x, canary.KindLeak, *h)
+	l.b.Abort(l.rid, abortTimeout)
+	if other != nil {
+		other.Abort(l.rid, abortTimeout)
+	}
 }
 
 // learn raises the safety ratio from the prompt count a unified or decode engine reported for a
@@ -332,11 +356,13 @@ type relayReader struct {
 	eof     bool // upstream finished (cleanly or not); out holds the rest
 	clean   bool // upstream reached its end normally
 	once    sync.Once
+	guard   *guard // nil when canaries are off
+	cut     bool   // a foreign marker ended the reply
 }
 
 func (r *relayReader) Read(p []byte) (int, error) {
 	for len(r.out) == 0 {
-		if r.eof {
+		if r.eof || r.cut {
 			return 0, io.EOF
 		}
 		n, err := r.src.Read(r.readBuf[:])
@@ -344,35 +370,64 @@ func (r *relayReader) Read(p []byte) (int, error) {
 			r.buf = append(r.buf, r.readBuf[:n]...)
 			r.takeEvents()
 		}
-		if err != nil {
-			r.eof = true
-			if errors.Is(err, io.EOF) {
-				r.clean = true
-				r.out = append(r.out, r.buf...) // a last event without its blank line
-			} else {
-				// Headers are on the wire: end the stream with an error event, never a 502 page.
-				r.x.errMsg = "upstream_stream_error"
-				r.x.g.log.Warn("engine stream failed", zap.String("request_id", r.x.rid), zap.String("backend", r.l.b.Name), zap.Error(err))
-				r.out = append(r.out, sseError(upstreamFailed("The engine's stream failed: "+err.Error()))...)
-			}
-			r.buf = r.buf[:0]
+		if r.cut || err == nil {
+			continue // a cut has queued its error event
 		}
+		r.eof = true
+		if !errors.Is(err, io.EOF) {
+			// Headers are on the wire: end the stream with an error event, never a 502 page.
+			r.x.errMsg = "upstream_stream_error"
+			r.x.g.log.Warn("engine stream failed", zap.String("request_id", r.x.rid), zap.String("backend", r.l.b.Name), zap.Error(err))
+			r.out = append(r.out, sseError(upstreamFailed("The engine's stream failed: "+err.Error()))...)
+			continue
+		}
+		if len(bytes.TrimSpace(r.buf)) > 0 {
+			r.buf = append(r.buf, "\n\n"...) // a last event without its blank line
+			r.takeEvents()
+		}
+		if r.guard != nil && !r.cut {
+			// A stream that ended without [DONE] still releases what the scanners held.
+			r.out = append(r.out, r.guard.flush()...)
+			if r.guard.leak != nil {
+				r.cutNow()
+			}
+		}
+		r.clean = !r.cut
 	}
 	n := copy(p, r.out)
 	r.out = r.out[n:]
 	return n, nil
 }
 
-// takeEvents moves every complete SSE event from buf to out, event by event.
+// cutNow ends the reply on a foreign marker: nothing more of the engine's text is sent, an
+// error event and [DONE] close the body, and the incident is recorded.
+func (r *relayReader) cutNow() {
+	r.cut = true
+	r.x.cut(r.guard.leak, r.l, r.other)
+	r.out = append(r.out, sseError(upstreamIntegrity())...)
+}
+
+// takeEvents moves every complete SSE event from buf to out, event by event, through the
+// canary guard. A foreign marker cuts the stream: nothing of that event is sent, an error event
+// and [DONE] end the body, and the upstream is not read further.
 func (r *relayReader) takeEvents() {
-	for {
+	for !r.cut {
 		i := bytes.Index(r.buf, []byte("\n\n"))
 		if i < 0 {
 			return
 		}
 		ev := r.buf[:i+2]
-		r.out = append(r.out, ev...)
 		r.buf = r.buf[i+2:]
+		if r.guard == nil {
+			r.out = append(r.out, ev...)
+			continue
+		}
+		out, ok := r.guard.event(ev)
+		if !ok {
+			r.cutNow()
+			return
+		}
+		r.out = append(r.out, out...)
 	}
 }
 

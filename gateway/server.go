@@ -15,7 +15,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -25,6 +27,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/policy"
 	"github.com/kvgate/kvgate/tokenize"
@@ -48,6 +51,13 @@ type Gateway struct {
 	// distrustEstimate is set when calibration finds an engine whose tokenizer counts more than
 	// estimate × ratio: estimates may then refuse, never admit.
 	distrustEstimate atomic.Bool
+
+	// Canaries and shared state. keyring is nil when canaries are disabled.
+	keyring         *canary.Keyring
+	state           *State
+	bg              sync.WaitGroup // incident writes in flight
+	qmu             sync.Mutex
+	localQuarantine map[string]time.Time
 }
 
 type tenant struct {
@@ -55,8 +65,15 @@ type tenant struct {
 	hash []byte
 }
 
-// New builds a gateway from cfg; it starts nothing until Serve.
-func New(cfg *config.Config, set *backends.Set, log *zap.Logger) (*Gateway, error) {
+// New builds a gateway from cfg with shared state st (nil: in memory); it starts nothing until
+// Run and Serve.
+func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Gateway, error) {
+	if st == nil {
+		var err error
+		if st, err = OpenState(&config.Config{}, log); err != nil {
+			return nil, err
+		}
+	}
 	enc, err := tokenize.NewEncoder(cfg.Tokenizer.Library, cfg.Tokenizer.Encoding)
 	if err != nil {
 		return nil, fmt.Errorf("building tokenizer: %w", err)
@@ -64,6 +81,14 @@ func New(cfg *config.Config, set *backends.Set, log *zap.Logger) (*Gateway, erro
 	g := &Gateway{
 		cfg: cfg, log: log.Named("gateway"), access: log.Named("access"), backends: set, enc: enc,
 		ratio: tokenize.NewSafetyRatio(cfg.Tokenizer.SafetyRatio, cfg.Tokenizer.SafetyRatioMax),
+	}
+	g.state, g.localQuarantine = st, map[string]time.Time{}
+	if cfg.Canary.Enabled {
+		names := make([]string, len(cfg.Tenants))
+		for i, t := range cfg.Tenants {
+			names[i] = t.Name
+		}
+		g.keyring = canary.NewKeyring([]byte(cfg.Canary.Secret), cfg.Canary.Epoch, cfg.Canary.DetectWindow, names)
 	}
 	g.exact = newExactCounter(set, cfg.Tokenizer.ExactConcurrency, cfg.Tokenizer.ExactTimeout)
 	for _, t := range cfg.Tenants {
@@ -73,7 +98,7 @@ func New(cfg *config.Config, set *backends.Set, log *zap.Logger) (*Gateway, erro
 	if cfg.AdminKeySHA256 != "" {
 		g.admin, _ = hex.DecodeString(strings.ToLower(cfg.AdminKeySHA256))
 	}
-	g.metrics = newMetrics(set, g.ratio.Get)
+	g.metrics = newMetrics(set, g.ratio.Get, g.degraded)
 	g.exact.metrics = g.metrics
 	g.metricsH = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(g.metrics.reg, promhttp.HandlerOpts{}))
 	prev := set.OnCapacityChange
@@ -106,13 +131,39 @@ func New(cfg *config.Config, set *backends.Set, log *zap.Logger) (*Gateway, erro
 	return g, nil
 }
 
+// Run does the gateway's background work until ctx ends: marker rotation, the shared
+// quarantine sync (so every replica sees a flag within one poll interval) and, with Redis, the
+// incident queue flusher.
+func (g *Gateway) Run(ctx context.Context) {
+	if g.state.run != nil {
+		go g.state.run(ctx)
+	}
+	t := time.NewTicker(g.cfg.Capacity.PollInterval)
+	defer t.Stop()
+	for {
+		g.syncQuarantine(ctx)
+		if g.keyring != nil {
+			g.keyring.Refresh(time.Now())
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (g *Gateway) degraded() bool { return g.state.Degraded != nil && g.state.Degraded() }
+
 // Serve accepts connections on ln until Shutdown.
 func (g *Gateway) Serve(ln net.Listener) error { return g.server.Serve(ln) }
 
 // Shutdown stops accepting, lets requests in flight finish (bounded by ctx), then returns.
 func (g *Gateway) Shutdown(ctx context.Context) error {
 	g.draining.Store(true)
-	return g.server.ShutdownWithContext(ctx)
+	err := g.server.ShutdownWithContext(ctx)
+	g.bg.Wait() // incidents recorded by the last requests reach the store (or its queue)
+	return err
 }
 
 // Handle routes one request.
@@ -143,7 +194,19 @@ func (g *Gateway) Handle(ctx *fasthttp.RequestCtx) {
 		if g.adminAuth(ctx) {
 			g.adminBackends(ctx)
 		}
+	case "/admin/incidents":
+		if g.adminAuth(ctx) {
+			g.adminIncidents(ctx)
+		}
 	default:
+		if name, ok := strings.CutPrefix(path, "/admin/backends/"); ok && strings.HasSuffix(name, "/release") {
+			if method != fasthttp.MethodPost {
+				writeError(ctx, errMethod)
+			} else if g.adminAuth(ctx) {
+				g.adminRelease(ctx, strings.TrimSuffix(name, "/release"))
+			}
+			return
+		}
 		writeError(ctx, errNotFound)
 	}
 }
@@ -205,6 +268,9 @@ func (g *Gateway) readyz(ctx *fasthttp.RequestCtx) {
 	case !g.backends.Ready():
 		ctx.SetStatusCode(503)
 		ctx.SetBodyString(`{"status":"starting","reason":"not every backend has been read yet"}`)
+	case g.degraded():
+		// Still serving from local state: ready, but say so.
+		ctx.SetBodyString(`{"status":"ready","degraded":true,"reason":"shared state (Redis) unreachable: incident writes are queued"}`)
 	default:
 		ctx.SetBodyString(`{"status":"ready"}`)
 	}
@@ -302,4 +368,53 @@ func printable(b []byte) bool {
 		}
 	}
 	return true
+}
+
+func (g *Gateway) adminIncidents(ctx *fasthttp.RequestCtx) {
+	limit := 100
+	if s := ctx.QueryArgs().Peek("limit"); len(s) > 0 {
+		n, err := strconv.Atoi(string(s))
+		if err != nil || n < 1 || n > 10000 {
+			writeError(ctx, badRequest("limit", "'limit' must be an integer from 1 to 10000."))
+			return
+		}
+		limit = n
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	list, err := g.state.Incidents.List(rctx, limit)
+	if err != nil {
+		writeError(ctx, &apiError{Status: 503, Type: "server_error", Code: "state_unavailable", RetryAfter: 5,
+			Message: "The incident store is unreachable: " + err.Error()})
+		return
+	}
+	if list == nil {
+		list = []canary.Incident{}
+	}
+	body, _ := json.Marshal(map[string]any{"incidents": list})
+	ctx.SetContentType("application/json")
+	ctx.SetBody(body)
+}
+
+func (g *Gateway) adminRelease(ctx *fasthttp.RequestCtx, name string) {
+	if g.backends.Get(name) == nil {
+		writeError(ctx, &apiError{Status: 404, Type: "invalid_request_error", Code: "not_found", Param: "backend",
+			Message: fmt.Sprintf("No backend named %q.", name)})
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := g.state.Quarantine.Release(rctx, name); err != nil {
+		writeError(ctx, &apiError{Status: 503, Type: "server_error", Code: "state_unavailable", RetryAfter: 5,
+			Message: "The quarantine store is unreachable; the backend stays quarantined: " + err.Error()})
+		return
+	}
+	g.qmu.Lock()
+	delete(g.localQuarantine, name)
+	g.qmu.Unlock()
+	g.backends.Quarantine(name, time.Time{})
+	g.log.Warn("backend released from quarantine by an operator", zap.String("backend", name))
+	body, _ := json.Marshal(map[string]any{"released": name})
+	ctx.SetContentType("application/json")
+	ctx.SetBody(body)
 }

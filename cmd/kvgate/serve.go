@@ -66,11 +66,16 @@ func startGateway(ctx context.Context, cfg *config.Config, log *zap.Logger) (*ga
 	if err != nil {
 		return nil, nil, err
 	}
-	gw, err := gateway.New(cfg, set, log)
+	st, err := gateway.OpenState(cfg, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	gw, err := gateway.New(cfg, set, st, log)
 	if err != nil {
 		return nil, nil, err
 	}
 	go set.Run(ctx)
+	go gw.Run(ctx)
 	if cfg.Policy.Strict {
 		deadline := time.Now().Add(cfg.Capacity.Timeout*2 + time.Second)
 		for !set.Ready() && time.Now().Before(deadline) {

@@ -56,12 +56,17 @@ func StartGateway(t testing.TB, cfg *config.Config) *Gateway {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gw, err := gateway.New(cfg, set, log)
+	st, err := gateway.OpenState(cfg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := gateway.New(cfg, set, st, log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	go set.Run(ctx)
+	go gw.Run(ctx)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		cancel()
@@ -74,6 +79,7 @@ func StartGateway(t testing.TB, cfg *config.Config) *Gateway {
 		defer c()
 		_ = gw.Shutdown(sctx)
 		cancel()
+		_ = st.Close()
 	})
 	deadline := time.Now().Add(10 * time.Second)
 	for {
