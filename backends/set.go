@@ -427,6 +427,10 @@ func (s *Set) SetQuarantine(until map[string]time.Time) {
 // tells the other replicas).
 func (s *Set) Quarantine(name string, until time.Time) {
 	if b := s.byName[name]; b != nil {
+		if until.IsZero() {
+			b.quarantinedUntil.Store(0) // release (UnixNano of the zero time is undefined)
+			return
+		}
 		b.quarantinedUntil.Store(until.UnixNano())
 	}
 }

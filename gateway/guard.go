@@ -408,7 +408,9 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 			for _, n := range names {
 				if err := g.state.Quarantine.Quarantine(ctx, n, "canary leak "+x.rid, g.cfg.Canary.QuarantineTTL); err != nil {
 					g.log.Warn("quarantine not shared yet (kept locally, retried)", zap.String("backend", n), zap.Error(err))
+					continue
 				}
+				g.confirmQuarantine(n)
 			}
 		}
 	}()
@@ -423,6 +425,14 @@ func (g *Gateway) quarantineLocal(name string, until time.Time) {
 	g.backends.Quarantine(name, until)
 }
 
+// confirmQuarantine forgets the local copy of a flag the store now holds: from then on the store
+// decides, so an operator's release on any replica is not undone here.
+func (g *Gateway) confirmQuarantine(name string) {
+	g.qmu.Lock()
+	delete(g.localQuarantine, name)
+	g.qmu.Unlock()
+}
+
 // syncQuarantine merges the shared quarantine flags with this replica's own and applies them.
 func (g *Gateway) syncQuarantine(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -434,13 +444,17 @@ func (g *Gateway) syncQuarantine(ctx context.Context) {
 	now := time.Now()
 	g.qmu.Lock()
 	for name, until := range g.localQuarantine {
-		if !until.After(now) {
+		switch _, shared := active[name]; {
+		case !until.After(now):
 			delete(g.localQuarantine, name)
-			continue
-		}
-		if shared, ok := active[name]; !ok || shared.Before(until) {
-			// Our write did not reach the store (or expired early there): write it again.
-			_ = g.state.Quarantine.Quarantine(cctx, name, "canary leak (retry)", until.Sub(now))
+		case shared:
+			// The store has it: from now on the store decides (an operator may release it).
+			delete(g.localQuarantine, name)
+		default:
+			// Our write failed (the store was away): keep it here and write it again.
+			if g.state.Quarantine.Quarantine(cctx, name, "canary leak (retry)", until.Sub(now)) == nil {
+				delete(g.localQuarantine, name)
+			}
 			active[name] = until
 		}
 	}
