@@ -16,8 +16,8 @@ import (
 //     by U+FFFD (3 bytes), so at most 3·ByteBound(text);
 //   - early exit keeps its contract: the exact count when it is <= stopAfter, else n > stopAfter
 //     with complete=false;
-//   - cutting valid text at every safe boundary leaves tiktoken-go's count unchanged (the claim the
-//     chunked count rests on);
+//   - cutting valid text at every safe boundary leaves tiktoken-go's cl100k_base and o200k_base
+//     counts unchanged (the claim the chunked count rests on);
 //   - no input takes seconds.
 //
 // Run it with a short -fuzzminimizetime (e.g. 5s): each execution counts the input several
@@ -34,9 +34,13 @@ func FuzzCount(f *testing.F) {
 		f.Add(s, int16(3))
 	}
 	encoders := []Encoder{mustEncoder(f, LibraryTiktokenGo, ""), mustEncoder(f, LibraryPkoukk, "")}
-	codec, err := tokenizer.Get(tokenizer.Cl100kBase)
-	if err != nil {
-		f.Fatal(err)
+	var codecs []tokenizer.Codec
+	for _, e := range []tokenizer.Encoding{tokenizer.Cl100kBase, tokenizer.O200kBase} {
+		codec, err := tokenizer.Get(e)
+		if err != nil {
+			f.Fatal(err)
+		}
+		codecs = append(codecs, codec)
 	}
 	f.Fuzz(func(t *testing.T, text string, stop16 int16) {
 		stop := int(stop16)
@@ -66,17 +70,19 @@ func FuzzCount(f *testing.F) {
 		if !utf8.ValidString(text) {
 			return
 		}
-		whole, _ := codec.Count(text)
-		sum, start := 0, 0
-		for i := 1; i <= len(text); i++ {
-			if i == len(text) || isSafeBoundary(text, i) {
-				k, _ := codec.Count(text[start:i])
-				sum += k
-				start = i
+		for _, codec := range codecs {
+			whole, _ := codec.Count(text)
+			sum, start := 0, 0
+			for i := 1; i <= len(text); i++ {
+				if i == len(text) || isSafeBoundary(text, i) {
+					k, _ := codec.Count(text[start:i])
+					sum += k
+					start = i
+				}
 			}
-		}
-		if sum != whole {
-			t.Fatalf("cutting %q at every safe boundary: %d tokens, whole %d", text, sum, whole)
+			if sum != whole {
+				t.Fatalf("%s: cutting %q at every safe boundary: %d tokens, whole %d", codec.GetName(), text, sum, whole)
+			}
 		}
 	})
 }
