@@ -140,6 +140,13 @@ func TestCanaryCutsALeakAndQuarantinesAcrossReplicas(t *testing.T) {
 	}
 	waitStatus(gw2.URL, 200)
 	waitStatus(gw1.URL, 200) // the release reached the other replica through Redis
+
+	// The same prompt without streaming: the reply is refused whole with a 502.
+	nonStream := strings.Replace(oversized, `"stream":true`, `"stream":false`, 1)
+	r = post(t, gw2.URL, "/v1/chat/completions", "sk-z", nonStream)
+	if r.status != 502 || decodeError(t, r).Error.Code != "upstream_integrity" || bytes.Contains(r.body, []byte("KVG-")) {
+		t.Fatalf("non-streaming leak: want 502 upstream_integrity, got %d %s", r.status, r.body)
+	}
 }
 
 func prefix2url(s *testkit.Sim) string { return s.URL }
