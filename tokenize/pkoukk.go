@@ -10,7 +10,7 @@ import (
 
 // pkoukk's byte-pair merge is quadratic in a pre-token's length (97 s on 400 KB of "a", see
 // field-notes.md), so no piece it sees is longer than 1 KiB: runs without a boundary are cut at
-// 1 KiB, which can only over-estimate slightly. Normal pieces aim at the same size; per-call
+// 1 KiB, which over-estimates slightly (about a token per cut). Normal pieces aim at the same size; per-call
 // overhead is small next to its ~2.5 MB/s.
 const pkoukkPieceSize = 1 << 10
 
