@@ -359,3 +359,32 @@ func dataLines(body []byte) []string {
 	}
 	return out
 }
+
+// A client that goes away mid-stream must not leave the engine generating for nobody: the
+// gateway closes the upstream and aborts the request, so the engine's pages come back.
+func TestClientDisconnectAbortsTheEngine(t *testing.T) {
+	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192", "--token-delay", "100ms")
+	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("", [3]string{"sim", sim.URL, "unified"})))
+	total := sim.Stats(t).Pool.PagesTotal
+	req, _ := http.NewRequest("POST", gw.URL+"/generate", strings.NewReader(`{"text":"`+words(300)+`","sampling_params":{"max_new_tokens":600},"stream":true}`))
+	req.Header.Set("Authorization", "Bearer "+tenantKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil { // the first event arrived: generation is under way
+		t.Fatal(err)
+	}
+	if free := sim.Stats(t).Pool.PagesFree; free == total {
+		t.Fatalf("the request should hold pages while generating (free %d of %d)", free, total)
+	}
+	resp.Body.Close() // the client goes away; 600 tokens at 100 ms would take a minute
+	deadline := time.Now().Add(5 * time.Second)
+	for sim.Stats(t).Pool.PagesFree != total {
+		if time.Now().After(deadline) {
+			t.Fatalf("engine still holds pages 5 s after the client left: free %d of %d", sim.Stats(t).Pool.PagesFree, total)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
