@@ -80,8 +80,8 @@ func (rs *roomStore) put(id uint64, d *roomData, release func(), ttl time.Durati
 	if d.rid != "" {
 		rs.byRID[d.rid] = id
 	}
-	close(r.ready)
 	r.timer = time.AfterFunc(ttl, func() { rs.drop(id, r) })
+	close(r.ready)
 }
 
 // abort records an abort for the room; a waiting decode learns it at once.
@@ -108,6 +108,9 @@ func (rs *roomStore) drop(id uint64, r *room) {
 		return
 	}
 	delete(rs.m, id)
+	if r.timer != nil {
+		r.timer.Stop()
+	}
 	if r.data != nil && r.data.rid != "" && rs.byRID[r.data.rid] == id {
 		delete(rs.byRID, r.data.rid)
 	}
@@ -136,9 +139,6 @@ func (rs *roomStore) take(id uint64, wait time.Duration) *roomData {
 		}
 		rs.mu.Unlock()
 		return nil
-	}
-	if r.timer != nil {
-		r.timer.Stop()
 	}
 	d := r.data
 	rs.drop(id, r)

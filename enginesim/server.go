@@ -3,6 +3,7 @@ package enginesim
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -90,6 +91,16 @@ func New(cfg Config) (*Server, error) {
 		pullClient: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
 	}
 	s.cond = sync.NewCond(&s.mu)
+	s.srv = &fasthttp.Server{
+		Handler:            s.Handler(),
+		Name:               "kvgate-sim",
+		MaxRequestBodySize: 256 << 20,
+		// No ReadTimeout/WriteTimeout: they are total deadlines in fasthttp
+		// and would cut long streams (see the field notes).
+		NoDefaultServerHeader: true,
+		CloseOnShutdown:       true,
+	}
+	s.bootSrv = &fasthttp.Server{Handler: s.bootstrapHandler, Name: "kvgate-sim-bootstrap", CloseOnShutdown: true}
 	return s, nil
 }
 
@@ -139,19 +150,13 @@ func (s *Server) BootstrapPort() int {
 }
 
 // Serve answers on the listeners until Close. It returns nil after Close.
+// Listen must have succeeded first.
 func (s *Server) Serve() error {
-	s.srv = &fasthttp.Server{
-		Handler:            s.Handler(),
-		Name:               "kvgate-sim",
-		MaxRequestBodySize: 256 << 20,
-		// Streams can be long; no total write deadline (see field notes).
-		NoDefaultServerHeader: true,
-		CloseOnShutdown:       true,
+	if s.ln == nil {
+		return fmt.Errorf("enginesim: Serve before Listen")
 	}
-	errc := make(chan error, 2)
 	if s.bootLn != nil {
-		s.bootSrv = &fasthttp.Server{Handler: s.bootstrapHandler, Name: "kvgate-sim-bootstrap", CloseOnShutdown: true}
-		go func() { errc <- s.bootSrv.Serve(s.bootLn) }()
+		go func() { _ = s.bootSrv.Serve(s.bootLn) }()
 	}
 	err := s.srv.Serve(s.ln)
 	if s.closed.Load() {
@@ -160,20 +165,23 @@ func (s *Server) Serve() error {
 	return err
 }
 
-// Close stops both listeners.
+// Close stops both listeners and waits for open requests to finish. It may
+// be called before, during or after Serve.
 func (s *Server) Close() error {
-	s.closed.Store(true)
-	if s.bootSrv != nil {
-		_ = s.bootSrv.Shutdown()
+	if s.closed.Swap(true) {
+		return nil
 	}
-	if s.srv != nil {
-		return s.srv.Shutdown()
-	}
+	// Closing the listeners ends a Serve that has not registered them yet;
+	// Shutdown ends one that has, and closes idle connections.
 	if s.ln != nil {
 		s.ln.Close()
 	}
 	if s.bootLn != nil {
 		s.bootLn.Close()
+	}
+	_ = s.bootSrv.Shutdown()
+	if err := s.srv.Shutdown(); err != nil && !errors.Is(err, net.ErrClosed) {
+		return err
 	}
 	return nil
 }
