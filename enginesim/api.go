@@ -304,14 +304,14 @@ func (o *outcome) finishObj(n int) *finishObj {
 }
 
 func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx) {
+	s.countRequest("/generate")
 	items, batch, stream, err := s.parseGenerate(ctx.PostBody())
 	if err != nil {
-		s.countRequest("/generate", 0)
 		s.reject("bad_request")
 		writeGenerateError(ctx, errOutcome(400, strings.TrimPrefix(err.Error(), "bad request: ")))
 		return
 	}
-	outs, rctx, done := s.runAll(routeGenerate, items)
+	outs, rctx, done := s.runAll(items)
 	if f := firstFailure(outs); f != nil {
 		done()
 		writeGenerateError(ctx, f)
@@ -422,14 +422,14 @@ func writeOpenAIError(ctx *fasthttp.RequestCtx, o *outcome) {
 // runAll runs the items in order under one abortable context. The returned
 // done releases every page still held and forgets the rids; call it once
 // the reply is finished.
-func (s *Server) runAll(r route, items []*item) ([]*outcome, context.Context, func()) {
+func (s *Server) runAll(items []*item) ([]*outcome, context.Context, func()) {
 	rctx, cancel := context.WithCancel(context.Background())
 	for _, it := range items {
 		s.register(it.rid, cancel)
 	}
 	outs := make([]*outcome, len(items))
 	for i, it := range items {
-		outs[i] = s.run(rctx, r.path(), it)
+		outs[i] = s.run(rctx, it)
 		if outs[i].failed() {
 			outs = outs[:i+1]
 			break
@@ -694,14 +694,14 @@ type completionOut struct {
 func strp(s string) *string { return &s }
 
 func (s *Server) handleOpenAI(ctx *fasthttp.RequestCtx, r route) {
+	s.countRequest(r.path())
 	req, items, promptOf, err := s.parseOpenAI(r, ctx.PostBody())
 	if err != nil {
-		s.countRequest(r.path(), 0)
 		s.reject("bad_request")
 		writeOpenAIError(ctx, errOutcome(400, strings.TrimPrefix(err.Error(), "bad request: ")))
 		return
 	}
-	outs, rctx, done := s.runAll(r, items)
+	outs, rctx, done := s.runAll(items)
 	if f := firstFailure(outs); f != nil {
 		done()
 		writeOpenAIError(ctx, f)

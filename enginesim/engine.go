@@ -78,14 +78,14 @@ func (s *Server) checkLengths(p, o int, oGiven bool) (reason, msg string) {
 }
 
 // run tokenizes, checks, allocates, transfers (PD) and generates one item.
-func (s *Server) run(ctx context.Context, route string, it *item) *outcome {
+func (s *Server) run(ctx context.Context, it *item) *outcome {
 	if it.ids == nil {
 		it.ids, it.texts = s.tok.Encode(it.prompt)
 	} else if it.texts == nil {
 		it.texts = s.idTexts(it.ids)
 	}
 	p := len(it.ids)
-	s.countRequest(route, p)
+	s.countPrompt(p)
 	if p == 0 {
 		s.reject("empty")
 		return errOutcome(400, "The input is empty: at least one token is required.")

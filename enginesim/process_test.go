@@ -453,6 +453,14 @@ func TestSimStatsCountWhatArrived(t *testing.T) {
 	post(t, sim.URL, "/v1/completions", map[string]any{"prompt": "ab cd", "max_tokens": 3})
 	post(t, sim.URL, "/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": "x"}}})
 	post(t, sim.URL, "/v1/chat/completions", map[string]any{"messages": "not a list"}) // refused: bad request
+	// A batch and n > 1 are still one request each.
+	if r := post(t, sim.URL, "/generate", map[string]any{"text": []string{"ab", "cd ef"}, "sampling_params": map[string]any{"max_new_tokens": 2}}); r.status != 200 || !strings.HasPrefix(string(r.body), "[") {
+		t.Errorf("batched /generate: %d %s", r.status, r.body)
+	}
+	r := post(t, sim.URL, "/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": "x y"}}, "n": 2, "max_tokens": 2})
+	if r.status != 200 || strings.Count(string(r.body), `"index"`) != 2 {
+		t.Errorf("chat n=2: %d %s", r.status, r.body)
+	}
 	for i := 0; i < 2; i++ {
 		r := post(t, sim.URL, "/tokenize", map[string]any{"prompt": "abcdefgh ij"})
 		if !strings.Contains(string(r.body), `"count":4`) {
@@ -460,7 +468,7 @@ func TestSimStatsCountWhatArrived(t *testing.T) {
 		}
 	}
 	st := sim.Stats(t)
-	if st.Requests["/generate"] != 4 || st.Requests["/v1/completions"] != 1 || st.Requests["/v1/chat/completions"] != 2 ||
+	if st.Requests["/generate"] != 5 || st.Requests["/v1/completions"] != 1 || st.Requests["/v1/chat/completions"] != 3 ||
 		st.MaxPromptTokens != 5000 || st.TokenizeRequests != 2 || st.Rejected["context"] != 1 || st.Rejected["bad_request"] != 1 ||
 		st.Pool.PagesTotal != 64 || st.Pool.PagesFree != 64 {
 		t.Errorf("stats = %+v", st)

@@ -231,12 +231,18 @@ func (s *Server) Handler() fasthttp.RequestHandler {
 	}
 }
 
-func (s *Server) countRequest(route string, promptTokens int) {
+// countRequest counts one arrived HTTP generation request (a batch or n>1
+// is still one request).
+func (s *Server) countRequest(route string) {
 	s.statsMu.Lock()
 	s.requests[route]++
-	if promptTokens > s.maxPT {
-		s.maxPT = promptTokens
-	}
+	s.statsMu.Unlock()
+}
+
+// countPrompt keeps the largest prompt that arrived, rejected or not.
+func (s *Server) countPrompt(promptTokens int) {
+	s.statsMu.Lock()
+	s.maxPT = max(s.maxPT, promptTokens)
 	s.statsMu.Unlock()
 }
 
