@@ -81,7 +81,7 @@ func BenchmarkCountEarlyExit(b *testing.B) {
 }
 
 // BenchmarkLibraryWhole counts the 8k-token texts in one library call, without our chunking:
-// it shows what the pieces and the 1 KiB cut buy on pkoukk (quadratic on long runs) and what they
+// it shows what the 256-byte pieces buy on pkoukk (quadratic on long runs) and what they
 // cost on ordinary text.
 func BenchmarkLibraryWhole(b *testing.B) {
 	mustEncoder(b, LibraryPkoukk, "") // sets the offline loader

@@ -61,13 +61,14 @@ func forcedCut(s string, start, at int) int {
 }
 
 // nextCut returns where the piece starting at start ends: the last safe boundary within target
-// bytes, else the first one within maxRun bytes, else a forced cut at maxRun bytes. It returns
-// len(s) once the rest fits in target. target and maxRun are at least utf8.UTFMax, target <= maxRun.
+// bytes, else the first one within maxRun bytes, else a forced cut at most maxRun bytes in. It
+// returns len(s) once the rest fits in target. utf8.UTFMax <= target <= maxRun.
 func nextCut(s string, start, target, maxRun int) int {
 	end := start + target
 	if end >= len(s) {
 		return len(s)
 	}
+	// Backwards from target: ordinary text has a boundary within a few bytes, so this is cheap.
 	for i := end; i > start; i-- {
 		if isSafeBoundary(s, i) {
 			return i

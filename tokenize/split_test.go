@@ -90,9 +90,10 @@ func TestNextCut(t *testing.T) {
 		strings.Repeat("中", 4000),
 		mixedText(3, 20000),
 		strings.Repeat(" ", 9000) + "x",
+		strings.Repeat("word ", 300) + strings.Repeat("b", 700) + strings.Repeat(" w", 500),
 	}
 	for _, s := range texts {
-		for _, sz := range [][2]int{{1024, 1024}, {256, 4096}} {
+		for _, sz := range [][2]int{{1024, 1024}, {256, 256}, {256, 4096}} {
 			target, maxRun := sz[0], sz[1]
 			for start := 0; start < len(s); {
 				end := nextCut(s, start, target, maxRun)
@@ -101,6 +102,16 @@ func TestNextCut(t *testing.T) {
 				}
 				if end < len(s) && !utf8.RuneStart(s[end]) {
 					t.Fatalf("cut at %d is inside a rune", end)
+				}
+				// No run without a safe boundary longer than maxRun inside a piece.
+				run := start
+				for i := start + 1; i <= end; i++ {
+					if i == end || isSafeBoundary(s, i) {
+						if i-run > maxRun {
+							t.Fatalf("target %d maxRun %d: run [%d,%d) inside piece [%d,%d)", target, maxRun, run, i, start, end)
+						}
+						run = i
+					}
 				}
 				if end-start > maxRun {
 					t.Fatalf("piece of %d bytes > maxRun %d", end-start, maxRun)
