@@ -87,8 +87,10 @@ type request struct {
 	batch   bool
 	model   string
 
-	// chat only: messages as sent, kept as raw fields so unknown-but-allowed keys survive.
+	// chat only: messages as sent, kept as raw fields so unknown-but-allowed keys survive, and
+	// their decoded text (content, plus tool calls), so rendering does not decode them again.
 	messages []map[string]json.RawMessage
+	msgText  []string
 	extra    string // tools / functions / response_format JSON, rendered into the prompt
 	// texts for completions / generate: the prompt strings (nil when ids)
 	texts []string
@@ -209,9 +211,15 @@ func (r *request) parseChat() *apiError {
 		if err := json.Unmarshal(m["role"], &role); err != nil || role == "" {
 			return badRequest(fmt.Sprintf("messages[%d].role", i), "Each message needs a string 'role'.")
 		}
-		if _, err := messageText(m["content"]); err != nil {
+		text, err := messageText(m["content"])
+		if err != nil {
 			return badRequest(fmt.Sprintf("messages[%d].content", i), err.Error())
 		}
+		// Assistant tool calls are rendered into the prompt too.
+		if raw, ok := m["tool_calls"]; ok && !isNull(raw) {
+			text += string(raw)
+		}
+		r.msgText = append(r.msgText, text)
 		if raw, ok := m["name"]; ok && !isNull(raw) {
 			var s string
 			if json.Unmarshal(raw, &s) != nil {
@@ -359,12 +367,7 @@ func (r *request) render() {
 			if raw, ok := m["name"]; ok {
 				_ = json.Unmarshal(raw, &name)
 			}
-			text, _ := messageText(m["content"])
-			// Assistant tool calls are rendered into the prompt too.
-			if raw, ok := m["tool_calls"]; ok && !isNull(raw) {
-				text += string(raw)
-			}
-			msgs[i] = tokenize.Message{Role: role, Name: name, Content: text}
+			msgs[i] = tokenize.Message{Role: role, Name: name, Content: r.msgText[i]}
 		}
 		r.prompts = []prompt{{text: tokenize.RenderChatML(msgs, r.extra)}}
 	default:
@@ -394,6 +397,14 @@ func (r *request) setTexts(texts []string) {
 // setMessages replaces the chat messages in the body.
 func (r *request) setMessages(msgs []map[string]json.RawMessage) {
 	r.messages = msgs
+	r.msgText = r.msgText[:0]
+	for _, m := range msgs {
+		t, _ := messageText(m["content"]) // built from validated parts
+		if raw, ok := m["tool_calls"]; ok && !isNull(raw) {
+			t += string(raw)
+		}
+		r.msgText = append(r.msgText, t)
+	}
 	r.fields["messages"] = mustJSON(msgs)
 }
 

@@ -101,8 +101,29 @@ func (x *exchange) body(rid string, prefill *backends.Backend) []byte {
 			f["bootstrap_host"], f["bootstrap_port"], f["bootstrap_room"] = mustJSON(prefill.Host), mustJSON(port), mustJSON(newRoom())
 		}
 	}
-	b, _ := json.Marshal(f)
-	return b
+	return encodeObject(f)
+}
+
+// encodeObject writes fields as a JSON object. The values came from the decoder (or from
+// json.Marshal), so they are valid JSON already: json.Marshal would re-scan every one of them.
+func encodeObject(f map[string]json.RawMessage) []byte {
+	n := 2
+	for k, v := range f {
+		n += len(k) + len(v) + 4
+	}
+	b := make([]byte, 0, n)
+	b = append(b, '{')
+	first := true
+	for k, v := range f {
+		if !first {
+			b = append(b, ',')
+		}
+		first = false
+		b = strconv.AppendQuote(b, k) // keys are allow-listed ASCII names
+		b = append(b, ':')
+		b = append(b, v...)
+	}
+	return append(b, '}')
 }
 
 func retryable(code int) bool { return code == 408 || code == 429 || code >= 500 }
