@@ -263,7 +263,8 @@ func (s *Server) parseGenerate(body []byte) ([]*item, bool, bool, error) {
 			it.rid = rids[0]
 		case len(rids) > 1:
 			it.rid = rids[i]
-		default:
+		}
+		if it.rid == "" {
 			it.rid = s.newRID()
 		}
 		items[i] = it
@@ -628,7 +629,8 @@ func (s *Server) parseOpenAI(r route, body []byte) (*openAIReq, []*item, []int, 
 	base := ""
 	if len(rids) > 0 {
 		base = rids[0]
-	} else {
+	}
+	if base == "" {
 		base = s.newRID()
 	}
 	boots, err := bootFields(req.BootstrapHost, req.BootstrapPort, req.BootstrapRoom, nPrompts)

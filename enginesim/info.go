@@ -126,8 +126,11 @@ func (s *Server) metrics(ctx *fasthttp.RequestCtx) {
 	g("page_size", "Tokens per KV page.", s.cfg.PageSize)
 	g("num_running_reqs", "Number of running requests.", l.running)
 	g("num_queue_reqs", "Number of queued requests.", l.waiting)
-	if s.cfg.Mode == ModePrefill {
+	switch s.cfg.Mode {
+	case ModePrefill:
 		g("num_prefill_bootstrap_queue_reqs", "Rooms waiting for decode.", s.rooms.pending())
+	case ModeDecode:
+		g("num_decode_prealloc_queue_reqs", "Requests waiting for KV pages.", l.waiting)
 	}
 	ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
 	ctx.SetBodyString(b.String())
