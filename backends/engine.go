@@ -9,24 +9,33 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
+// post sends a small JSON body to one of the engine's control endpoints with the backend's key.
+func (b *Backend) post(path string, body any, timeout time.Duration, resp *fasthttp.Response) error {
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	req.SetRequestURI("http://" + b.Addr + path)
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType("application/json")
+	if b.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+b.APIKey)
+	}
+	req.SetBodyRaw(raw)
+	return b.poll.DoTimeout(req, resp, timeout)
+}
+
 // Tokenize asks the engine for the exact token count of prompt (SGLang's /tokenize, the count
 // of the engine's own tokenizer).
 func (b *Backend) Tokenize(ctx context.Context, prompt string, timeout time.Duration) (int, error) {
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
 		timeout = time.Until(dl)
 	}
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
+	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
-	body, _ := json.Marshal(map[string]any{"prompt": prompt, "add_special_tokens": false})
-	req.SetRequestURI("http://" + b.Addr + "/tokenize")
-	req.Header.SetMethod(fasthttp.MethodPost)
-	req.Header.SetContentType("application/json")
-	if b.APIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+b.APIKey)
-	}
-	req.SetBodyRaw(body)
-	if err := b.poll.DoTimeout(req, resp, timeout); err != nil {
+	if err := b.post("/tokenize", map[string]any{"prompt": prompt, "add_special_tokens": false}, timeout, resp); err != nil {
 		return 0, fmt.Errorf("tokenize on %s: %w", b.Name, err)
 	}
 	if resp.StatusCode() != fasthttp.StatusOK {
@@ -49,17 +58,8 @@ func (b *Backend) Tokenize(ctx context.Context, prompt string, timeout time.Dura
 // background, bounded by timeout: an abort must never hold up the client.
 func (b *Backend) Abort(rid string, timeout time.Duration) {
 	go func() {
-		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-		defer fasthttp.ReleaseRequest(req)
+		resp := fasthttp.AcquireResponse()
 		defer fasthttp.ReleaseResponse(resp)
-		body, _ := json.Marshal(map[string]any{"rid": rid, "abort_all": false})
-		req.SetRequestURI("http://" + b.Addr + "/abort_request")
-		req.Header.SetMethod(fasthttp.MethodPost)
-		req.Header.SetContentType("application/json")
-		if b.APIKey != "" {
-			req.Header.Set("Authorization", "Bearer "+b.APIKey)
-		}
-		req.SetBodyRaw(body)
-		_ = b.poll.DoTimeout(req, resp, timeout)
+		_ = b.post("/abort_request", map[string]any{"rid": rid, "abort_all": false}, timeout, resp)
 	}()
 }

@@ -102,6 +102,15 @@ type Set struct {
 	OnCapacityChange func(b *Backend, old, cur *Capacity)
 }
 
+// OptionsFrom takes the set's timings from the gateway configuration.
+func OptionsFrom(cfg *config.Config) Options {
+	return Options{
+		PollInterval: cfg.Capacity.PollInterval, MaxAge: cfg.Capacity.MaxAge, PollTimeout: cfg.Capacity.Timeout,
+		ResponseHeaderTimeout: cfg.Upstream.ResponseHeaderTimeout, IdleTimeout: cfg.Upstream.IdleTimeout,
+		MaxConns: cfg.Upstream.MaxConns,
+	}
+}
+
 // New builds the set; nothing is contacted until Run.
 func New(cfgs []config.Backend, opts Options, log *zap.Logger) (*Set, error) {
 	if opts.ConnectTimeout == 0 {

@@ -58,11 +58,7 @@ func newLogger() *zap.Logger {
 // policy.strict it first waits for one reading of every backend and refuses to start when a pool
 // is smaller than its context.
 func startGateway(ctx context.Context, cfg *config.Config, log *zap.Logger) (*gateway.Gateway, net.Listener, error) {
-	set, err := backends.New(cfg.Backends, backends.Options{
-		PollInterval: cfg.Capacity.PollInterval, MaxAge: cfg.Capacity.MaxAge, PollTimeout: cfg.Capacity.Timeout,
-		ResponseHeaderTimeout: cfg.Upstream.ResponseHeaderTimeout, IdleTimeout: cfg.Upstream.IdleTimeout,
-		MaxConns: cfg.Upstream.MaxConns,
-	}, log)
+	set, err := backends.New(cfg.Backends, backends.OptionsFrom(cfg), log)
 	if err != nil {
 		return nil, nil, err
 	}

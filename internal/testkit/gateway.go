@@ -48,11 +48,7 @@ func ParseConfig(t testing.TB, yaml string) *config.Config {
 func StartGateway(t testing.TB, cfg *config.Config) *Gateway {
 	t.Helper()
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-	set, err := backends.New(cfg.Backends, backends.Options{
-		PollInterval: cfg.Capacity.PollInterval, MaxAge: cfg.Capacity.MaxAge, PollTimeout: cfg.Capacity.Timeout,
-		ResponseHeaderTimeout: cfg.Upstream.ResponseHeaderTimeout, IdleTimeout: cfg.Upstream.IdleTimeout,
-		MaxConns: cfg.Upstream.MaxConns,
-	}, log)
+	set, err := backends.New(cfg.Backends, backends.OptionsFrom(cfg), log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,141 @@
+package backends
+
+import (
+	"errors"
+	"net"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+
+	"github.com/kvgate/kvgate/config"
+)
+
+// fakeEngine serves SGLang's shapes (the fixtures) on loopback; oldName serves only the
+// deprecated /get_server_info.
+func fakeEngine(t *testing.T, oldName bool, up *atomic.Bool) string {
+	t.Helper()
+	info, _ := os.ReadFile("testdata/server_info.json")
+	models, _ := os.ReadFile("testdata/models.json")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		if !up.Load() {
+			ctx.SetStatusCode(503)
+			return
+		}
+		switch p := string(ctx.Path()); {
+		case p == "/server_info" && !oldName, p == "/get_server_info":
+			ctx.SetBody(info)
+		case p == "/v1/models":
+			ctx.SetBody(models)
+		case p == "/v1/loads":
+			ctx.SetBodyString(`{"loads":[{"dp_rank":0,"num_used_tokens":700},{"dp_rank":1,"num_used_tokens":50}]}`)
+		default:
+			ctx.SetStatusCode(404)
+		}
+	}}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	return "http://" + ln.Addr().String()
+}
+
+func newTestSet(t *testing.T, cfgs ...config.Backend) *Set {
+	s, err := New(cfgs, Options{PollInterval: time.Hour, MaxAge: time.Second, PollTimeout: time.Second}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestPollReadsSGLangShapes(t *testing.T) {
+	var up atomic.Bool
+	up.Store(true)
+	for _, old := range []bool{false, true} {
+		s := newTestSet(t, config.Backend{Name: "u", URL: fakeEngine(t, old, &up), Role: "unified"})
+		b := s.Get("u")
+		s.PollOnce(b)
+		c := b.Capacity()
+		if c == nil || b.LastError() != "" {
+			t.Fatalf("old=%v: no reading: %s", old, b.LastError())
+		}
+		if c.PoolTokens != 20480 || c.MaxReqInputLen != 20474 || c.ContextLen != 32768 || c.Mode != "null" ||
+			c.BootstrapPort != 8998 || c.UsedTokens != 750 || c.Model != "qwen/qwen2.5-0.5b-instruct" {
+			t.Fatalf("old=%v: wrong reading %+v", old, c)
+		}
+		if !c.PoolBelowContext() || !b.RoleMatches() || !s.Ready() {
+			t.Fatalf("old=%v: pool 20480 < ctx 32768, role unified matches \"null\", set is ready", old)
+		}
+		routes, err := s.Routes(time.Now())
+		if err != nil || len(routes) != 1 || routes[0].MaxReqInputLen != 20474 || routes[0].Load() != 750 {
+			t.Fatalf("old=%v: routes %+v %v", old, routes, err)
+		}
+	}
+}
+
+func TestRoutesFailClosed(t *testing.T) {
+	var up atomic.Bool
+	up.Store(true)
+	url := fakeEngine(t, false, &up)
+	s := newTestSet(t, config.Backend{Name: "u", URL: url, Role: "unified"})
+	if _, err := s.Routes(time.Now()); !errors.Is(err, ErrCapacityUnknown) {
+		t.Fatalf("never read: want capacity_unknown, got %v", err)
+	}
+	s.PollOnce(s.Get("u"))
+	if _, err := s.Routes(time.Now().Add(2 * time.Second)); !errors.Is(err, ErrCapacityUnknown) {
+		t.Fatalf("reading older than max age: want capacity_unknown, got %v", err)
+	}
+	s.Quarantine("u", time.Now().Add(time.Minute))
+	if _, err := s.Routes(time.Now()); !errors.Is(err, ErrNoBackend) {
+		t.Fatalf("quarantined: want no_backend, got %v", err)
+	}
+	s.Quarantine("u", time.Time{})
+	if _, err := s.Routes(time.Now()); err != nil {
+		t.Fatalf("released: %v", err)
+	}
+	up.Store(false)
+	s.PollOnce(s.Get("u"))
+	if _, err := s.Routes(time.Now()); !errors.Is(err, ErrNoBackend) {
+		t.Fatalf("engine down: want no_backend, got %v", err)
+	}
+}
+
+func TestRoleMismatchAndPairs(t *testing.T) {
+	var up atomic.Bool
+	up.Store(true)
+	url := fakeEngine(t, false, &up) // reports disaggregation_mode "null"
+	s := newTestSet(t, config.Backend{Name: "p", URL: url, Role: "prefill"}, config.Backend{Name: "d", URL: url, Role: "decode"})
+	for _, b := range s.All() {
+		s.PollOnce(b)
+		if b.RoleMatches() {
+			t.Fatalf("%s: configured %s, reports null: must not match", b.Name, b.Role)
+		}
+	}
+	if _, err := s.Routes(time.Now()); !errors.Is(err, ErrNoBackend) {
+		t.Fatalf("mismatched roles leave no route: %v", err)
+	}
+}
+
+func TestSumField(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want int
+		ok   bool
+	}{
+		{`{"loads":[{"num_used_tokens":3},{"num_used_tokens":4}]}`, 7, true},
+		{`[{"num_used_tokens":5}]`, 5, true},
+		{`{"num_used_tokens":9,"other":1}`, 9, true},
+		{`{"x":1}`, 0, false},
+		{`not json`, 0, false},
+	} {
+		got, ok := sumField([]byte(c.in), "num_used_tokens")
+		if got != c.want || ok != c.ok {
+			t.Errorf("%s: got %d %v", c.in, got, c.ok)
+		}
+	}
+}
