@@ -240,11 +240,18 @@ func (gd *guard) body(b []byte) ([]byte, bool) {
 // and false when the reply must be cut.
 func (gd *guard) event(ev []byte) ([]byte, bool) {
 	data, ok := sseData(ev)
-	if !ok || bytes.Equal(data, []byte("[DONE]")) {
-		if ok { // [DONE]: release what scanners still hold, in an event of its own
-			return append(gd.flush(), ev...), gd.leak == nil
+	if !ok {
+		// Comments, multi-line data, other fields: no stream text to follow, but never let a
+		// marker through them either.
+		out, ok := gd.scanString(string(ev))
+		if !ok {
+			return nil, false
 		}
-		return ev, true
+		return []byte(out), true
+	}
+	if bytes.Equal(data, []byte("[DONE]")) {
+		// Release what the scanners still hold, in an event of its own, before [DONE].
+		return append(gd.flush(), ev...), gd.leak == nil
 	}
 	v, err := decodeAny(data)
 	obj, isObj := v.(map[string]any)

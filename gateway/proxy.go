@@ -433,12 +433,12 @@ func (r *relayReader) cutNow() {
 // and [DONE] end the body, and the upstream is not read further.
 func (r *relayReader) takeEvents() {
 	for !r.cut {
-		i := bytes.Index(r.buf, []byte("\n\n"))
-		if i < 0 {
+		end := eventEnd(r.buf)
+		if end < 0 {
 			return
 		}
-		ev := r.buf[:i+2]
-		r.buf = r.buf[i+2:]
+		ev := r.buf[:end]
+		r.buf = r.buf[end:]
 		if r.guard == nil {
 			r.out = append(r.out, ev...)
 			continue
@@ -450,6 +450,20 @@ func (r *relayReader) takeEvents() {
 		}
 		r.out = append(r.out, out...)
 	}
+}
+
+// eventEnd is the length of the first complete SSE event in b (through its blank line, "\n\n"
+// or "\r\n\r\n"), or -1.
+func eventEnd(b []byte) int {
+	lf := bytes.Index(b, []byte("\n\n"))
+	crlf := bytes.Index(b, []byte("\r\n\r\n"))
+	switch {
+	case crlf >= 0 && (lf < 0 || crlf < lf):
+		return crlf + 4
+	case lf >= 0:
+		return lf + 2
+	}
+	return -1
 }
 
 // Close releases the upstream reply. If the stream did not finish (client gone, cut, error), the

@@ -1,0 +1,132 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/config"
+)
+
+func guardGateway(t *testing.T) *Gateway {
+	t.Helper()
+	cfg, err := config.Parse([]byte(fmt.Sprintf(`
+backends: [{name: sim, url: "http://127.0.0.1:1", role: unified}]
+tenants: [{name: alice, key_sha256: %q}, {name: bob, key_sha256: %q}]
+canary: {enabled: true, secret: s}
+`, config.SHA256Hex("ka"), config.SHA256Hex("kb"))), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, _ := backends.New(cfg.Backends, backends.OptionsFrom(cfg), zap.NewNop())
+	g, err := New(cfg, set, nil, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+func chatChunk(content string) []byte {
+	b, _ := json.Marshal(map[string]any{"object": "chat.completion.chunk", "choices": []any{map[string]any{"index": 0, "delta": map[string]any{"content": content}}}})
+	return []byte("data: " + string(b) + "\n\n")
+}
+
+func TestGuardStreams(t *testing.T) {
+	g := guardGateway(t)
+	bobMarker, _ := g.keyring.Current("bob", time.Now())
+	aliceMarker, _ := g.keyring.Current("alice", time.Now())
+	alice := &tenant{Tenant: config.Tenant{Name: "alice"}}
+	newX := func(kind routeKind) *exchange {
+		return &exchange{g: g, tenant: alice, kind: kind, rid: "r", route: &backends.Route{}}
+	}
+
+	t.Run("ordinary events pass byte-identical", func(t *testing.T) {
+		gd := newX(routeChat).newGuard()
+		for _, ev := range [][]byte{chatChunk(" Paris"), chatChunk(" is nice"), []byte(": keep-alive\n\n")} {
+			out, ok := gd.event(ev)
+			if !ok || !bytes.Equal(out, ev) {
+				t.Fatalf("changed %q into %q", ev, out)
+			}
+		}
+	})
+	t.Run("a foreign marker split across events is cut before it is sent", func(t *testing.T) {
+		gd := newX(routeChat).newGuard()
+		var sent []byte
+		for _, piece := range []string{"Sure, here: K", "VG-" + bobMarker[4:10], bobMarker[10:] + " more"} {
+			out, ok := gd.event(chatChunk(piece))
+			if !ok {
+				if gd.leak == nil || gd.leak.Victim != "bob" {
+					t.Fatalf("cut without the victim: %+v", gd.leak)
+				}
+				if bytes.Contains(sent, []byte("KVG")) {
+					t.Fatalf("marker bytes were sent before the cut: %s", sent)
+				}
+				return
+			}
+			sent = append(sent, out...)
+		}
+		t.Fatalf("foreign marker not caught; sent %s", sent)
+	})
+	t.Run("own marker stripped from cumulative /generate text", func(t *testing.T) {
+		gd := newX(routeGenerate).newGuard()
+		var last string
+		for _, text := range []string{"The", "The answer " + aliceMarker[:6], "The answer " + aliceMarker + " is 42"} {
+			b, _ := json.Marshal(map[string]any{"text": text, "meta_info": map[string]any{"id": "x"}})
+			out, ok := gd.event([]byte("data: " + string(b) + "\n\n"))
+			if !ok {
+				t.Fatal("own marker must not cut")
+			}
+			var ev struct{ Text string }
+			_ = json.Unmarshal(bytes.TrimSpace(bytes.TrimPrefix(out, []byte("data: "))), &ev)
+			if strings.Contains(ev.Text, "KVG") || !strings.HasPrefix(ev.Text, last) {
+				t.Fatalf("cumulative text wrong: %q after %q", ev.Text, last)
+			}
+			last = ev.Text
+		}
+		if last != "The answer  is 42" {
+			t.Fatalf("final text %q", last)
+		}
+	})
+	t.Run("markers in other event shapes are caught too", func(t *testing.T) {
+		gd := newX(routeChat).newGuard()
+		if _, ok := gd.event([]byte("data: {\"a\":1}\ndata: " + bobMarker + "\n\n")); ok {
+			t.Fatal("a multi-line event with a foreign marker passed")
+		}
+		gd = newX(routeChat).newGuard()
+		ev := []byte(`data: {"choices":[{"index":0,"logprobs":{"content":[{"token":"` + bobMarker + `"}]},"delta":{"content":"x"}}]}` + "\n\n")
+		if _, ok := gd.event(ev); ok {
+			t.Fatal("a foreign marker in logprobs passed")
+		}
+	})
+	t.Run("non-streaming bodies", func(t *testing.T) {
+		gd := newX(routeChat).newGuard()
+		clean := []byte(`{"choices":[{"message":{"content":"hello"}}],"usage":{"prompt_tokens":3}}`)
+		if out, ok := gd.body(clean); !ok || !bytes.Equal(out, clean) {
+			t.Fatalf("clean body changed: %s", out)
+		}
+		own := []byte(`{"choices":[{"message":{"content":"hi ` + aliceMarker + `"}}],"usage":{"prompt_tokens":3}}`)
+		if out, ok := gd.body(own); !ok || bytes.Contains(out, []byte("KVG")) || !bytes.Contains(out, []byte(`"prompt_tokens":3`)) {
+			t.Fatalf("own marker not stripped or numbers lost: %s", out)
+		}
+		if _, ok := gd.body([]byte(`{"text":"` + bobMarker + `"}`)); ok {
+			t.Fatal("foreign marker in a body passed")
+		}
+	})
+}
+
+func TestEventEnd(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want int
+	}{{"data: x\n\nrest", 9}, {"data: x\r\n\r\nrest", 11}, {"data: x\n", -1}, {"", -1}} {
+		if got := eventEnd([]byte(c.in)); got != c.want {
+			t.Errorf("%q: %d want %d", c.in, got, c.want)
+		}
+	}
+}
