@@ -2,6 +2,7 @@ package tokenize
 
 import (
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -138,7 +139,10 @@ func TestLibrariesAgree(t *testing.T) {
 }
 
 // Adversarial megabyte inputs must be decided quickly by both libraries. 2 s is generous: the
-// guard is against the quadratic case (pkoukk alone takes ~97 s on 400 KB of "a").
+// guard is against the quadratic case (pkoukk alone takes ~97 s on 400 KB of "a"), which is slow
+// on every attempt. The machine is shared by parallel builds and tests, so an input gets up to
+// three attempts and its fastest one is judged: contention slows some runs, never all of a
+// quadratic one down to 2 s.
 func TestAdversarialMegabyteWithinTwoSeconds(t *testing.T) {
 	mb := sized(1 << 20) // the race detector's slowdown is not what this test measures
 	inputs := map[string]string{
@@ -153,16 +157,19 @@ func TestAdversarialMegabyteWithinTwoSeconds(t *testing.T) {
 	for _, lib := range libraries {
 		enc := mustEncoder(t, lib, "")
 		for name, text := range inputs {
-			start := time.Now()
-			n, complete := enc.Count(text, -1)
-			took := time.Since(start)
-			if took > bound {
-				t.Errorf("%s on %d bytes of %s took %v (> %v)", enc.Name(), mb, name, took, bound)
+			var tries []time.Duration
+			for len(tries) < 3 && (len(tries) == 0 || slices.Min(tries) > bound) {
+				start := time.Now()
+				n, complete := enc.Count(text, -1)
+				tries = append(tries, time.Since(start))
+				if !complete || n <= 0 || n > ByteBound(text) {
+					t.Fatalf("%s on %d bytes of %s: n=%d complete=%v", enc.Name(), mb, name, n, complete)
+				}
 			}
-			if !complete || n <= 0 || n > ByteBound(text) {
-				t.Errorf("%s on %d bytes of %s: n=%d complete=%v", enc.Name(), mb, name, n, complete)
+			if best := slices.Min(tries); best > bound {
+				t.Errorf("%s on %d bytes of %s: fastest of %v took > %v", enc.Name(), mb, name, tries, bound)
 			}
-			t.Logf("%s %-13s %7d tokens in %v", enc.Name(), name, n, took.Round(time.Millisecond))
+			t.Logf("%s %-13s %v", enc.Name(), name, tries)
 		}
 	}
 }
