@@ -23,9 +23,9 @@ bench: build
 	KVGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench . -benchmem -benchtime 2x -timeout 30m ./tokenize/ ./canary/ ./gateway/ ./enginesim/
 
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzCount -fuzztime 20s ./tokenize/
-	$(GO) test -run '^$$' -fuzz FuzzScanner -fuzztime 20s ./canary/
-	$(GO) test -run '^$$' -fuzz FuzzParseRequest -fuzztime 20s ./gateway/
+	$(GO) test -run '^$$' -fuzz FuzzCount -fuzztime 20s -fuzzminimizetime 5s ./tokenize/
+	$(GO) test -run '^$$' -fuzz FuzzScanner -fuzztime 20s -fuzzminimizetime 5s ./canary/
+	$(GO) test -run '^$$' -fuzz FuzzParseRequest -fuzztime 20s -fuzzminimizetime 5s ./gateway/
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
