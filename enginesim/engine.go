@@ -220,15 +220,12 @@ func (s *Server) runDecode(ctx context.Context, it *item, self *Writer, p int) *
 		port = s.cfg.BootstrapPort
 	}
 	o := s.genLen(p, it.maxNew)
-	// Decode reserves pages for the whole prompt before any KV arrives.
-	pages, err := s.allocPages(ctx, s.pagesFor(p+o))
-	if err != nil {
-		s.reject("no_pages")
-		return errOutcome(503, err.Error())
-	}
+	// Decode reserves pages for the whole prompt, whatever arrives. SGLang preallocates them
+	// before the transfer; the simulator takes them once the room is ready, so that a decode
+	// waiting for its KV never holds pages that another request's prefill waits for (two full
+	// pools would otherwise wait on each other until the transfer timeout).
 	rd, err := s.pullRoom(ctx, it.boot.host, port, it.boot.room)
 	if err != nil {
-		s.releasePages(pages)
 		if ctx.Err() != nil && !errors.Is(err, errTransferTimeout) {
 			s.reject("aborted")
 			return &outcome{status: 200, finish: "abort", msg: "Abort request", self: self, promptTokens: p}
@@ -237,9 +234,13 @@ func (s *Server) runDecode(ctx context.Context, it *item, self *Writer, p int) *
 		return errOutcome(500, fmt.Sprintf("KV transfer for bootstrap_room %d failed: %v", it.boot.room, err))
 	}
 	if rd.aborted {
-		s.releasePages(pages)
 		s.reject("aborted_by_prefill")
 		return errOutcome(rd.status, rd.msg)
+	}
+	pages, err := s.allocPages(ctx, s.pagesFor(p+o))
+	if err != nil {
+		s.reject("no_pages")
+		return errOutcome(503, err.Error())
 	}
 	n := min(len(rd.ids), p)
 	if s.cfg.Fix == FixDecodeLengthCheck && n < p {

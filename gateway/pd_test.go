@@ -90,6 +90,19 @@ func TestPDRoutingByCapacity(t *testing.T) {
 		}(i)
 	}
 	wg.Wait()
+	// Concurrent prompts that each fill most of a pool: the engines queue them, and every one
+	// completes (no pool waits on the other).
+	for i := 0; i < 6; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			r := post(t, gw.URL, "/generate", tenantKey, fmt.Sprintf(`{"input_ids":[%s],"sampling_params":{"max_new_tokens":2}}`, ids(5000+i)))
+			if r.status != 200 {
+				t.Errorf("big concurrent %d: %d %s", i, r.status, r.body)
+			}
+		}(i)
+	}
+	wg.Wait()
 	for name, s := range sims {
 		st := s.Stats(t)
 		mril := 2042
