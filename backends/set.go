@@ -5,12 +5,14 @@
 package backends
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -275,7 +277,46 @@ func (s *Set) read(b *Backend) (*Capacity, error) {
 			c.UsedTokens = n
 		}
 	}
+	if c.UsedTokens < 0 {
+		// Older engines have no /v1/loads; with --enable-metrics the same number is a gauge.
+		if body, err := s.get(b, "/metrics"); err == nil {
+			if n, ok := sumGauge(body, "num_used_tokens"); ok {
+				c.UsedTokens = n
+			}
+		}
+	}
 	return c, nil
+}
+
+// sumGauge adds up a gauge over its label sets (one per DP rank) in Prometheus text, under
+// either spelling of SGLang's prefix (sglang:name or sglang_name).
+func sumGauge(text []byte, name string) (int, bool) {
+	total, found := 0.0, false
+	for _, line := range bytes.Split(text, []byte("\n")) {
+		rest, ok := bytes.CutPrefix(line, []byte("sglang:"+name))
+		if !ok {
+			if rest, ok = bytes.CutPrefix(line, []byte("sglang_"+name)); !ok {
+				continue
+			}
+		}
+		if len(rest) == 0 || (rest[0] != '{' && rest[0] != ' ') {
+			continue // a longer name with this one as its prefix
+		}
+		if i := bytes.LastIndexByte(rest, '}'); i >= 0 {
+			rest = rest[i+1:]
+		}
+		fields := bytes.Fields(rest)
+		if len(fields) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(string(fields[0]), 64)
+		if err != nil {
+			continue
+		}
+		total += v
+		found = true
+	}
+	return int(total), found
 }
 
 // sumField adds up every numeric field named name anywhere in a JSON document: /v1/loads has
@@ -308,7 +349,8 @@ func sumField(raw json.RawMessage, name string) (int, bool) {
 	return total, found
 }
 
-func (s *Set) getJSON(b *Backend, path string, out any) error {
+// get reads one of the engine's GET endpoints with the backend's key.
+func (s *Set) get(b *Backend, path string) ([]byte, error) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
@@ -318,15 +360,23 @@ func (s *Set) getJSON(b *Backend, path string, out any) error {
 		req.Header.Set("Authorization", "Bearer "+b.APIKey)
 	}
 	if err := b.poll.DoTimeout(req, resp, s.opts.PollTimeout); err != nil {
-		return err
+		return nil, err
 	}
 	switch code := resp.StatusCode(); {
 	case code == fasthttp.StatusNotFound:
-		return errNotFound
+		return nil, errNotFound
 	case code != fasthttp.StatusOK:
-		return fmt.Errorf("%s answered %d", path, code)
+		return nil, fmt.Errorf("%s answered %d", path, code)
 	}
-	if err := json.Unmarshal(resp.Body(), out); err != nil {
+	return append([]byte(nil), resp.Body()...), nil
+}
+
+func (s *Set) getJSON(b *Backend, path string, out any) error {
+	body, err := s.get(b, path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(body, out); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	return nil

@@ -34,8 +34,10 @@ func fakeEngine(t *testing.T, oldName bool, up *atomic.Bool) string {
 			ctx.SetBody(info)
 		case p == "/v1/models":
 			ctx.SetBody(models)
-		case p == "/v1/loads":
+		case p == "/v1/loads" && !oldName:
 			ctx.SetBodyString(`{"loads":[{"dp_rank":0,"num_used_tokens":700},{"dp_rank":1,"num_used_tokens":50}]}`)
+		case p == "/metrics" && oldName: // older engines: the gauge only
+			ctx.SetBodyString("# TYPE sglang:num_used_tokens gauge\nsglang:num_used_tokens{dp_rank=\"0\",engine_type=\"unified\"} 700.0\nsglang_num_used_tokens{dp_rank=\"1\"} 50\nsglang:num_used_tokens_total 99\n")
 		default:
 			ctx.SetStatusCode(404)
 		}
@@ -118,6 +120,16 @@ func TestRoleMismatchAndPairs(t *testing.T) {
 	}
 	if _, err := s.Routes(time.Now()); !errors.Is(err, ErrNoBackend) {
 		t.Fatalf("mismatched roles leave no route: %v", err)
+	}
+}
+
+func TestSumGauge(t *testing.T) {
+	text := []byte("# HELP x\nsglang:num_used_tokens{a=\"}\"} 3\nsglang_num_used_tokens 4.0\nsglang:num_used_tokens_max 100\nsglang:other 7\n")
+	if n, ok := sumGauge(text, "num_used_tokens"); !ok || n != 7 {
+		t.Fatalf("got %d %v, want 7", n, ok)
+	}
+	if _, ok := sumGauge([]byte("nothing here"), "num_used_tokens"); ok {
+		t.Fatal("found a gauge that is not there")
 	}
 }
 
