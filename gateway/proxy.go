@@ -24,6 +24,12 @@ const maxBufferedReply = 64 << 20
 // abortTimeout bounds one /abort_request call.
 const abortTimeout = 2 * time.Second
 
+// A decode leg whose prefill failed is aborted every abortRepeat, at most abortRepeats times.
+const (
+	abortRepeat  = 200 * time.Millisecond
+	abortRepeats = 50
+)
+
 // leg is one upstream request of an exchange (one for unified, two for PD).
 type leg struct {
 	b    *backends.Backend
@@ -183,8 +189,34 @@ func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange) {
 				pl.resp.SetBodyRaw(buf.Bytes())
 			}
 		}()
+		// A prefill that fails while decode still waits for its KV cancels decode: the
+		// request has failed, and decode would otherwise wait out its transfer timeout.
+		decodeAnswered := make(chan struct{})
+		go func() {
+			select {
+			case <-prefillDone:
+			case <-decodeAnswered:
+				return
+			}
+			if pl.err == nil && pl.resp.StatusCode() >= 200 && pl.resp.StatusCode() <= 299 {
+				return
+			}
+			// The abort may reach decode before decode has registered the request (the
+			// prefill failed at once), so it is repeated until decode answers (bounded).
+			t := time.NewTicker(abortRepeat)
+			defer t.Stop()
+			for i := 0; i < abortRepeats; i++ {
+				r.Decode.Abort(rid, abortTimeout)
+				select {
+				case <-decodeAnswered:
+					return
+				case <-t.C:
+				}
+			}
+		}()
 		dl.resp = fasthttp.AcquireResponse()
 		dl.err = r.Decode.Client.Do(dl.req, dl.resp)
+		close(decodeAnswered)
 		g.countUpstream(dl)
 		if dl.err != nil {
 			// A transport error on one leg cancels the other.
