@@ -163,6 +163,22 @@ func TestUnifiedAdmissionEndToEnd(t *testing.T) {
 		}
 	})
 
+	t.Run("metrics count decisions and show the pool below the context", func(t *testing.T) {
+		m := string(get(t, gw.URL+"/metrics", "").body)
+		for _, want := range []string{
+			`kvgate_admission_decisions_total{decision="refuse",reason="context_length_exceeded",tier="estimate"}`,
+			`kvgate_admission_decisions_total{decision="admit",reason="ok",tier="bound"}`,
+			`kvgate_backend_pool_below_context{backend="sim"} 1`,
+			`kvgate_backend_capacity_tokens{backend="sim",kind="max_req_input_len",role="unified"} 4090`,
+			`kvgate_upstream_responses_total{backend="sim",code="200"}`,
+			`kvgate_admission_seconds_count`,
+		} {
+			if !strings.Contains(m, want) {
+				t.Errorf("metrics lack %s", want)
+			}
+		}
+	})
+
 	t.Run("models reports the effective limit", func(t *testing.T) {
 		r := get(t, gw.URL+"/v1/models", tenantKey)
 		var m struct {
