@@ -39,7 +39,7 @@ func TestUpstreamBodyBootstrapFields(t *testing.T) {
 		seen := map[uint64]bool{}
 		for i := 0; i < 50; i++ {
 			var f map[string]json.RawMessage
-			if err := json.Unmarshal(x.body("r1", prefill), &f); err != nil {
+			if err := json.Unmarshal(x.body(x.ridsFor("r1"), prefill), &f); err != nil {
 				t.Fatal(err)
 			}
 			if c.batch == 0 {
@@ -78,7 +78,7 @@ func TestUpstreamBodyBootstrapFields(t *testing.T) {
 		}
 		// Unified: no bootstrap fields at all.
 		var f map[string]json.RawMessage
-		_ = json.Unmarshal(x.body("r1", nil), &f)
+		_ = json.Unmarshal(x.body(x.ridsFor("r1"), nil), &f)
 		if _, ok := f["bootstrap_room"]; ok {
 			t.Fatal("unified requests must not carry bootstrap fields")
 		}

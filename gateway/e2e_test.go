@@ -142,8 +142,21 @@ func TestUnifiedAdmissionEndToEnd(t *testing.T) {
 		if err := json.Unmarshal(r.body, &g); err != nil || g.MetaInfo.CompletionTokens != 4 || g.MetaInfo.PromptTokens < 4 || g.Text == "" {
 			t.Fatalf("not the engine's /generate body: %s", r.body)
 		}
-		if !strings.HasPrefix(g.MetaInfo.ID, r.header.Get("X-Request-Id")) {
-			t.Fatalf("the engine's rid %q should carry the request id %q", g.MetaInfo.ID, r.header.Get("X-Request-Id"))
+		if !strings.HasPrefix(g.MetaInfo.ID, "kvg-") || g.MetaInfo.ID == r.header.Get("X-Request-Id") {
+			t.Fatalf("the engine's rid %q must be the gateway's own, not the request id %q", g.MetaInfo.ID, r.header.Get("X-Request-Id"))
+		}
+		// A client's X-Request-Id is kept for the client and the logs, never sent as the rid.
+		req, _ := http.NewRequest("POST", gw.URL+"/generate", strings.NewReader(`{"text":"hi","sampling_params":{"max_new_tokens":1}}`))
+		req.Header.Set("Authorization", "Bearer "+tenantKey)
+		req.Header.Set("X-Request-Id", "client-chosen-id")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.Header.Get("X-Request-Id") != "client-chosen-id" || strings.Contains(string(b), "client-chosen-id") {
+			t.Fatalf("X-Request-Id must come back unchanged and never reach the engine: %v %s", resp.Header, b)
 		}
 		if _, ok := r.header["X-Sim-Foreign-Requests"]; !ok {
 			t.Fatalf("engine headers not passed through: %v", r.header)

@@ -12,16 +12,22 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/policy"
 )
 
 // exchange is one client request on its way through the pipeline; the access log line is
 // written from it once the reply is complete (for streams, when the stream closes).
 type exchange struct {
-	g        *Gateway
-	tenant   *tenant
-	req      *request
-	rid      string
+	g      *Gateway
+	tenant *tenant
+	req    *request
+	// rid is the client-facing request id (X-Request-Id, the client's if sane); engineRID is the
+	// rid the engines see, always ours.
+	rid       string
+	engineRID string
+	// lastLeak is the hit that made a non-streaming reply a 502.
+	lastLeak *canary.Hit
 	start    time.Time
 	kind     routeKind
 	decision policy.Decision
@@ -40,7 +46,7 @@ type exchange struct {
 // generate is the pipeline for the three generation routes, top to bottom:
 // auth → read body → parse and sanitize → render → count and decide → pick a route → forward.
 func (g *Gateway) generate(ctx *fasthttp.RequestCtx, kind routeKind) {
-	x := &exchange{g: g, rid: requestID(ctx), start: time.Now(), kind: kind}
+	x := &exchange{g: g, rid: requestID(ctx), engineRID: newID(), start: time.Now(), kind: kind}
 	ctx.Response.Header.Set("X-Request-Id", x.rid)
 	if e := x.admit(ctx); e != nil {
 		x.fail(ctx, e)
@@ -239,7 +245,7 @@ func (x *exchange) finish() {
 		if x.tenant != nil {
 			tenant = x.tenant.Name
 		}
-		ce.Write(zap.String("request_id", x.rid), zap.String("tenant", tenant), zap.String("route", x.kind.path()),
+		ce.Write(zap.String("request_id", x.rid), zap.String("engine_rid", x.engineRID), zap.String("tenant", tenant), zap.String("route", x.kind.path()),
 			zap.Int("tokens", x.decision.Tokens), zap.String("tier", string(x.decision.Tier)), zap.String("decision", x.reason),
 			zap.Int("limit", x.decision.Limit), zap.Int("status", x.status), zap.String("upstream", x.upstream),
 			zap.String("error", x.errMsg), zap.Duration("latency", time.Since(x.start)))

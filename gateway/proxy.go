@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"strconv"
 	"sync"
@@ -32,11 +33,28 @@ const (
 
 // leg is one upstream request of an exchange (one for unified, two for PD).
 type leg struct {
-	b    *backends.Backend
-	rid  string
+	b *backends.Backend
+	// rids are the engine request ids this leg carries (one per batch item).
+	rids []string
 	req  *fasthttp.Request
 	resp *fasthttp.Response
 	err  error
+}
+
+// abort asks b to drop every request of one try (in the background, bounded).
+func abort(b *backends.Backend, rids []string) {
+	for _, r := range rids {
+		b.Abort(r, abortTimeout)
+	}
+}
+
+// bodyReader is a response's body as a stream: fasthttp gives none for replies that cannot carry
+// a body (1xx, 204, 304).
+func bodyReader(resp *fasthttp.Response) io.Reader {
+	if s := resp.BodyStream(); s != nil {
+		return s
+	}
+	return bytes.NewReader(resp.Body())
 }
 
 func (l *leg) release() {
@@ -59,7 +77,7 @@ func newRoom() uint64 {
 
 // buildLeg prepares the upstream request: a fresh request, so no client header (credentials,
 // cookies, hop-by-hop) can reach the engine; only ours and the backend's own key.
-func (x *exchange) buildLeg(b *backends.Backend, body []byte, rid string) *leg {
+func (x *exchange) buildLeg(b *backends.Backend, body []byte, rids []string) *leg {
 	req := fasthttp.AcquireRequest()
 	req.SetRequestURI("http://" + b.Addr + x.kind.path())
 	req.Header.SetMethod(fasthttp.MethodPost)
@@ -72,24 +90,34 @@ func (x *exchange) buildLeg(b *backends.Backend, body []byte, rid string) *leg {
 		req.Header.Set("Authorization", "Bearer "+b.APIKey)
 	}
 	req.SetBodyRaw(body)
-	return &leg{b: b, rid: rid, req: req}
+	return &leg{b: b, rids: rids, req: req}
 }
 
-// body serializes the sanitized request with our rid and, for PD, the bootstrap fields.
-func (x *exchange) body(rid string, prefill *backends.Backend) []byte {
+// ridsFor are the engine request ids of one try: the engine rid is always ours (never the
+// client's X-Request-Id, which would let a client collide with or abort another's request), with
+// one id per batch item.
+func (x *exchange) ridsFor(base string) []string {
+	if !x.req.batch {
+		return []string{base}
+	}
+	out := make([]string, len(x.req.prompts))
+	for i := range out {
+		out[i] = base + "-" + strconv.Itoa(i)
+	}
+	return out
+}
+
+// body serializes the sanitized request with our rids and, for PD, the bootstrap fields.
+func (x *exchange) body(rids []string, prefill *backends.Backend) []byte {
 	f := make(map[string]json.RawMessage, len(x.req.fields)+4)
 	for k, v := range x.req.fields {
 		f[k] = v
 	}
 	items := len(x.req.prompts)
 	if x.req.batch {
-		rids := make([]string, items)
-		for i := range rids {
-			rids[i] = rid + "-" + strconv.Itoa(i)
-		}
 		f["rid"] = mustJSON(rids)
 	} else {
-		f["rid"] = mustJSON(rid)
+		f["rid"] = mustJSON(rids[0])
 	}
 	if prefill != nil {
 		port := prefill.Capacity().BootstrapPort
@@ -152,7 +180,8 @@ func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange) {
 	}
 	if r.Unified != nil {
 		x.upstream = r.Unified.Name
-		l := x.buildLeg(r.Unified, x.body(x.rid, nil), x.rid)
+		rids := x.ridsFor(x.engineRID)
+		l := x.buildLeg(r.Unified, x.body(rids, nil), rids)
 		l.resp = fasthttp.AcquireResponse()
 		l.err = r.Unified.Client.Do(l.req, l.resp)
 		g.countUpstream(l)
@@ -168,37 +197,24 @@ func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange) {
 	x.upstream = r.Prefill.Name + "+" + r.Decode.Name
 	for attempt := 0; ; attempt++ {
 		last := attempt >= g.cfg.Upstream.Retries
-		rid := x.rid
+		base := x.engineRID
 		if attempt > 0 {
-			rid += "-r" + strconv.Itoa(attempt)
+			base += "-r" + strconv.Itoa(attempt)
 		}
-		body := x.body(rid, r.Prefill) // a new room on every try
-		pl, dl := x.buildLeg(r.Prefill, body, rid), x.buildLeg(r.Decode, body, rid)
-		prefillDone := make(chan struct{})
-		go func() {
-			defer close(prefillDone)
-			pl.resp = fasthttp.AcquireResponse()
-			pl.err = r.Prefill.Client.Do(pl.req, pl.resp)
-			if pl.err == nil {
-				// Prefill's reply is drained and discarded (its output is one token); keep a
-				// bounded copy for the error case.
-				var buf bytes.Buffer
-				_, pl.err = io.Copy(&buf, io.LimitReader(pl.resp.BodyStream(), 1<<20))
-				_, _ = io.Copy(io.Discard, pl.resp.BodyStream())
-				_ = pl.resp.CloseBodyStream()
-				pl.resp.SetBodyRaw(buf.Bytes())
-			}
-		}()
+		rids := x.ridsFor(base)
+		body := x.body(rids, r.Prefill) // a new room on every try
+		dl := x.buildLeg(r.Decode, body, rids)
+		pf := x.startPrefill(g, x.buildLeg(r.Prefill, body, rids))
 		// A prefill that fails while decode still waits for its KV cancels decode: the
 		// request has failed, and decode would otherwise wait out its transfer timeout.
 		decodeAnswered := make(chan struct{})
 		go func() {
 			select {
-			case <-prefillDone:
+			case <-pf.done:
 			case <-decodeAnswered:
 				return
 			}
-			if pl.err == nil && pl.resp.StatusCode() >= 200 && pl.resp.StatusCode() <= 299 {
+			if pf.ok() {
 				return
 			}
 			// The abort may reach decode before decode has registered the request (the
@@ -206,7 +222,7 @@ func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange) {
 			t := time.NewTicker(abortRepeat)
 			defer t.Stop()
 			for i := 0; i < abortRepeats; i++ {
-				r.Decode.Abort(rid, abortTimeout)
+				abort(r.Decode, rids)
 				select {
 				case <-decodeAnswered:
 					return
@@ -220,10 +236,7 @@ func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange) {
 		g.countUpstream(dl)
 		if dl.err != nil {
 			// A transport error on one leg cancels the other.
-			r.Prefill.Abort(rid, abortTimeout)
-			<-prefillDone
-			g.countUpstream(pl)
-			pl.release()
+			abort(r.Prefill, rids)
 			dl.release()
 			if !last {
 				continue
@@ -233,53 +246,88 @@ func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange) {
 			return
 		}
 		if code := dl.resp.StatusCode(); code < 200 || code > 299 {
-			r.Prefill.Abort(rid, abortTimeout)
+			abort(r.Prefill, rids)
 			if retryable(code) && !last {
 				dl.release()
-				<-prefillDone
-				pl.release()
 				continue
 			}
 			// Decode's error first: pass it through.
-			x.relay(ctx, dl, nil, func() { releaseInflight(); <-prefillDone; pl.release() })
+			x.relay(ctx, dl, nil, releaseInflight)
 			return
 		}
 		// Decode accepted. The request only succeeded if prefill did too.
 		select {
-		case <-prefillDone:
+		case <-pf.done:
 		case <-time.After(g.cfg.Upstream.ResponseHeaderTimeout):
-			pl.err = errors.New("prefill did not answer within upstream.response_header_timeout")
-		}
-		g.countUpstream(pl)
-		if pl.err != nil || pl.resp.StatusCode() < 200 || pl.resp.StatusCode() > 299 {
-			r.Decode.Abort(rid, abortTimeout)
+			abort(r.Prefill, rids)
+			abort(r.Decode, rids)
 			dl.release()
-			retry := pl.err != nil || retryable(pl.resp.StatusCode())
-			if retry && !last {
-				<-prefillDone
-				pl.release()
+			if !last {
 				continue
 			}
 			releaseInflight()
-			if pl.err != nil {
-				x.fail(ctx, upstreamFailed("The prefill engine failed: "+pl.err.Error()))
-			} else {
-				// The engine's own error, with its status.
-				x.status = pl.resp.StatusCode()
-				x.errMsg = "prefill_failed"
-				ctx.SetStatusCode(x.status)
-				ctx.SetContentType("application/json")
-				ctx.SetBody(pl.resp.Body())
-				x.finish()
-			}
-			<-prefillDone
-			pl.release()
+			x.fail(ctx, upstreamFailed("The prefill engine did not answer within upstream.response_header_timeout."))
 			return
 		}
-		pl.release()
+		if !pf.ok() {
+			abort(r.Decode, rids)
+			dl.release()
+			if (pf.err != nil || retryable(pf.status)) && !last {
+				continue
+			}
+			releaseInflight()
+			if pf.err != nil {
+				x.fail(ctx, upstreamFailed("The prefill engine failed: "+pf.err.Error()))
+				return
+			}
+			// The engine's own error, with its status (scanned like any reply).
+			x.errMsg = "prefill_failed"
+			x.writeEngineReply(ctx, pf.status, pf.contentType, pf.body, r.Prefill)
+			x.finish()
+			return
+		}
 		x.relay(ctx, dl, r.Prefill, releaseInflight)
 		return
 	}
+}
+
+// prefillLeg is the outcome of a prefill request, owned by its goroutine until done is closed
+// and read-only after.
+type prefillLeg struct {
+	done        chan struct{}
+	status      int
+	contentType string
+	body        []byte // bounded copy, for the error case
+	err         error
+}
+
+func (p *prefillLeg) ok() bool { return p.err == nil && p.status >= 200 && p.status <= 299 }
+
+// startPrefill sends the prefill leg. Its reply is drained and discarded (its output is one
+// token); the leg's buffers are released by the goroutine itself, so nothing else touches them.
+func (x *exchange) startPrefill(g *Gateway, l *leg) *prefillLeg {
+	p := &prefillLeg{done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		defer l.release()
+		l.resp = fasthttp.AcquireResponse()
+		if l.err = l.b.Client.Do(l.req, l.resp); l.err != nil {
+			p.err = l.err
+			g.countUpstream(l)
+			return
+		}
+		g.countUpstream(l)
+		p.status, p.contentType = l.resp.StatusCode(), string(l.resp.Header.ContentType())
+		var buf bytes.Buffer
+		src := bodyReader(l.resp)
+		if _, err := io.Copy(&buf, io.LimitReader(src, 1<<20)); err != nil {
+			p.err = fmt.Errorf("reading the prefill reply: %w", err)
+			return
+		}
+		_, _ = io.Copy(io.Discard, src)
+		p.body = buf.Bytes()
+	}()
+	return p
 }
 
 func (g *Gateway) countUpstream(l *leg) {
@@ -319,7 +367,7 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *leg, other *backends.Backe
 		ctx.Response.ImmediateHeaderFlush = true
 		ctx.Response.Header.SetContentType("text/event-stream")
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
-		rr := &relayReader{x: x, l: l, other: other, done: done, src: resp.BodyStream(), guard: x.newGuard()}
+		rr := &relayReader{x: x, l: l, other: other, done: done, src: bodyReader(resp), guard: x.newGuard()}
 		x.status = code
 		ctx.SetBodyStream(rr, -1)
 		return
@@ -329,9 +377,17 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *leg, other *backends.Backe
 		done()
 		x.finish()
 	}()
-	body, err := io.ReadAll(io.LimitReader(resp.BodyStream(), maxBufferedReply+1))
+	if code < 200 || code == 204 || code == 304 {
+		// An engine never answers a generation request like this: something else is there.
+		abort(l.b, l.rids)
+		writeError(ctx, upstreamFailed(fmt.Sprintf("The engine answered %d with no reply body.", code)))
+		ctx.Response.Header.Set("X-Request-Id", x.rid)
+		x.status, x.errMsg = 502, "upstream_error"
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(bodyReader(resp), maxBufferedReply+1))
 	if err != nil || len(body) > maxBufferedReply {
-		l.b.Abort(l.rid, abortTimeout)
+		abort(l.b, l.rids)
 		msg := "The engine's reply was cut off"
 		if err != nil {
 			msg += ": " + err.Error()
@@ -343,33 +399,53 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *leg, other *backends.Backe
 		x.status, x.errMsg = 502, "upstream_error"
 		return
 	}
-	x.status = code
+	if code >= 200 && code <= 299 {
+		x.learn(body, l.b)
+	}
+	if !x.writeEngineReply(ctx, code, "", body, l.b) {
+		x.cut(x.lastLeak, l.b, l.rids, other)
+	}
+}
+
+// writeEngineReply passes an engine's reply through with its status (and content type, when
+// given), after the canary scan. It returns false when the scan found a foreign marker: the
+// client then gets a 502 instead. An empty error body becomes a 502 JSON of our own.
+func (x *exchange) writeEngineReply(ctx *fasthttp.RequestCtx, code int, contentType string, body []byte, b *backends.Backend) bool {
+	if len(bytes.TrimSpace(body)) == 0 && (code < 200 || code > 299) {
+		writeError(ctx, upstreamFailed(fmt.Sprintf("Engine %s answered %d with an empty body.", b.Name, code)))
+		ctx.Response.Header.Set("X-Request-Id", x.rid)
+		x.status = 502
+		return true
+	}
 	if gd := x.newGuard(); gd != nil {
 		// Engine errors are scanned too: they may quote the prompt they refused.
 		clean, ok := gd.body(body)
 		if !ok {
-			x.cut(gd.leak, l, other)
+			x.lastLeak = gd.leak
 			writeError(ctx, upstreamIntegrity())
 			ctx.Response.Header.Set("X-Request-Id", x.rid)
 			x.status = 502
-			return
+			return false
 		}
 		body = clean
 	}
-	if code >= 200 && code <= 299 {
-		x.learn(body, l.b)
+	x.status = code
+	ctx.SetStatusCode(code)
+	if contentType != "" {
+		ctx.SetContentType(contentType)
 	}
 	ctx.SetBody(body)
+	return true
 }
 
 // cut records a leak: the incident, the quarantine of every backend on the path, and aborts
 // of the request on the engines.
-func (x *exchange) cut(h *canary.Hit, l *leg, other *backends.Backend) {
+func (x *exchange) cut(h *canary.Hit, b *backends.Backend, rids []string, other *backends.Backend) {
 	x.errMsg = "upstream_integrity"
 	x.g.recordIncident(x, canary.KindLeak, *h)
-	l.b.Abort(l.rid, abortTimeout)
+	abort(b, rids)
 	if other != nil {
-		other.Abort(l.rid, abortTimeout)
+		abort(other, rids)
 	}
 }
 
@@ -456,7 +532,7 @@ func (r *relayReader) Read(p []byte) (int, error) {
 // error event and [DONE] close the body, and the incident is recorded.
 func (r *relayReader) cutNow() {
 	r.cut = true
-	r.x.cut(r.guard.leak, r.l, r.other)
+	r.x.cut(r.guard.leak, r.l.b, r.l.rids, r.other)
 	r.out = append(r.out, sseError(upstreamIntegrity())...)
 }
 
@@ -503,9 +579,9 @@ func eventEnd(b []byte) int {
 func (r *relayReader) Close() error {
 	r.once.Do(func() {
 		if !r.clean {
-			r.l.b.Abort(r.l.rid, abortTimeout)
+			abort(r.l.b, r.l.rids)
 			if r.other != nil {
-				r.other.Abort(r.l.rid, abortTimeout)
+				abort(r.other, r.l.rids)
 			}
 			if r.x.errMsg == "" {
 				r.x.errMsg = "client_gone"

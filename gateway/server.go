@@ -356,6 +356,11 @@ func requestID(ctx *fasthttp.RequestCtx) string {
 	if id := ctx.Request.Header.Peek("X-Request-Id"); len(id) > 0 && len(id) <= 128 && printable(id) {
 		return string(id)
 	}
+	return newID()
+}
+
+// newID is a fresh random request id.
+func newID() string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	return "kvg-" + hex.EncodeToString(b[:])
