@@ -1,10 +1,8 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"strconv"
 	"strings"
 	"time"
 
@@ -24,13 +22,18 @@ func (x *exchange) inject() {
 		return
 	}
 	req := x.req
-	// Foreign markers in the client's own prompt: any reply that repeats them is an echo.
+	// Foreign markers anywhere in what the client sent to be rendered into the prompt (message
+	// text and tool calls, names, tool definitions, schemas): a reply that repeats them is an
+	// echo, not a leak, so a tenant cannot get backends quarantined by quoting a stolen marker.
 	var own strings.Builder
-	for _, m := range req.messages {
-		t, _ := messageText(m["content"])
+	for i, t := range req.msgText {
 		own.WriteString(t)
 		own.WriteByte('\n')
+		if raw, ok := req.messages[i]["name"]; ok {
+			own.Write(raw)
+		}
 	}
+	own.WriteString(req.extra)
 	for _, t := range req.texts {
 		own.WriteString(t)
 		own.WriteByte('\n')
@@ -114,271 +117,6 @@ func appendToContent(m map[string]json.RawMessage, marker string, prefix bool) {
 		parts = append(parts, part)
 	}
 	m["content"] = mustJSON(parts)
-}
-
-// guard scans one reply. Streams keep one scanner per (choice, field), so a marker split across
-// events is still seen whole; /generate's cumulative text is scanned on its new suffix only.
-type guard struct {
-	x        *exchange
-	scanners map[string]*canary.Scanner
-	// generate: raw cumulative text seen so far and what was emitted of it, per index
-	rawCum, outCum map[string]string
-	leak           *canary.Hit
-	buf            []byte
-}
-
-func (x *exchange) newGuard() *guard {
-	if x.g.keyring == nil {
-		return nil
-	}
-	return &guard{x: x, scanners: map[string]*canary.Scanner{}, rawCum: map[string]string{}, outCum: map[string]string{}}
-}
-
-func (gd *guard) scanner(key string) *canary.Scanner {
-	s := gd.scanners[key]
-	if s == nil {
-		s = gd.x.g.keyring.NewScanner(gd.x.tenant.Name, gd.x.echoes)
-		gd.scanners[key] = s
-	}
-	return s
-}
-
-// feed scans one piece of streamed text; it returns what may be emitted now.
-func (gd *guard) feed(key, text string) (string, bool) {
-	out, v := gd.scanner(key).Feed(gd.buf[:0], []byte(text))
-	gd.buf = out[:0]
-	gd.note(v)
-	if v.Leak != nil {
-		return "", false
-	}
-	return string(out), true
-}
-
-func (gd *guard) note(v canary.Verdict) {
-	for _, e := range v.Echoes {
-		gd.x.g.recordIncident(gd.x, canary.KindEcho, e)
-	}
-	if v.Leak != nil && gd.leak == nil {
-		gd.leak = v.Leak
-	}
-}
-
-// scanString scans a whole string that is not part of a stream of text (logprob tokens, tool
-// arguments, non-streaming bodies).
-func (gd *guard) scanString(s string) (string, bool) {
-	if !strings.Contains(s, "KVG") {
-		return s, true
-	}
-	out, v := gd.x.g.keyring.ScanAll(gd.x.tenant.Name, gd.x.echoes, []byte(s))
-	gd.note(v)
-	return string(out), v.Leak == nil
-}
-
-// walkStrings applies f to every string in v, replacing it with f's result; it stops at the
-// first false.
-func walkStrings(v any, f func(string) (string, bool)) (any, bool) {
-	switch t := v.(type) {
-	case string:
-		return f(t)
-	case map[string]any:
-		for k, e := range t {
-			r, ok := walkStrings(e, f)
-			if !ok {
-				return nil, false
-			}
-			t[k] = r
-		}
-	case []any:
-		for i, e := range t {
-			r, ok := walkStrings(e, f)
-			if !ok {
-				return nil, false
-			}
-			t[i] = r
-		}
-	}
-	return v, true
-}
-
-func decodeAny(b []byte) (any, error) {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber() // numbers pass through exactly
-	var v any
-	err := dec.Decode(&v)
-	return v, err
-}
-
-// body scans a whole non-streaming reply. Replies without "KVG" pass byte-identical; a reply
-// with a foreign marker returns ok=false.
-func (gd *guard) body(b []byte) ([]byte, bool) {
-	if !bytes.Contains(b, []byte("KVG")) && !bytes.Contains(b, []byte(`\u`)) {
-		return b, true
-	}
-	v, err := decodeAny(b)
-	if err != nil {
-		// Not JSON: scan as text.
-		out, ok := gd.scanString(string(b))
-		return []byte(out), ok
-	}
-	changed := false
-	v, ok := walkStrings(v, func(s string) (string, bool) {
-		out, ok := gd.scanString(s)
-		changed = changed || out != s
-		return out, ok
-	})
-	if !ok {
-		return nil, false
-	}
-	if !changed {
-		return b, true
-	}
-	out, _ := json.Marshal(v)
-	return out, true
-}
-
-// event scans one SSE event. It returns the bytes to send (the original when nothing changed)
-// and false when the reply must be cut.
-func (gd *guard) event(ev []byte) ([]byte, bool) {
-	data, ok := sseData(ev)
-	if !ok {
-		// Comments, multi-line data, other fields: no stream text to follow, but never let a
-		// marker through them either.
-		out, ok := gd.scanString(string(ev))
-		if !ok {
-			return nil, false
-		}
-		return []byte(out), true
-	}
-	if bytes.Equal(data, []byte("[DONE]")) {
-		// Release what the scanners still hold, in an event of its own, before [DONE].
-		return append(gd.flush(), ev...), gd.leak == nil
-	}
-	v, err := decodeAny(data)
-	obj, isObj := v.(map[string]any)
-	if err != nil || !isObj {
-		out, ok := gd.scanString(string(data))
-		if !ok {
-			return nil, false
-		}
-		if out == string(data) {
-			return ev, true
-		}
-		return []byte("data: " + out + "\n\n"), true
-	}
-	changed := false
-	// Text fields are scanned as streams (a marker may span events); they are set aside while
-	// every other string (logprobs, tool calls, errors) is scanned statelessly.
-	var restore []func()
-	setAside := func(m map[string]any, field, out string) {
-		delete(m, field)
-		restore = append(restore, func() { m[field] = out })
-	}
-	if gd.x.kind == routeGenerate {
-		if t, ok := obj["text"].(string); ok {
-			key := "0"
-			if idx, ok := obj["index"].(json.Number); ok {
-				key = idx.String()
-			}
-			suffix := t
-			if raw := gd.rawCum[key]; strings.HasPrefix(t, raw) {
-				suffix = t[len(raw):] // SGLang's stream repeats the whole text so far
-			}
-			out, ok := gd.feed(key+":text", suffix)
-			if !ok {
-				return nil, false
-			}
-			gd.rawCum[key] = t
-			gd.outCum[key] += out
-			changed = changed || gd.outCum[key] != t
-			setAside(obj, "text", gd.outCum[key])
-		}
-	} else if choices, ok := obj["choices"].([]any); ok {
-		for i, c := range choices {
-			ch, ok := c.(map[string]any)
-			if !ok {
-				continue
-			}
-			idx := strconv.Itoa(i)
-			if n, ok := ch["index"].(json.Number); ok {
-				idx = n.String()
-			}
-			targets := []map[string]any{ch}
-			if d, ok := ch["delta"].(map[string]any); ok {
-				targets = append(targets, d)
-			}
-			for _, m := range targets {
-				for _, field := range []string{"content", "reasoning_content", "text"} {
-					s, ok := m[field].(string)
-					if !ok {
-						continue
-					}
-					out, ok := gd.feed(idx+":"+field, s)
-					if !ok {
-						return nil, false
-					}
-					changed = changed || out != s
-					setAside(m, field, out)
-				}
-			}
-		}
-	}
-	_, ok = walkStrings(obj, func(s string) (string, bool) {
-		out, ok := gd.scanString(s)
-		changed = changed || out != s
-		return out, ok
-	})
-	if !ok {
-		return nil, false
-	}
-	for _, r := range restore {
-		r()
-	}
-	if !changed {
-		return ev, true
-	}
-	return gd.marshalEvent(obj), true
-}
-
-func (gd *guard) marshalEvent(obj map[string]any) []byte {
-	b, _ := json.Marshal(obj)
-	return append(append([]byte("data: "), b...), "\n\n"...)
-}
-
-// flush releases text the scanners held back at the end of the stream, as one event per
-// scanner in the reply's own shape.
-func (gd *guard) flush() []byte {
-	var out []byte
-	for key, s := range gd.scanners {
-		rest, v := s.FlushVerdict(nil)
-		gd.note(v)
-		if len(rest) == 0 || gd.leak != nil {
-			continue
-		}
-		idx, field, _ := strings.Cut(key, ":")
-		var obj map[string]any
-		switch {
-		case gd.x.kind == routeGenerate:
-			gd.outCum[idx] += string(rest)
-			obj = map[string]any{"text": gd.outCum[idx], "meta_info": map[string]any{"id": gd.x.rid}}
-		case gd.x.kind == routeChat:
-			n, _ := strconv.Atoi(idx)
-			obj = map[string]any{"object": "chat.completion.chunk", "choices": []any{map[string]any{"index": n, "delta": map[string]any{field: string(rest)}}}}
-		default:
-			n, _ := strconv.Atoi(idx)
-			obj = map[string]any{"object": "text_completion", "choices": []any{map[string]any{"index": n, field: string(rest)}}}
-		}
-		out = append(out, gd.marshalEvent(obj)...)
-	}
-	return out
-}
-
-// sseData returns the payload of a single-line "data: " event.
-func sseData(ev []byte) ([]byte, bool) {
-	ev = bytes.TrimRight(ev, "\r\n")
-	if !bytes.HasPrefix(ev, []byte("data:")) || bytes.IndexByte(ev, '\n') >= 0 {
-		return nil, false
-	}
-	return bytes.TrimSpace(ev[len("data:"):]), true
 }
 
 // recordIncident stores an incident in the background (the store queues while Redis is away)

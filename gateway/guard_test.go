@@ -104,6 +104,48 @@ func TestGuardStreams(t *testing.T) {
 			t.Fatal("a foreign marker in logprobs passed")
 		}
 	})
+	t.Run("markers split across pieces of tool-call arguments or logprob tokens are cut", func(t *testing.T) {
+		toolChunk := func(args string) []byte {
+			b, _ := json.Marshal(map[string]any{"choices": []any{map[string]any{"index": 0, "delta": map[string]any{
+				"content": "", "tool_calls": []any{map[string]any{"index": 0, "function": map[string]any{"arguments": args}}}}}}})
+			return []byte("data: " + string(b) + "\n\n")
+		}
+		gd := newX(routeChat).newGuard()
+		var sent []byte
+		cut := false
+		for _, piece := range []string{`{"q":"KVG`, `-` + bobMarker[4:12], bobMarker[12:] + `"}`} {
+			out, ok := gd.event(toolChunk(piece))
+			if !ok {
+				cut = true
+				break
+			}
+			sent = append(sent, out...)
+		}
+		if !cut || bytes.Contains(sent, []byte("KVG-")) {
+			t.Fatalf("tool-call arguments: cut=%v sent %s", cut, sent)
+		}
+		gd = newX(routeChat).newGuard()
+		tokens := []any{}
+		for _, tok := range []string{"K", "VG-", bobMarker[4:9], bobMarker[9:]} {
+			tokens = append(tokens, map[string]any{"token": tok, "logprob": -0.1})
+		}
+		b, _ := json.Marshal(map[string]any{"choices": []any{map[string]any{"index": 0, "delta": map[string]any{"content": "x"}, "logprobs": map[string]any{"content": tokens}}}})
+		if out, ok := gd.event([]byte("data: " + string(b) + "\n\n")); ok {
+			t.Fatalf("a marker spread over logprob tokens passed: %s", out)
+		}
+	})
+	t.Run("nothing rides behind a JSON value or in a key", func(t *testing.T) {
+		gd := newX(routeChat).newGuard()
+		if _, ok := gd.event([]byte(`data: {"choices":[]} ` + bobMarker + "\n\n")); ok {
+			t.Fatal("marker after the event's JSON passed")
+		}
+		gd = newX(routeChat).newGuard()
+		for _, b := range []string{`500 internal error ` + bobMarker, `{"a":1}` + "\n" + `{"text":"` + bobMarker + `"}`, `{"top_logprobs":{"` + bobMarker + `":-0.1}}`} {
+			if out, ok := gd.body([]byte(b)); ok {
+				t.Fatalf("body %q passed as %q", b, out)
+			}
+		}
+	})
 	t.Run("non-streaming bodies", func(t *testing.T) {
 		gd := newX(routeChat).newGuard()
 		clean := []byte(`{"choices":[{"message":{"content":"hello"}}],"usage":{"prompt_tokens":3}}`)
@@ -117,6 +159,11 @@ func TestGuardStreams(t *testing.T) {
 		if _, ok := gd.body([]byte(`{"text":"` + bobMarker + `"}`)); ok {
 			t.Fatal("foreign marker in a body passed")
 		}
+		gd = newX(routeChat).newGuard()
+		tail := []byte(`{"choices":[{"message":{"content":"ends with KV"}}],"x":"\u0041"}`)
+		if out, ok := gd.body(tail); !ok || !bytes.Contains(out, []byte(`ends with KV"`)) {
+			t.Fatalf("a whole body must keep its text intact: %s", out)
+		}
 	})
 }
 
@@ -128,5 +175,23 @@ func TestEventEnd(t *testing.T) {
 		if got := eventEnd([]byte(c.in)); got != c.want {
 			t.Errorf("%q: %d want %d", c.in, got, c.want)
 		}
+	}
+}
+
+// A stolen marker put in a tool definition is the requester's own text: an echo, not a leak.
+func TestEchoSetCoversToolDefinitions(t *testing.T) {
+	g := guardGateway(t)
+	bobMarker, _ := g.keyring.Current("bob", time.Now())
+	req, e := parseRequest(routeChat, []byte(`{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","description":"`+bobMarker+`"}}]}`))
+	if e != nil {
+		t.Fatal(e)
+	}
+	x := &exchange{g: g, tenant: &tenant{Tenant: config.Tenant{Name: "alice"}}, kind: routeChat, req: req, rid: "r", route: &backends.Route{}}
+	x.inject()
+	if len(x.echoes) != 1 || x.echoes[0] != bobMarker {
+		t.Fatalf("echo set %v should hold bob's marker", x.echoes)
+	}
+	if out, ok := x.newGuard().body([]byte(`{"choices":[{"message":{"content":"the tool says ` + bobMarker + `"}}]}`)); !ok || bytes.Contains(out, []byte("KVG-")) {
+		t.Fatalf("an echo must be stripped, not cut: ok=%v %s", ok, out)
 	}
 }
