@@ -141,9 +141,7 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 		g.log.Warn("echoed canary marker stripped (the requester's own prompt contained it)",
 			zap.String("request_id", x.rid), zap.String("requester", x.tenant.Name), zap.String("victim", h.Victim))
 	}
-	g.bg.Add(1)
-	go func() {
-		defer g.bg.Done()
+	work := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if err := g.state.Incidents.Record(ctx, inc); err != nil {
@@ -155,26 +153,48 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 					g.log.Warn("quarantine not shared yet (kept locally, retried)", zap.String("backend", n), zap.Error(err))
 					continue
 				}
-				g.confirmQuarantine(n)
+				g.storedQuarantine(n)
 			}
 		}
+	}
+	g.bgMu.Lock()
+	if g.bgClosed {
+		// Shutting down: record before the process goes, on this goroutine.
+		g.bgMu.Unlock()
+		work()
+		return
+	}
+	g.bg.Add(1)
+	g.bgMu.Unlock()
+	go func() {
+		defer g.bg.Done()
+		work()
 	}()
 }
 
-// quarantineLocal takes a backend out of rotation on this replica at once and remembers it, so
-// that the shared-state sync neither forgets it nor loses it while Redis is away.
+// localFlag is a quarantine this replica set. It is merged into every snapshot of the store
+// until a snapshot read after the store had it: from then on the store decides (so an
+// operator's release on any replica is not undone here, and a snapshot older than the flag
+// cannot lift it).
+type localFlag struct {
+	until, storedAt time.Time // storedAt is zero until the store has the flag
+}
+
+// quarantineLocal takes a backend out of rotation on this replica at once.
 func (g *Gateway) quarantineLocal(name string, until time.Time) {
 	g.qmu.Lock()
-	g.localQuarantine[name] = until
+	g.localQuarantine[name] = localFlag{until: until}
 	g.qmu.Unlock()
 	g.backends.Quarantine(name, until)
 }
 
-// confirmQuarantine forgets the local copy of a flag the store now holds: from then on the store
-// decides, so an operator's release on any replica is not undone here.
-func (g *Gateway) confirmQuarantine(name string) {
+// storedQuarantine notes that the store now holds this replica's flag.
+func (g *Gateway) storedQuarantine(name string) {
 	g.qmu.Lock()
-	delete(g.localQuarantine, name)
+	if f, ok := g.localQuarantine[name]; ok && f.storedAt.IsZero() {
+		f.storedAt = time.Now()
+		g.localQuarantine[name] = f
+	}
 	g.qmu.Unlock()
 }
 
@@ -182,25 +202,29 @@ func (g *Gateway) confirmQuarantine(name string) {
 func (g *Gateway) syncQuarantine(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
+	readAt := time.Now()
 	active, err := g.state.Quarantine.Active(cctx)
 	if err != nil {
 		return // keep what we have: local state goes on while the store is away
 	}
 	now := time.Now()
 	g.qmu.Lock()
-	for name, until := range g.localQuarantine {
-		switch _, shared := active[name]; {
-		case !until.After(now):
+	for name, f := range g.localQuarantine {
+		switch {
+		case !f.until.After(now):
 			delete(g.localQuarantine, name)
-		case shared:
-			// The store has it: from now on the store decides (an operator may release it).
+		case !f.storedAt.IsZero() && f.storedAt.Before(readAt):
+			// This snapshot was read after the store had the flag: the store decides.
 			delete(g.localQuarantine, name)
-		default:
-			// Our write failed (the store was away): keep it here and write it again.
-			if g.state.Quarantine.Quarantine(cctx, name, "canary leak (retry)", until.Sub(now)) == nil {
-				delete(g.localQuarantine, name)
+		case f.storedAt.IsZero():
+			// Our write failed (the store was away): write it again, and keep it meanwhile.
+			if g.state.Quarantine.Quarantine(cctx, name, "canary leak (retry)", f.until.Sub(now)) == nil {
+				f.storedAt = time.Now()
+				g.localQuarantine[name] = f
 			}
-			active[name] = until
+			active[name] = f.until
+		default:
+			active[name] = f.until // stored after this snapshot was read
 		}
 	}
 	g.qmu.Unlock()

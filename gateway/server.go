@@ -56,8 +56,10 @@ type Gateway struct {
 	keyring         *canary.Keyring
 	state           *State
 	bg              sync.WaitGroup // incident writes in flight
+	bgMu            sync.Mutex     // guards bgClosed and bg.Add against Shutdown's Wait
+	bgClosed        bool
 	qmu             sync.Mutex
-	localQuarantine map[string]time.Time
+	localQuarantine map[string]localFlag
 }
 
 type tenant struct {
@@ -82,7 +84,7 @@ func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Ga
 		cfg: cfg, log: log.Named("gateway"), access: log.Named("access"), backends: set, enc: enc,
 		ratio: tokenize.NewSafetyRatio(cfg.Tokenizer.SafetyRatio, cfg.Tokenizer.SafetyRatioMax),
 	}
-	g.state, g.localQuarantine = st, map[string]time.Time{}
+	g.state, g.localQuarantine = st, map[string]localFlag{}
 	if cfg.Canary.Enabled {
 		names := make([]string, len(cfg.Tenants))
 		for i, t := range cfg.Tenants {
@@ -162,6 +164,9 @@ func (g *Gateway) Serve(ln net.Listener) error { return g.server.Serve(ln) }
 func (g *Gateway) Shutdown(ctx context.Context) error {
 	g.draining.Store(true)
 	err := g.server.ShutdownWithContext(ctx)
+	g.bgMu.Lock()
+	g.bgClosed = true
+	g.bgMu.Unlock()
 	g.bg.Wait() // incidents recorded by the last requests reach the store (or its queue)
 	return err
 }
