@@ -24,7 +24,7 @@ func (b *Backend) post(path string, body any, timeout time.Duration, resp *fasth
 		req.Header.Set("Authorization", "Bearer "+b.APIKey)
 	}
 	req.SetBodyRaw(raw)
-	return b.poll.DoTimeout(req, resp, timeout)
+	return b.ctl.DoTimeout(req, resp, timeout)
 }
 
 // Tokenize asks the engine for the exact token count of prompt (SGLang's /tokenize, the count

@@ -50,12 +50,15 @@ type Backend struct {
 	// Client streams requests to the engine. Its timeouts are per read (see timedConn).
 	Client *fasthttp.HostClient
 
-	poll     *fasthttp.HostClient
-	capacity atomic.Pointer[Capacity]
-	lastErr  atomic.Pointer[string]
-	polled   atomic.Bool
-	roleOK   atomic.Bool
-	inflight atomic.Int64 // prompt tokens of requests in flight through this gateway
+	// poll reads capacity; ctl carries /tokenize and /abort_request. Apart, so that a burst of
+	// aborts or exact counts can never starve the capacity polls (which would take a healthy
+	// backend out of rotation).
+	poll, ctl *fasthttp.HostClient
+	capacity  atomic.Pointer[Capacity]
+	lastErr   atomic.Pointer[string]
+	polled    atomic.Bool
+	roleOK    atomic.Bool
+	inflight  atomic.Int64 // prompt tokens of requests in flight through this gateway
 	// quarantinedUntil is unix nanoseconds; 0 when not quarantined.
 	quarantinedUntil atomic.Int64
 	infoPath         atomic.Value // "/server_info" until it answers 404
@@ -140,7 +143,8 @@ func New(cfgs []config.Backend, opts Options, log *zap.Logger) (*Set, error) {
 			// Engines' replies are passed through; do not rewrite their header names.
 			DisableHeaderNamesNormalizing: false,
 		}
-		b.poll = &fasthttp.HostClient{Addr: u.Host, Name: "kvgate-poll", ReadTimeout: opts.PollTimeout, WriteTimeout: opts.PollTimeout, MaxConns: 16}
+		b.poll = &fasthttp.HostClient{Addr: u.Host, Name: "kvgate-poll", ReadTimeout: opts.PollTimeout, WriteTimeout: opts.PollTimeout, MaxConns: 4}
+		b.ctl = &fasthttp.HostClient{Addr: u.Host, Name: "kvgate", MaxConns: 64, MaxConnWaitTimeout: time.Second}
 		b.infoPath.Store("/server_info")
 		s.list = append(s.list, b)
 		s.byName[c.Name] = b

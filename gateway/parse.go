@@ -94,6 +94,8 @@ type request struct {
 	extra    string // tools / functions / response_format JSON, rendered into the prompt
 	// texts for completions / generate: the prompt strings (nil when ids)
 	texts []string
+	// suffix: completions' fill-in-the-middle suffix, counted with every prompt
+	suffix string
 }
 
 // parseRequest validates body for kind. Errors are client errors (400) naming the field.
@@ -207,6 +209,11 @@ func (r *request) parseChat() *apiError {
 		return badRequest("messages", "'messages' must be a non-empty array of message objects.")
 	}
 	for i, m := range r.messages {
+		for k := range m {
+			if !messageKeys[k] {
+				return badRequest(fmt.Sprintf("messages[%d].%s", i, k), fmt.Sprintf("Unsupported message field %q.", k))
+			}
+		}
 		var role string
 		if err := json.Unmarshal(m["role"], &role); err != nil || role == "" {
 			return badRequest(fmt.Sprintf("messages[%d].role", i), "Each message needs a string 'role'.")
@@ -215,11 +222,7 @@ func (r *request) parseChat() *apiError {
 		if err != nil {
 			return badRequest(fmt.Sprintf("messages[%d].content", i), err.Error())
 		}
-		// Assistant tool calls are rendered into the prompt too.
-		if raw, ok := m["tool_calls"]; ok && !isNull(raw) {
-			text += string(raw)
-		}
-		r.msgText = append(r.msgText, text)
+		r.msgText = append(r.msgText, text+renderedExtras(m))
 		if raw, ok := m["name"]; ok && !isNull(raw) {
 			var s string
 			if json.Unmarshal(raw, &s) != nil {
@@ -227,15 +230,32 @@ func (r *request) parseChat() *apiError {
 			}
 		}
 	}
-	// Tool definitions and schemas are rendered into the prompt by the engine's template: count them.
+	// Tool definitions, schemas and template arguments reach the engine's template: count them.
 	var extra []string
-	for _, k := range []string{"tools", "functions", "response_format"} {
+	for _, k := range []string{"tools", "functions", "response_format", "chat_template_kwargs"} {
 		if raw, ok := r.fields[k]; ok && !isNull(raw) {
 			extra = append(extra, string(raw))
 		}
 	}
 	r.extra = strings.Join(extra, "\n")
 	return r.openAIOutput()
+}
+
+// messageKeys are the message fields forwarded; anything else is refused, because whatever the
+// engine's template renders must be counted.
+var messageKeys = set("role", "content", "name", "tool_calls", "tool_call_id", "function_call", "reasoning_content")
+
+// renderedExtras is the text of a message's fields other than content that templates render
+// (tool calls, reasoning): counted as their JSON, which is at least as long as their text.
+func renderedExtras(m map[string]json.RawMessage) string {
+	var b strings.Builder
+	for _, k := range []string{"tool_calls", "function_call", "reasoning_content", "tool_call_id"} {
+		if raw, ok := m[k]; ok && !isNull(raw) {
+			b.WriteByte('\n')
+			b.Write(raw)
+		}
+	}
+	return b.String()
 }
 
 // messageText extracts the text of a message content: a string, null, or an array of text parts.
@@ -256,11 +276,14 @@ func messageText(raw json.RawMessage) (string, error) {
 		return "", fmt.Errorf("'content' must be a string or an array of text parts")
 	}
 	var b strings.Builder
-	for _, p := range parts {
+	for i, p := range parts {
 		switch p.Type {
 		case "text":
 			if p.Text == nil {
 				return "", fmt.Errorf("a text part needs 'text'")
+			}
+			if i > 0 {
+				b.WriteByte(' ') // engines may join parts with a separator: count one
 			}
 			b.WriteString(*p.Text)
 		case "image_url", "input_image", "image", "input_audio", "audio", "video_url", "file":
@@ -308,6 +331,12 @@ func (r *request) parseCompletions() *apiError {
 	}
 	if err := r.idsOrTexts("prompt", raw); err != nil {
 		return err
+	}
+	if raw, ok := r.fields["suffix"]; ok && !isNull(raw) {
+		// A fill-in-the-middle template renders the suffix into the prompt: count it.
+		if json.Unmarshal(raw, &r.suffix) != nil {
+			return badRequest("suffix", "'suffix' must be a string.")
+		}
 	}
 	return r.openAIOutput()
 }
@@ -374,6 +403,9 @@ func (r *request) render() {
 		if r.texts != nil {
 			r.prompts = r.prompts[:0]
 			for _, t := range r.texts {
+				if r.suffix != "" {
+					t += "\n" + r.suffix
+				}
 				r.prompts = append(r.prompts, prompt{text: t})
 			}
 		}
@@ -400,10 +432,7 @@ func (r *request) setMessages(msgs []map[string]json.RawMessage) {
 	r.msgText = r.msgText[:0]
 	for _, m := range msgs {
 		t, _ := messageText(m["content"]) // built from validated parts
-		if raw, ok := m["tool_calls"]; ok && !isNull(raw) {
-			t += string(raw)
-		}
-		r.msgText = append(r.msgText, t)
+		r.msgText = append(r.msgText, t+renderedExtras(m))
 	}
 	r.fields["messages"] = mustJSON(msgs)
 }
