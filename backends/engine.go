@@ -28,14 +28,14 @@ func (b *Backend) post(path string, body any, timeout time.Duration, resp *fasth
 }
 
 // Tokenize asks the engine for the exact token count of prompt (SGLang's /tokenize, the count
-// of the engine's own tokenizer).
+// of the engine's own tokenizer), special tokens included: the engine adds them to text prompts.
 func (b *Backend) Tokenize(ctx context.Context, prompt string, timeout time.Duration) (int, error) {
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
 		timeout = time.Until(dl)
 	}
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
-	if err := b.post("/tokenize", map[string]any{"prompt": prompt, "add_special_tokens": false}, timeout, resp); err != nil {
+	if err := b.post("/tokenize", map[string]any{"prompt": prompt, "add_special_tokens": true}, timeout, resp); err != nil {
 		return 0, fmt.Errorf("tokenize on %s: %w", b.Name, err)
 	}
 	if resp.StatusCode() != fasthttp.StatusOK {

@@ -243,6 +243,7 @@ func TestBadInputsAreRefusedAndNeverReachTheEngine(t *testing.T) {
 		{"rid", "/v1/completions", tenantKey, `{"prompt":"x","rid":"other-tenant-req"}`, 400, "invalid_request", "rid"},
 		{"custom logit processor", "/generate", tenantKey, `{"text":"x","custom_logit_processor":"import os"}`, 400, "invalid_request", "custom_logit_processor"},
 		{"input_embeds", "/generate", tenantKey, `{"input_embeds":[[0.1]]}`, 400, "invalid_request", "input_embeds"},
+		{"unknown message field", "/v1/chat/completions", tenantKey, `{"messages":[{"role":"user","content":"x","documents":["a long text"]}]}`, 400, "invalid_request", "messages[0].documents"},
 		{"unknown field", "/v1/chat/completions", tenantKey, `{"messages":[{"role":"user","content":"x"}],"frobnicate":1}`, 400, "invalid_request", "frobnicate"},
 		{"negative max_tokens", "/v1/chat/completions", tenantKey, `{"messages":[{"role":"user","content":"x"}],"max_tokens":-1}`, 400, "invalid_request", "max_tokens"},
 		{"text and ids", "/generate", tenantKey, `{"text":"x","input_ids":[1]}`, 400, "invalid_request", "input_ids"},

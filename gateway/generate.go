@@ -149,7 +149,7 @@ func (x *exchange) decide(limit int) policy.Decision {
 	var worst policy.Decision
 	for i, p := range x.req.prompts {
 		pr := policy.Request{Text: p.text, Bytes: len(p.text), InputIDs: p.ids, HasInputIDs: p.hasIDs,
-			DistrustEstimate: g.distrustEstimate.Load()}
+			Overhead: specialTokenAllowance, DistrustEstimate: g.distrustEstimate.Load()}
 		est := &recordingEstimator{Estimator: g.enc}
 		d := policy.Decide(cctx, pr, limit, est, g.ratio.Get(), g.exact)
 		if est.n > x.estimate {
@@ -161,6 +161,10 @@ func (x *exchange) decide(limit int) policy.Decision {
 	}
 	return worst
 }
+
+// specialTokenAllowance covers tokens an engine adds to a text prompt (BOS, EOS) that are not
+// in the text: the byte bound is only sound with them added.
+const specialTokenAllowance = 2
 
 // recordingEstimator remembers the last estimate (to learn the safety ratio from engine reports).
 type recordingEstimator struct {

@@ -109,6 +109,9 @@ type Request struct {
 	// InputIDs is the number of token ids when the request gave ids; HasInputIDs says so.
 	InputIDs    int
 	HasInputIDs bool
+	// Overhead is how many tokens the engine may add to a text prompt beyond its text (BOS,
+	// EOS): added to the byte bound and to estimates. Exact counts include them already.
+	Overhead int
 	// DistrustEstimate says the engine's tokenizer was seen counting more than estimate × ratio
 	// (calibration against its /tokenize): an estimate may then refuse but never admit.
 	DistrustEstimate bool
@@ -135,8 +138,9 @@ func Decide(ctx context.Context, req Request, limit int, est Estimator, ratio fl
 		d.Tier, d.Tokens, d.Admit = TierInputIDs, req.InputIDs, req.InputIDs <= limit
 		return d
 	}
-	if req.Bytes <= limit {
-		d.Tier, d.Tokens, d.Admit = TierBound, req.Bytes, true
+	bound := req.Bytes + req.Overhead
+	if bound <= limit {
+		d.Tier, d.Tokens, d.Admit = TierBound, bound, true
 		return d
 	}
 	if limit < 0 {
@@ -150,11 +154,12 @@ func Decide(ctx context.Context, req Request, limit int, est Estimator, ratio fl
 	// Counting past limit×r cannot change the outcome: stop there.
 	stopAfter := int(math.Floor(float64(limit)*ratio)) + 1
 	n, _ := est.Count(req.Text, stopAfter)
+	n += req.Overhead
 	d.Tier = TierEstimate
 	switch Classify(n, ratio, limit) {
 	case ZoneAdmit:
 		if !req.DistrustEstimate {
-			d.Admit, d.Tokens = true, upper(n, ratio, req.Bytes)
+			d.Admit, d.Tokens = true, upper(n, ratio, bound)
 			return d
 		}
 	case ZoneRefuse:
@@ -168,9 +173,9 @@ func Decide(ctx context.Context, req Request, limit int, est Estimator, ratio fl
 		}
 	}
 	d.Tier = TierFallback
-	up := upper(n, ratio, req.Bytes)
+	up := upper(n, ratio, bound)
 	if req.DistrustEstimate {
-		up = req.Bytes // only the byte bound is sound against an unknown tokenizer
+		up = bound // only the byte bound is sound against an unknown tokenizer
 	}
 	if up <= limit {
 		d.Admit, d.Tokens = true, up

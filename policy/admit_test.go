@@ -170,3 +170,26 @@ func TestEligibleAndLimit(t *testing.T) {
 		t.Fatalf("no paths must give a negative limit, got %d", got)
 	}
 }
+
+func TestDecideOverheadAndDistrust(t *testing.T) {
+	ctx := context.Background()
+	text := strings.Repeat("word ", 10) // 50 bytes, 10 words
+	// The byte bound admits only with the engine's special tokens added.
+	if d := Decide(ctx, Request{Text: text, Bytes: 50, Overhead: 2}, 52, &wordEstimator{}, 1.3, nil); !d.Admit || d.Tier != TierBound || d.Tokens != 52 {
+		t.Fatalf("bound + overhead = limit admits: %+v", d)
+	}
+	if d := Decide(ctx, Request{Text: text, Bytes: 50, Overhead: 2}, 51, &wordEstimator{}, 1.3, nil); d.Tier == TierBound {
+		t.Fatalf("bound + overhead over the limit must not admit by bound: %+v", d)
+	}
+	// A distrusted estimate never admits: the gray zone asks the engine, or falls back to the bound.
+	ex := &fixedExact{n: 30}
+	if d := Decide(ctx, Request{Text: text, Bytes: 50, DistrustEstimate: true}, 40, &wordEstimator{}, 1.3, ex); !d.Admit || d.Tier != TierExact || ex.calls != 1 {
+		t.Fatalf("distrusted estimate in the admit zone must ask for the exact count: %+v", d)
+	}
+	if d := Decide(ctx, Request{Text: text, Bytes: 50, DistrustEstimate: true}, 40, &wordEstimator{}, 1.3, &fixedExact{err: errors.New("down")}); d.Admit {
+		t.Fatalf("without an exact count a distrusted estimate falls back to the byte bound (50 > 40): %+v", d)
+	}
+	if d := Decide(ctx, Request{Text: text, Bytes: 50, DistrustEstimate: true}, 100, &wordEstimator{}, 1.3, nil); !d.Admit || d.Tier != TierBound {
+		t.Fatalf("the byte bound still admits: %+v", d)
+	}
+}
