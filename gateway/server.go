@@ -196,11 +196,15 @@ func (g *Gateway) Handle(ctx *fasthttp.RequestCtx) {
 		}
 		g.models(ctx)
 	case "/admin/backends":
-		if g.adminAuth(ctx) {
+		if method != fasthttp.MethodGet {
+			writeError(ctx, errMethod)
+		} else if g.adminAuth(ctx) {
 			g.adminBackends(ctx)
 		}
 	case "/admin/incidents":
-		if g.adminAuth(ctx) {
+		if method != fasthttp.MethodGet {
+			writeError(ctx, errMethod)
+		} else if g.adminAuth(ctx) {
 			g.adminIncidents(ctx)
 		}
 	default:
