@@ -85,6 +85,7 @@ func (g *Gateway) calibrate(b *backends.Backend) {
 			return
 		}
 		local, _ := g.enc.Count(calibrationText, -1)
+		local += specialTokenAllowance // the engine's count includes its special tokens
 		g.ratio.Observe(local, engine)
 		if float64(engine) > float64(local)*g.cfg.Tokenizer.SafetyRatio {
 			if !g.distrustEstimate.Swap(true) {

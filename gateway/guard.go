@@ -23,21 +23,25 @@ func (x *exchange) inject() {
 	}
 	req := x.req
 	// Foreign markers anywhere in what the client sent to be rendered into the prompt (message
-	// text and tool calls, names, tool definitions, schemas): a reply that repeats them is an
-	// echo, not a leak, so a tenant cannot get backends quarantined by quoting a stolen marker.
+	// text, names, tool calls, reasoning, tool definitions, schemas, template arguments, suffix),
+	// as the engine will see it (JSON strings decoded): a reply that repeats them is an echo, not
+	// a leak, so a tenant cannot get backends quarantined by quoting a stolen marker.
 	var own strings.Builder
-	for i, t := range req.msgText {
-		own.WriteString(t)
+	for i, m := range req.messages {
+		own.WriteString(req.msgText[i])
 		own.WriteByte('\n')
-		if raw, ok := req.messages[i]["name"]; ok {
-			own.Write(raw)
+		for _, k := range []string{"name", "tool_calls", "function_call", "reasoning_content", "tool_call_id"} {
+			appendJSONStrings(&own, m[k])
 		}
 	}
-	own.WriteString(req.extra)
+	for _, k := range []string{"tools", "functions", "response_format", "chat_template_kwargs"} {
+		appendJSONStrings(&own, req.fields[k])
+	}
 	for _, t := range req.texts {
 		own.WriteString(t)
 		own.WriteByte('\n')
 	}
+	own.WriteString(req.suffix)
 	x.echoes = g.keyring.FindMarkers(own.String())
 	if x.tenant.CanaryOptOut {
 		g.metrics.canarySkipped.WithLabelValues("opt_out").Inc()
@@ -87,6 +91,36 @@ func (x *exchange) inject() {
 	}
 	req.setMessages(msgs)
 	g.metrics.canaryInjected.Inc()
+}
+
+// appendJSONStrings writes every string (and object key) of a JSON value, decoded, one per line.
+func appendJSONStrings(b *strings.Builder, raw json.RawMessage) {
+	if len(raw) == 0 {
+		return
+	}
+	v, err := decodeOne(raw)
+	if err != nil {
+		return
+	}
+	var walk func(any)
+	walk = func(v any) {
+		switch t := v.(type) {
+		case string:
+			b.WriteString(t)
+			b.WriteByte('\n')
+		case map[string]any:
+			for k, e := range t {
+				b.WriteString(k)
+				b.WriteByte('\n')
+				walk(e)
+			}
+		case []any:
+			for _, e := range t {
+				walk(e)
+			}
+		}
+	}
+	walk(v)
 }
 
 func stringContent(m map[string]json.RawMessage) (string, bool) {
@@ -183,8 +217,8 @@ type localFlag struct {
 // quarantineLocal takes a backend out of rotation on this replica at once.
 func (g *Gateway) quarantineLocal(name string, until time.Time) {
 	g.qmu.Lock()
+	defer g.qmu.Unlock() // with the backend update, so a sync cannot apply an older snapshot over it
 	g.localQuarantine[name] = localFlag{until: until}
-	g.qmu.Unlock()
 	g.backends.Quarantine(name, until)
 }
 
@@ -208,6 +242,7 @@ func (g *Gateway) syncQuarantine(ctx context.Context) {
 		return // keep what we have: local state goes on while the store is away
 	}
 	now := time.Now()
+	var retry []string
 	g.qmu.Lock()
 	for name, f := range g.localQuarantine {
 		switch {
@@ -217,16 +252,20 @@ func (g *Gateway) syncQuarantine(ctx context.Context) {
 			// This snapshot was read after the store had the flag: the store decides.
 			delete(g.localQuarantine, name)
 		case f.storedAt.IsZero():
-			// Our write failed (the store was away): write it again, and keep it meanwhile.
-			if g.state.Quarantine.Quarantine(cctx, name, "canary leak (retry)", f.until.Sub(now)) == nil {
-				f.storedAt = time.Now()
-				g.localQuarantine[name] = f
-			}
+			retry = append(retry, name) // our write failed (the store was away)
 			active[name] = f.until
 		default:
 			active[name] = f.until // stored after this snapshot was read
 		}
 	}
-	g.qmu.Unlock()
 	g.backends.SetQuarantine(active)
+	g.qmu.Unlock()
+	for _, name := range retry {
+		g.qmu.Lock()
+		f, ok := g.localQuarantine[name]
+		g.qmu.Unlock()
+		if ok && g.state.Quarantine.Quarantine(cctx, name, "canary leak (retry)", time.Until(f.until)) == nil {
+			g.storedQuarantine(name)
+		}
+	}
 }

@@ -195,3 +195,31 @@ func TestEchoSetCoversToolDefinitions(t *testing.T) {
 		t.Fatalf("an echo must be stripped, not cut: ok=%v %s", ok, out)
 	}
 }
+
+func TestGuardKeepsLogprobTokensAndEscapedEchoes(t *testing.T) {
+	g := guardGateway(t)
+	bobMarker, _ := g.keyring.Current("bob", time.Now())
+	alice := &tenant{Tenant: config.Tenant{Name: "alice"}}
+	// Clean logprob tokens are never reshaped, even ones ending in a possible marker start.
+	x := &exchange{g: g, tenant: alice, kind: routeChat, rid: "r", route: &backends.Route{}}
+	gd := x.newGuard()
+	ev := []byte(`data: {"choices":[{"index":0,"delta":{"content":"OK then"},"logprobs":{"content":[{"token":"OK","top_logprobs":[{"token":"OK"},{"token":"Okay"}]},{"token":" then"}]}}]}` + "\n\n")
+	if out, ok := gd.event(ev); !ok || !bytes.Equal(out, ev) {
+		t.Fatalf("clean logprobs changed:\n%s\n%s", ev, out)
+	}
+	// A stolen marker written with JSON escapes in a tool definition is still the requester's own.
+	esc := `\u004bVG-` + bobMarker[4:]
+	req, e := parseRequest(routeChat, []byte(`{"messages":[{"role":"user","content":"hi","refusal":null,"annotations":[]}],"tools":[{"type":"function","function":{"name":"f","description":"`+esc+`"}}]}`))
+	if e != nil {
+		t.Fatalf("empty unknown message fields must be accepted: %v", e)
+	}
+	x = &exchange{g: g, tenant: alice, kind: routeChat, req: req, rid: "r", route: &backends.Route{}}
+	x.inject()
+	if len(x.echoes) != 1 || x.echoes[0] != bobMarker {
+		t.Fatalf("escaped marker not in the echo set: %v", x.echoes)
+	}
+	if _, e := parseRequest(routeChat, []byte(`{"messages":[{"role":"user","content":"hi","documents":["text"]}]}`)); e == nil || e.Param != "messages[0].documents" {
+		t.Fatalf("a non-empty unknown message field must be refused: %+v", e)
+	}
+}
+

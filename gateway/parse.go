@@ -159,6 +159,15 @@ func jsonErr(err error) string {
 	return err.Error()
 }
 
+// emptyJSON: null, "", [] or {}.
+func emptyJSON(raw json.RawMessage) bool {
+	switch string(bytes.Join(bytes.Fields(raw), nil)) {
+	case "null", `""`, "[]", "{}":
+		return true
+	}
+	return false
+}
+
 func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
 
 // intField reads an optional non-negative integer field.
@@ -209,8 +218,10 @@ func (r *request) parseChat() *apiError {
 		return badRequest("messages", "'messages' must be a non-empty array of message objects.")
 	}
 	for i, m := range r.messages {
-		for k := range m {
-			if !messageKeys[k] {
+		for k, v := range m {
+			// Empty fields carry nothing to render (clients echo assistant messages back with
+			// "refusal":null, "annotations":[]); anything else unknown could, and is refused.
+			if !messageKeys[k] && !emptyJSON(v) {
 				return badRequest(fmt.Sprintf("messages[%d].%s", i, k), fmt.Sprintf("Unsupported message field %q.", k))
 			}
 		}

@@ -95,3 +95,48 @@ func TestFailingPrefillLegCancelsDecode(t *testing.T) {
 	}
 	t.Logf("failed in %s with %d %s", took, r.status, r.body)
 }
+
+// A prefill error that quotes another tenant's marker is a leak like any reply: 502, incident,
+// quarantine.
+func TestPrefillErrorWithForeignMarkerIsALeak(t *testing.T) {
+	bob := markerFor(t, "test-secret", "b")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		switch string(ctx.Path()) {
+		case "/server_info":
+			ctx.SetBodyString(`{"max_total_num_tokens":8192,"max_req_input_len":8186,"page_size":16,"disaggregation_mode":"prefill","disaggregation_bootstrap_port":1}`)
+		case "/v1/models":
+			ctx.SetBodyString(`{"object":"list","data":[{"id":"sim","max_model_len":16384}]}`)
+		case "/generate":
+			ctx.SetStatusCode(400)
+			ctx.SetBodyString(`{"error":{"message":"cannot parse: ` + bob + `"}}`)
+		default:
+			ctx.SetStatusCode(404)
+		}
+	}}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	decode := testkit.StartSim(t, "--mode", "decode", "--pool-tokens", "16384", "--context-length", "16384", "--page-size", "16", "--transfer-timeout", "20s")
+	prefix := uniquePrefix(t)
+	gw := testkit.StartGateway(t, testkit.ParseConfig(t, canaryYAML(prefix, "enforce",
+		[3]string{"p", "http://" + ln.Addr().String(), "prefill"}, [3]string{"d", decode.URL, "decode"})))
+	r := post(t, gw.URL, "/generate", "sk-a", `{"text":"hello","sampling_params":{"max_new_tokens":2}}`)
+	if r.status != 502 || decodeError(t, r).Error.Code != "upstream_integrity" || strings.Contains(string(r.body), "KVG-") {
+		t.Fatalf("want 502 upstream_integrity, got %d %s", r.status, r.body)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		a := get(t, gw.URL+"/admin/incidents", "admin-key")
+		b := get(t, gw.URL+"/admin/backends", "admin-key")
+		if strings.Contains(string(a.body), `"kind":"leak"`) && strings.Count(string(b.body), "quarantined_until") == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no incident or quarantine: %s %s", a.body, b.body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -27,8 +27,9 @@ const abortTimeout = 2 * time.Second
 
 // A decode leg whose prefill failed is aborted every abortRepeat, at most abortRepeats times.
 const (
-	abortRepeat  = 200 * time.Millisecond
-	abortRepeats = 50
+	abortRepeat       = 200 * time.Millisecond
+	abortRepeats      = 50
+	maxRepeatedAborts = 200 // calls per failed try, all batch items together
 )
 
 // leg is one upstream request of an exchange (one for unified, two for PD).
@@ -221,7 +222,8 @@ func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange) {
 			// prefill failed at once), so it is repeated until decode answers (bounded).
 			t := time.NewTicker(abortRepeat)
 			defer t.Stop()
-			for i := 0; i < abortRepeats; i++ {
+			// A large batch would multiply the calls: keep the total bounded.
+			for i := 0; i < max(1, min(abortRepeats, maxRepeatedAborts/len(rids))); i++ {
 				abort(r.Decode, rids)
 				select {
 				case <-decodeAnswered:
@@ -282,7 +284,9 @@ func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange) {
 			}
 			// The engine's own error, with its status (scanned like any reply).
 			x.errMsg = "prefill_failed"
-			x.writeEngineReply(ctx, pf.status, pf.contentType, pf.body, r.Prefill)
+			if !x.writeEngineReply(ctx, pf.status, pf.contentType, pf.body, r.Prefill) {
+				x.cut(x.lastLeak, r.Prefill, rids, r.Decode)
+			}
 			x.finish()
 			return
 		}

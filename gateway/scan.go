@@ -78,7 +78,7 @@ func (gd *guard) scanString(s string) (string, bool) {
 // streamedField says whether a field carries text in pieces.
 func streamedField(name string) bool {
 	switch name {
-	case "content", "reasoning_content", "text", "arguments", "refusal", "token", "tokens":
+	case "content", "reasoning_content", "text", "arguments", "refusal":
 		return true
 	}
 	return false
@@ -93,9 +93,17 @@ func (gd *guard) walk(v any, path string, stream bool, changed *bool) (any, bool
 	case string:
 		var out string
 		var ok bool
-		if stream || !gd.whole && streamedField(path[strings.LastIndexByte(path, '.')+1:]) {
+		switch {
+		case stream:
+			// Logprob tokens: a sequence whose items must keep their own text. The stream
+			// scanner only detects (a marker split across tokens cuts the reply); each token
+			// is cleaned on its own.
+			if _, ok = gd.feed(path, t); ok {
+				out, ok = gd.scanString(t)
+			}
+		case !gd.whole && streamedField(path[strings.LastIndexByte(path, '.')+1:]):
 			out, ok = gd.feed(path, t)
-		} else {
+		default:
 			out, ok = gd.scanString(t)
 		}
 		if !ok {
