@@ -165,7 +165,7 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 	g.metrics.incidents.WithLabelValues(kind).Inc()
 	if kind == canary.KindLeak {
 		g.log.Error("foreign canary marker in an engine reply: reply cut, backends quarantined",
-			zap.String("request_id", x.rid), zap.String("requester", x.tenant.Name), zap.String("victim", h.Victim),
+			zap.String("request_id", x.rid), zap.String("engine_rid", x.engineRID), zap.String("requester", x.tenant.Name), zap.String("victim", h.Victim),
 			zap.Strings("backends", names), zap.Uint64("epoch", h.Epoch))
 		until := time.Now().Add(g.cfg.Canary.QuarantineTTL)
 		for _, n := range names {
