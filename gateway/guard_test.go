@@ -222,4 +222,3 @@ func TestGuardKeepsLogprobTokensAndEscapedEchoes(t *testing.T) {
 		t.Fatalf("a non-empty unknown message field must be refused: %+v", e)
 	}
 }
-
