@@ -3,6 +3,7 @@ module github.com/kvgate/kvgate
 go 1.26.0
 
 require (
+	github.com/goccy/go-json v0.12.0
 	github.com/pkoukk/tiktoken-go v0.1.8
 	github.com/pkoukk/tiktoken-go-loader v0.0.2
 	github.com/prometheus/client_golang v1.25.0

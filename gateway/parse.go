@@ -2,8 +2,8 @@ package gateway
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
+	json "github.com/goccy/go-json"
 	"sort"
 	"strings"
 	"unicode/utf8"

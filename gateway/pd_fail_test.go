@@ -4,6 +4,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,20 +14,19 @@ import (
 	"github.com/kvgate/kvgate/internal/testkit"
 )
 
-// brokenPrefill reports itself as a healthy prefill engine but fails every generation request,
-// once by closing the connection, then with a 500.
-func brokenPrefill(t *testing.T) (url string, calls *atomic.Int32) {
+// fakePrefill reports itself as a healthy prefill engine whose bootstrap port accepts and never
+// answers (a decode pulling its KV from it waits), and answers generation requests with gen.
+func fakePrefill(t *testing.T, gen fasthttp.RequestHandler) string {
 	t.Helper()
-	calls = &atomic.Int32{}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The bootstrap port accepts and never answers: a decode pulling its KV from it waits.
 	boot, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	var mu sync.Mutex
 	var held []net.Conn
 	go func() {
 		for {
@@ -34,14 +34,18 @@ func brokenPrefill(t *testing.T) (url string, calls *atomic.Int32) {
 			if err != nil {
 				return
 			}
+			mu.Lock()
 			held = append(held, c)
+			mu.Unlock()
 		}
 	}()
 	t.Cleanup(func() {
 		boot.Close()
+		mu.Lock()
 		for _, c := range held {
 			c.Close()
 		}
+		mu.Unlock()
 	})
 	info := `{"max_total_num_tokens":8192,"max_req_input_len":8186,"page_size":16,"disaggregation_mode":"prefill","disaggregation_bootstrap_port":` +
 		strconv.Itoa(boot.Addr().(*net.TCPAddr).Port) + `}`
@@ -52,19 +56,28 @@ func brokenPrefill(t *testing.T) (url string, calls *atomic.Int32) {
 		case "/v1/models":
 			ctx.SetBodyString(`{"object":"list","data":[{"id":"sim","max_model_len":16384}]}`)
 		case "/generate", "/v1/chat/completions":
-			if calls.Add(1) == 1 {
-				_ = ctx.Conn().Close() // a transport error: no response at all
-				return
-			}
-			ctx.SetStatusCode(500)
-			ctx.SetBodyString(`{"error":{"message":"prefill exploded"}}`)
+			gen(ctx)
 		default:
 			ctx.SetStatusCode(404)
 		}
 	}}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Shutdown() })
-	return "http://" + ln.Addr().String(), calls
+	return "http://" + ln.Addr().String()
+}
+
+// brokenPrefill fails every generation request, once by closing the connection, then with a 500.
+func brokenPrefill(t *testing.T) (url string, calls *atomic.Int32) {
+	calls = &atomic.Int32{}
+	url = fakePrefill(t, func(ctx *fasthttp.RequestCtx) {
+		if calls.Add(1) == 1 {
+			_ = ctx.Conn().Close() // a transport error: no response at all
+			return
+		}
+		ctx.SetStatusCode(500)
+		ctx.SetBodyString(`{"error":{"message":"prefill exploded"}}`)
+	})
+	return url, calls
 }
 
 // A failing prefill leg fails the request at once (decode is aborted instead of waiting out its
@@ -100,29 +113,14 @@ func TestFailingPrefillLegCancelsDecode(t *testing.T) {
 // quarantine.
 func TestPrefillErrorWithForeignMarkerIsALeak(t *testing.T) {
 	bob := markerFor(t, "test-secret", "b")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
-		switch string(ctx.Path()) {
-		case "/server_info":
-			ctx.SetBodyString(`{"max_total_num_tokens":8192,"max_req_input_len":8186,"page_size":16,"disaggregation_mode":"prefill","disaggregation_bootstrap_port":1}`)
-		case "/v1/models":
-			ctx.SetBodyString(`{"object":"list","data":[{"id":"sim","max_model_len":16384}]}`)
-		case "/generate":
-			ctx.SetStatusCode(400)
-			ctx.SetBodyString(`{"error":{"message":"cannot parse: ` + bob + `"}}`)
-		default:
-			ctx.SetStatusCode(404)
-		}
-	}}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Shutdown() })
+	purl := fakePrefill(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(400)
+		ctx.SetBodyString(`{"error":{"message":"cannot parse: ` + bob + `"}}`)
+	})
 	decode := testkit.StartSim(t, "--mode", "decode", "--pool-tokens", "16384", "--context-length", "16384", "--page-size", "16", "--transfer-timeout", "20s")
 	prefix := uniquePrefix(t)
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, canaryYAML(prefix, "enforce",
-		[3]string{"p", "http://" + ln.Addr().String(), "prefill"}, [3]string{"d", decode.URL, "decode"})))
+		[3]string{"p", purl, "prefill"}, [3]string{"d", decode.URL, "decode"})))
 	r := post(t, gw.URL, "/generate", "sk-a", `{"text":"hello","sampling_params":{"max_new_tokens":2}}`)
 	if r.status != 502 || decodeError(t, r).Error.Code != "upstream_integrity" || strings.Contains(string(r.body), "KVG-") {
 		t.Fatalf("want 502 upstream_integrity, got %d %s", r.status, r.body)
