@@ -134,9 +134,16 @@ func (s *Server) runCombined(ctx context.Context, it *item, self *Writer, p int)
 		s.reject("no_pages")
 		return errOutcome(503, err.Error())
 	}
+	return s.writeAndGenerate(it, self, pages, p, p, o)
+}
+
+// writeAndGenerate writes the first n prompt tokens into the request's pages (the rest keep
+// whatever their last writer left there), then generates o tokens over the p-token context.
+// The pages are released if generation fails, else handed to the outcome.
+func (s *Server) writeAndGenerate(it *item, self *Writer, pages []int32, n, p, o int) *outcome {
 	s.mu.Lock()
 	v := &seqView{pool: s.pool, pages: pages, self: self}
-	for i := 0; i < p; i++ {
+	for i := 0; i < n; i++ {
 		v.write(i, it.ids[i], it.texts[i])
 	}
 	out := s.generateLocked(v, p, o)
@@ -248,23 +255,12 @@ func (s *Server) runDecode(ctx context.Context, it *item, self *Writer, p int) *
 		s.reject("decode_length")
 		return errOutcome(400, fmt.Sprintf("KV transfer incomplete: %d of %d prompt tokens arrived for bootstrap_room %d.", n, p, it.boot.room))
 	}
-	s.mu.Lock()
-	v := &seqView{pool: s.pool, pages: pages, self: self}
-	// Decode writes what arrived; the rest of its reserved pages keep
-	// whatever their last writer left there.
-	for i := 0; i < n; i++ {
-		v.write(i, it.ids[i], it.texts[i])
-	}
-	out := s.generateLocked(v, p, o)
-	s.mu.Unlock()
-	if out.failed() {
-		s.releasePages(pages)
-		return out
-	}
-	if n < p {
+	// Decode writes what arrived; the rest of its reserved pages keep whatever their last
+	// writer left there.
+	out := s.writeAndGenerate(it, self, pages, n, p, o)
+	if !out.failed() && n < p {
 		s.logf("LEAK rid=%s read %d stale slots of %d; foreign requests: %s", it.rid, p-n, p, joinRIDs(out.gen.foreign))
 	}
-	out.pages, out.promptTokens, out.self = pages, p, self
 	return out
 }
 
