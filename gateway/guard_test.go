@@ -207,6 +207,19 @@ func TestGuardKeepsLogprobTokensAndEscapedEchoes(t *testing.T) {
 	if out, ok := gd.event(ev); !ok || !bytes.Equal(out, ev) {
 		t.Fatalf("clean logprobs changed:\n%s\n%s", ev, out)
 	}
+	// Completions' top_logprobs keys are tokens too: a marker spread over them is caught.
+	gd = x.newGuard()
+	var cut bool
+	for _, k := range []string{"K", "VG-", bobMarker[4:10], bobMarker[10:]} {
+		b, _ := json.Marshal(map[string]any{"choices": []any{map[string]any{"index": 0, "text": "x", "logprobs": map[string]any{"top_logprobs": []any{map[string]any{k: -0.5}}}}}})
+		if _, ok := gd.event([]byte("data: " + string(b) + "\n\n")); !ok {
+			cut = true
+			break
+		}
+	}
+	if !cut {
+		t.Fatal("a marker spread over top_logprobs keys passed")
+	}
 	// A stolen marker written with JSON escapes in a tool definition is still the requester's own.
 	esc := `\u004bVG-` + bobMarker[4:]
 	req, e := parseRequest(routeChat, []byte(`{"messages":[{"role":"user","content":"hi","refusal":null,"annotations":[]}],"tools":[{"type":"function","function":{"name":"f","description":"`+esc+`"}}]}`))

@@ -113,6 +113,12 @@ func (gd *guard) walk(v any, path string, stream bool, changed *bool) (any, bool
 		return out, true
 	case map[string]any:
 		for k, e := range t {
+			if stream {
+				// Completions' top_logprobs are maps keyed by token: the keys are a sequence too.
+				if _, ok := gd.feed(path+".#key", k); !ok {
+					return nil, false
+				}
+			}
 			if strings.Contains(k, "KVG") {
 				clean, ok := gd.scanString(k)
 				if !ok {
