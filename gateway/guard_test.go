@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/backends"
@@ -234,4 +235,49 @@ func TestGuardKeepsLogprobTokensAndEscapedEchoes(t *testing.T) {
 	if _, e := parseRequest(routeChat, []byte(`{"messages":[{"role":"user","content":"hi","documents":["text"]}]}`)); e == nil || e.Param != "messages[0].documents" {
 		t.Fatalf("a non-empty unknown message field must be refused: %+v", e)
 	}
+}
+
+// Opted-out tenants and token-id requests get no marker, and both are counted.
+func TestInjectionSkips(t *testing.T) {
+	g := guardGateway(t)
+	opted := &tenant{Tenant: config.Tenant{Name: "bob", CanaryOptOut: true}}
+	alice := &tenant{Tenant: config.Tenant{Name: "alice"}}
+	for _, c := range []struct {
+		tn     *tenant
+		kind   routeKind
+		body   string
+		marked bool
+	}{
+		{opted, routeChat, `{"messages":[{"role":"user","content":"hi"}]}`, false},
+		{alice, routeGenerate, `{"input_ids":[1,2,3]}`, false},
+		{alice, routeChat, `{"messages":[{"role":"user","content":"hi"}]}`, true},
+		{alice, routeCompletions, `{"prompt":"hi"}`, true},
+	} {
+		req, e := parseRequest(c.kind, []byte(c.body))
+		if e != nil {
+			t.Fatal(e)
+		}
+		x := &exchange{g: g, tenant: c.tn, kind: c.kind, req: req, rid: "r"}
+		x.inject()
+		req.render()
+		got := strings.Contains(string(encodeObject(req.fields)), "KVG-") || (len(req.prompts) > 0 && strings.Contains(req.prompts[0].text, "KVG-"))
+		if got != c.marked {
+			t.Fatalf("%s: marked=%v, want %v: %s", c.body, got, c.marked, encodeObject(req.fields))
+		}
+	}
+	m := string(mustGather(t, g))
+	for _, want := range []string{`kvgate_canary_skipped_total{reason="opt_out"} 1`, `kvgate_canary_skipped_total{reason="input_ids"} 1`, `kvgate_canary_injected_total 2`} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
+
+func mustGather(t *testing.T, g *Gateway) []byte {
+	t.Helper()
+	var ctx fasthttp.RequestCtx
+	ctx.Request.SetRequestURI("/metrics")
+	ctx.Request.Header.SetMethod("GET")
+	g.Handle(&ctx)
+	return ctx.Response.Body()
 }

@@ -52,10 +52,3 @@ func (s *State) Close() error {
 	}
 	return nil
 }
-
-func (s *State) String() string {
-	if s.client == nil {
-		return "memory"
-	}
-	return "redis"
-}
