@@ -249,6 +249,16 @@ func (c *Config) Validate() error {
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("config: %s: %s", field, fmt.Sprintf(format, args...)))
 	}
+	// oneOf refuses a value outside allowed, listing them.
+	oneOf := func(field, got string, allowed ...string) bool {
+		for _, a := range allowed {
+			if got == a {
+				return true
+			}
+		}
+		bad(field, "must be %s or %s, got %q", strings.Join(allowed[:len(allowed)-1], ", "), allowed[len(allowed)-1], got)
+		return false
+	}
 	if c.MaxBodyBytes < 0 {
 		bad("max_body_bytes", "must be positive, got %d", c.MaxBodyBytes)
 	}
@@ -273,11 +283,8 @@ func (c *Config) Validate() error {
 		if u, err := url.Parse(b.URL); err != nil || u.Scheme != "http" || u.Host == "" {
 			bad(f+".url", "must be http://host:port, got %q", b.URL)
 		}
-		switch b.Role {
-		case RoleUnified, RolePrefill, RoleDecode:
+		if oneOf(f+".role", b.Role, RoleUnified, RolePrefill, RoleDecode) {
 			roles[b.Role]++
-		default:
-			bad(f+".role", "must be unified, prefill or decode, got %q", b.Role)
 		}
 	}
 	if (roles[RolePrefill] > 0) != (roles[RoleDecode] > 0) {
@@ -303,24 +310,12 @@ func (c *Config) Validate() error {
 			bad(f+".max_prompt_tokens", "must be ≥ 0 (0 = no cap), got %d", t.MaxPromptTokens)
 		}
 	}
-	switch c.Policy.Mode {
-	case "enforce", "monitor":
-	default:
-		bad("policy.mode", "must be enforce or monitor, got %q", c.Policy.Mode)
-	}
+	oneOf("policy.mode", c.Policy.Mode, "enforce", "monitor")
 	if c.Policy.DefaultMaxTokens < 0 {
 		bad("policy.default_max_tokens", "must be ≥ 0, got %d", c.Policy.DefaultMaxTokens)
 	}
-	switch c.Tokenizer.Library {
-	case "tiktoken-go", "pkoukk":
-	default:
-		bad("tokenizer.library", "must be tiktoken-go or pkoukk, got %q", c.Tokenizer.Library)
-	}
-	switch c.Tokenizer.Encoding {
-	case "cl100k_base", "o200k_base":
-	default:
-		bad("tokenizer.encoding", "must be cl100k_base or o200k_base, got %q", c.Tokenizer.Encoding)
-	}
+	oneOf("tokenizer.library", c.Tokenizer.Library, "tiktoken-go", "pkoukk")
+	oneOf("tokenizer.encoding", c.Tokenizer.Encoding, "cl100k_base", "o200k_base")
 	if c.Tokenizer.SafetyRatio < 1 {
 		bad("tokenizer.safety_ratio", "must be ≥ 1, got %v", c.Tokenizer.SafetyRatio)
 	}
@@ -330,22 +325,14 @@ func (c *Config) Validate() error {
 	if c.Tokenizer.ExactConcurrency < 0 {
 		bad("tokenizer.exact_concurrency", "must be ≥ 0, got %d", c.Tokenizer.ExactConcurrency)
 	}
-	switch c.State.RedisMode {
-	case "standalone", "sentinel", "cluster":
-	default:
-		bad("state.redis_mode", "must be standalone, sentinel or cluster, got %q", c.State.RedisMode)
-	}
+	oneOf("state.redis_mode", c.State.RedisMode, "standalone", "sentinel", "cluster")
 	if c.Canary.Enabled && c.Canary.Secret == "" {
 		bad("canary.secret", "required when canary.enabled is true (or set KVGATE_CANARY_SECRET)")
 	}
 	if c.Canary.EveryBytes < 0 {
 		bad("canary.every_bytes", "must be ≥ 0 (0 = once), got %d", c.Canary.EveryBytes)
 	}
-	switch c.Canary.Placement {
-	case "system_end", "prefix":
-	default:
-		bad("canary.placement", "must be system_end or prefix, got %q", c.Canary.Placement)
-	}
+	oneOf("canary.placement", c.Canary.Placement, "system_end", "prefix")
 	if c.Canary.DetectWindow < c.Canary.Epoch {
 		bad("canary.detect_window", "must be ≥ canary.epoch (%s), got %s", c.Canary.Epoch, c.Canary.DetectWindow)
 	}
