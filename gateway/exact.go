@@ -26,8 +26,11 @@ func newExactCounter(set *backends.Set, concurrency int, timeout time.Duration) 
 	return &exactCounter{set: set, slots: make(chan struct{}, max(concurrency, 1)), timeout: timeout}
 }
 
-// Exact implements policy.ExactCounter.
+// Exact implements policy.ExactCounter. The timeout covers the wait for a slot and the call, and
+// is only set up here: most requests never need an exact count.
 func (e *exactCounter) Exact(ctx context.Context, text string) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, e.timeout)
+	defer cancel()
 	select {
 	case e.slots <- struct{}{}:
 		defer func() { <-e.slots }()

@@ -127,12 +127,8 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apiError {
 	g.metrics.decisions.WithLabelValues("admit", x.reason, string(x.decision.Tier)).Inc()
 	// Least-loaded route among those that admit this prompt.
 	var pick *backends.Route
-	for i := range routes {
-		r := &routes[i]
-		if policy.MaxPrompt(r.Path, output, tenantMax) < x.decision.Tokens {
-			continue
-		}
-		if pick == nil || r.Load() < pick.Load() {
+	for _, i := range policy.Eligible(paths, x.decision.Tokens, output, tenantMax) {
+		if r := &routes[i]; pick == nil || r.Load() < pick.Load() {
 			pick = r
 		}
 	}
@@ -144,14 +140,16 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apiError {
 // is admitted only if all fit; the decision reported is the largest prompt's.
 func (x *exchange) decide(limit int) policy.Decision {
 	g := x.g
-	cctx, cancel := context.WithTimeout(context.Background(), g.cfg.Tokenizer.ExactTimeout)
-	defer cancel()
+	var exact policy.ExactCounter // a nil *exactCounter must stay a nil interface
+	if g.exact != nil {
+		exact = g.exact
+	}
 	var worst policy.Decision
 	for i, p := range x.req.prompts {
 		pr := policy.Request{Text: p.text, Bytes: len(p.text), InputIDs: p.ids, HasInputIDs: p.hasIDs,
 			Overhead: specialTokenAllowance, DistrustEstimate: g.distrustEstimate.Load()}
 		est := &recordingEstimator{Estimator: g.enc}
-		d := policy.Decide(cctx, pr, limit, est, g.ratio.Get(), g.exact)
+		d := policy.Decide(context.Background(), pr, limit, est, g.ratio.Get(), exact)
 		if est.n > x.estimate {
 			x.estimate = est.n
 		}

@@ -46,12 +46,12 @@ func Limit(paths []Path, output, tenantMax int) int {
 	return best
 }
 
-// Eligible returns the paths that admit a prompt of (at most) tokens tokens.
-func Eligible(paths []Path, tokens, output, tenantMax int) []Path {
-	var out []Path
-	for _, p := range paths {
+// Eligible returns the indexes of the paths that admit a prompt of (at most) tokens tokens.
+func Eligible(paths []Path, tokens, output, tenantMax int) []int {
+	var out []int
+	for i, p := range paths {
 		if MaxPrompt(p, output, tenantMax) >= tokens {
-			out = append(out, p)
+			out = append(out, i)
 		}
 	}
 	return out

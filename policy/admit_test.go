@@ -160,7 +160,7 @@ func TestEligibleAndLimit(t *testing.T) {
 	if got := Limit(paths, 0, 0); got != 2999 {
 		t.Fatalf("Limit = %d", got)
 	}
-	if got := Eligible(paths, 1500, 0, 0); len(got) != 1 || got[0].Backends[0] != "p2" {
+	if got := Eligible(paths, 1500, 0, 0); len(got) != 1 || paths[got[0]].Backends[0] != "p2" {
 		t.Fatalf("only the large pair admits 1500: %+v", got)
 	}
 	if got := Eligible(paths, 3000, 0, 0); len(got) != 0 {
