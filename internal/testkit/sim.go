@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/kvgate/kvgate/enginesim"
 	"io"
 	"net"
 	"net/http"
@@ -34,17 +35,8 @@ type Sim struct {
 	mu     sync.Mutex
 }
 
-// SimStats is the body of GET /sim/stats.
-type SimStats struct {
-	Requests         map[string]int `json:"requests"`
-	MaxPromptTokens  int            `json:"max_prompt_tokens"`
-	TokenizeRequests int            `json:"tokenize_requests"`
-	Rejected         map[string]int `json:"rejected"`
-	Pool             struct {
-		PagesTotal int `json:"pages_total"`
-		PagesFree  int `json:"pages_free"`
-	} `json:"pool"`
-}
+// SimStats is the body of GET /sim/stats, as the simulator defines it.
+type SimStats = enginesim.SimStats
 
 // FreePort asks the kernel for a free loopback TCP port. The port is free
 // when FreePort returns; another process may still take it before use.
