@@ -145,7 +145,7 @@ type SimStats struct {
 	// ForeignReplies counts replies that read stale pages of other requests (the leak), the
 	// ground truth that reply headers only carry to a direct client.
 	ForeignReplies int `json:"foreign_replies"`
-	Pool             struct {
+	Pool           struct {
 		PagesTotal int `json:"pages_total"`
 		PagesFree  int `json:"pages_free"`
 	} `json:"pool"`

@@ -160,7 +160,7 @@ func TestGuardStreams(t *testing.T) {
 		if out, ok := bodyOf(x0, own); !ok || bytes.Contains(out, []byte("KVG")) || !bytes.Contains(out, []byte(`"prompt_tokens":3`)) {
 			t.Fatalf("own marker not stripped or numbers lost: %s", out)
 		}
-		if _, ok := bodyOf(x0, []byte(`{"text":"` + bobMarker + `"}`)); ok {
+		if _, ok := bodyOf(x0, []byte(`{"text":"`+bobMarker+`"}`)); ok {
 			t.Fatal("foreign marker in a body passed")
 		}
 		tail := []byte(`{"choices":[{"message":{"content":"ends with KV"}}],"x":"\u0041"}`)
@@ -183,7 +183,7 @@ func TestEchoSetCoversToolDefinitions(t *testing.T) {
 	if len(x.echoes) != 1 || x.echoes[0] != bobMarker {
 		t.Fatalf("echo set %v should hold bob's marker", x.echoes)
 	}
-	if out, ok := bodyOf(x, []byte(`{"choices":[{"message":{"content":"the tool says ` + bobMarker + `"}}]}`)); !ok || bytes.Contains(out, []byte("KVG-")) {
+	if out, ok := bodyOf(x, []byte(`{"choices":[{"message":{"content":"the tool says `+bobMarker+`"}}]}`)); !ok || bytes.Contains(out, []byte("KVG-")) {
 		t.Fatalf("an echo must be stripped, not cut: ok=%v %s", ok, out)
 	}
 }

@@ -2,10 +2,10 @@ package gateway
 
 import (
 	"bytes"
-	"errors"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"

@@ -214,4 +214,3 @@ func (r *relayReader) Close() error {
 	})
 	return nil
 }
-
