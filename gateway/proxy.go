@@ -348,6 +348,18 @@ func (g *Gateway) countUpstream(l *leg) {
 func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *leg, other *backends.Backend, done func()) {
 	resp := l.resp
 	code := resp.StatusCode()
+	if h := x.scanHeaders(resp); h != nil {
+		// A marker in a header is a leak like one in the body, though no header is passed on.
+		defer func() {
+			l.release()
+			done()
+			x.finish()
+		}()
+		x.lastLeak = h
+		x.integrityError(ctx)
+		x.cut(h, l.b, l.rids, other)
+		return
+	}
 	copyReplyHeaders(ctx, resp)
 	ctx.Response.Header.Set("X-Request-Id", x.rid)
 	if code >= 200 && code <= 299 && code != 204 && x.req.stream {
@@ -396,6 +408,21 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *leg, other *backends.Backe
 	if !x.writeEngineReply(ctx, code, resp.Header.ContentType(), body, l.b) {
 		x.cut(x.lastLeak, l.b, l.rids, other)
 	}
+}
+
+// scanHeaders looks for foreign markers in every header of an engine's reply (names and
+// values): headers are text an engine sends, whether or not they are passed on.
+func (x *exchange) scanHeaders(resp *fasthttp.Response) *canary.Hit {
+	gd := x.newGuard()
+	if gd == nil {
+		return nil
+	}
+	resp.Header.VisitAll(func(k, v []byte) {
+		if gd.leak == nil {
+			gd.scanString(string(k) + ": " + string(v))
+		}
+	})
+	return gd.leak
 }
 
 // refuseReply answers a reply the gateway cannot read (an encoding or charset it does not
@@ -466,15 +493,14 @@ func (x *exchange) normaliseBody(contentType, body []byte) ([]byte, any, error) 
 	gd := x.newGuard()
 	text, err := toUTF8(body, charsetOf(contentType))
 	var v any
+	var shadowed []any
 	if err == nil {
-		v, err = decodeOne(text)
+		v, shadowed, err = decodeStrict(text)
 	}
 	if err != nil {
-		if gd != nil {
-			if _, ok := gd.scanString(string(body)); !ok {
-				x.lastLeak = gd.leak
-				return nil, nil, errLeak
-			}
+		if gd != nil && !gd.detectIn(string(text), v, shadowed) {
+			x.lastLeak = gd.leak
+			return nil, nil, errLeak
 		}
 		return nil, nil, err
 	}

@@ -98,13 +98,11 @@ func (e *eventRelay) emit(ev sse.Event) {
 		}
 		return
 	}
-	v, err := decodeOne(ev.Data)
+	v, shadowed, err := decodeStrict(ev.Data)
 	if err != nil {
-		if e.guard != nil {
-			if _, ok := e.guard.scanString(string(ev.Data)); !ok {
-				e.cut() // refused either way, but a marker in it is a leak to record
-				return
-			}
+		if e.guard != nil && !e.guard.detectIn(string(ev.Data), v, shadowed) {
+			e.cut() // refused either way, but a marker in it is a leak to record
+			return
 		}
 		e.fail("upstream_bad_event", fmt.Errorf("event data is not one JSON value: %w", err))
 		return

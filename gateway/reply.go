@@ -190,3 +190,76 @@ func allDigits(b []byte) bool {
 	}
 	return true
 }
+
+// errDuplicateKey: an object of the reply names a key twice. Parsers disagree on which value
+// wins, so such a reply is refused (after its shadowed values were scanned for the record).
+var errDuplicateKey = errors.New("duplicate key in a JSON object")
+
+// decodeStrict decodes exactly one JSON value from an engine (numbers kept exact). Values hidden
+// behind a later duplicate key are returned in shadowed, so the caller can scan them before it
+// refuses the reply; anything after the value is an error.
+func decodeStrict(b []byte) (v any, shadowed []any, err error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	v, err = decodeValue(dec, &shadowed, 0)
+	if err != nil {
+		return nil, shadowed, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, shadowed, errTrailing
+	}
+	if len(shadowed) > 0 {
+		return v, shadowed, errDuplicateKey
+	}
+	return v, nil, nil
+}
+
+// maxDepth bounds nesting, so a hostile reply cannot exhaust the stack.
+const maxDepth = 256
+
+func decodeValue(dec *json.Decoder, shadowed *[]any, depth int) (any, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, err
+	}
+	d, ok := tok.(json.Delim)
+	if !ok {
+		return tok, nil
+	}
+	if depth >= maxDepth {
+		return nil, errors.New("JSON nested too deeply")
+	}
+	switch d {
+	case '{':
+		m := map[string]any{}
+		for dec.More() {
+			kt, err := dec.Token()
+			if err != nil {
+				return nil, err
+			}
+			k, _ := kt.(string)
+			e, err := decodeValue(dec, shadowed, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			if old, dup := m[k]; dup {
+				*shadowed = append(*shadowed, k, old)
+			}
+			m[k] = e
+		}
+		_, err = dec.Token() // '}'
+		return m, err
+	case '[':
+		a := []any{}
+		for dec.More() {
+			e, err := decodeValue(dec, shadowed, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			a = append(a, e)
+		}
+		_, err = dec.Token() // ']'
+		return a, err
+	}
+	return nil, fmt.Errorf("unexpected %v", d)
+}

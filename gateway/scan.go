@@ -106,6 +106,45 @@ func (gd *guard) scanString(s string) (string, bool) {
 	return string(out), v.Leak == nil
 }
 
+// detectIn looks for a foreign marker in a reply part that will be refused anyway (not JSON,
+// or JSON with duplicate keys): its raw text, and every string of what did decode, shadowed
+// duplicates included. False means a leak, to be recorded.
+func (gd *guard) detectIn(raw string, decoded any, shadowed []any) bool {
+	if _, ok := gd.scanString(raw); !ok {
+		return false
+	}
+	for _, v := range append(shadowed, decoded) {
+		if !gd.detectAny(v) {
+			return false
+		}
+	}
+	return true
+}
+
+func (gd *guard) detectAny(v any) bool {
+	switch t := v.(type) {
+	case string:
+		_, ok := gd.scanString(t)
+		return ok
+	case map[string]any:
+		for k, e := range t {
+			if !gd.detectAny(k) || !gd.detectAny(e) {
+				return false
+			}
+		}
+	case []any:
+		if s, ok := byteArray(t); ok && len(t) > 0 {
+			return gd.detectAny(s)
+		}
+		for _, e := range t {
+			if !gd.detectAny(e) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // mainText says whether a field carries the reply's text in pieces: what its stateful scanner
 // emits is what the client gets (held text is released later). Other strings are detected
 // statefully but cleaned one value at a time, so ids and names keep their shape.
