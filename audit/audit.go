@@ -322,10 +322,7 @@ func (a *auditor) body(p prompt, maxNew int) map[string]any {
 }
 
 func sentText(p prompt, stream bool) string {
-	s := fmt.Sprintf("%d tokens", p.tokens)
-	if !p.exact {
-		s = "~" + s
-	}
+	s := tokensText(p) + " tokens"
 	if stream {
 		s += ", stream"
 	}
@@ -396,6 +393,8 @@ func (a *auditor) plan() (over, under []probe) {
 	// The window exists when the pool, not the context, sets the limit.
 	if a.context > 0 && a.context-a.limit >= 4 {
 		over = both(over, "window", a.limit+(a.context-a.limit)/2)
+	} else if a.r.LimitSource == "max_model_len" {
+		a.r.Notes = append(a.r.Notes, "no window probe: no pool was discoverable, so the limit is the advertised context")
 	}
 	over = both(over, "limit+1", a.limit+1)
 	over = both(over, "limit", a.limit)
@@ -466,8 +465,11 @@ func (a *auditor) probe(ctx context.Context, probes []probe) {
 }
 
 func tokensText(p prompt) string {
-	if p.exact {
+	switch {
+	case p.exact:
 		return fmt.Sprint(p.tokens)
+	case p.bound:
+		return fmt.Sprintf("≤%d", p.tokens)
 	}
 	return fmt.Sprintf("~%d", p.tokens)
 }
@@ -530,9 +532,9 @@ func (a *auditor) isolationSummary() {
 		if f.Kind == KindIsolation && f.Verdict == Fail {
 			return
 		}
-		if f.Kind == KindRefusal && f.Got != "not sent" {
+		if f.Status != 0 {
 			replies++
-			if f.Tokens >= a.limit && f.Status >= 200 && f.Status <= 299 {
+			if f.Kind == KindRefusal && f.Tokens >= a.limit && f.Status >= 200 && f.Status <= 299 {
 				admitted++
 			}
 		}
@@ -542,7 +544,7 @@ func (a *auditor) isolationSummary() {
 		f.Verdict, f.Got, f.Detail = Warn, "not tested", "no warm-up request was accepted, so there were no markers to look for"
 	} else {
 		f.Verdict = Pass
-		f.Got = fmt.Sprintf("none in %d replies (%d over-limit admitted)", replies, admitted)
+		f.Got = fmt.Sprintf("none in %d replies (%d at or over the limit)", replies, admitted)
 	}
 	a.add(f)
 }

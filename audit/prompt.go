@@ -30,6 +30,7 @@ type prompt struct {
 	ids    []int
 	tokens int  // the count, or the estimate when !exact
 	exact  bool // tokens is the target's count (or the length of ids)
+	bound  bool // tokens is an upper bound (the byte length), not an estimate
 }
 
 // sizer builds prompts of a requested size.
@@ -89,7 +90,7 @@ func (s *sizer) warm(ctx context.Context, marker string, n int) (prompt, error) 
 	if s.count == nil {
 		k := max(n/len(unit), 1)
 		text := strings.Repeat(unit, k)
-		return prompt{text: text, tokens: len(text)}, nil
+		return prompt{text: text, tokens: len(text), bound: true}, nil
 	}
 	ids, err := s.count(ctx, strings.Repeat(unit, 8))
 	if err != nil {

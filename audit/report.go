@@ -76,6 +76,7 @@ type Report struct {
 	Limit       int       `json:"limit,omitempty"`        // the smallest prompt that must be refused
 	LimitSource string    `json:"limit_source,omitempty"` // max_req_input_len | max_model_len | --limit
 	Sizing      string    `json:"sizing,omitempty"`       // how prompt sizes were made: tokenize | input_ids | estimate
+	Notes       []string  `json:"notes,omitempty"`        // what the audit could not do, and why
 	TokensSent  int       `json:"tokens_sent"`
 	Budget      int       `json:"budget"`
 	Findings    []Finding `json:"findings"`
@@ -144,7 +145,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 		_, err := io.WriteString(w, b.String())
 		return err
 	}
-	fmt.Fprintf(&b, "  limit %d tokens (from %s); prompt sizes by %s\n\n", r.Limit, r.LimitSource, r.Sizing)
+	fmt.Fprintf(&b, "  limit %d tokens (from %s); prompt sizes by %s\n", r.Limit, r.LimitSource, r.Sizing)
+	for _, n := range r.Notes {
+		fmt.Fprintf(&b, "  note: %s\n", n)
+	}
+	b.WriteString("\n")
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "CHECK\tSENT\tEXPECTED\tGOT\tVERDICT")
 	for _, f := range r.Findings {

@@ -41,6 +41,10 @@ func runAudit(args []string) int {
 		fmt.Fprintf(os.Stderr, "kvgate audit: unexpected arguments %q\n", fs.Args())
 		return audit.ExitUnauditable
 	}
+	if o.Budget <= 0 {
+		fmt.Fprintln(os.Stderr, "kvgate audit: --budget must be positive")
+		return audit.ExitUnauditable
+	}
 	if o.Warmups == 0 {
 		o.Warmups = -1 // the flag's 0 means none; the package's 0 means the default
 	}
