@@ -89,6 +89,9 @@ func Run(ctx context.Context, o Options) *Report {
 	a := &auditor{o: o, r: r}
 	if err := a.run(ctx); err != nil {
 		r.Error = err.Error()
+	} else if ctx.Err() != nil {
+		// Interrupted: the findings so far are reported, but the audit is not complete.
+		r.Error = "interrupted before the audit finished"
 	}
 	r.finish()
 	return r
@@ -337,7 +340,7 @@ func (a *auditor) warmUp(ctx context.Context) {
 		return
 	}
 	base := min(a.limit-1, warmCap) * 9 / 10
-	for i := 0; i < n; i++ {
+	for i := 0; i < n && ctx.Err() == nil; i++ {
 		check := fmt.Sprintf("isolation/warm-up-%d", i+1)
 		size := max(base*(n-i)/n, 1)
 		marker := newMarker()
@@ -442,8 +445,15 @@ func (a *auditor) probe(ctx context.Context, probes []probe) {
 		if !j.ok {
 			continue
 		}
-		wg.Add(1)
 		sem <- struct{}{}
+		if ctx.Err() != nil {
+			// Out of time (--max-time) or interrupted: what is left is not sent, and says so.
+			<-sem
+			j.ok = false
+			j.f.Verdict, j.f.Got, j.f.Detail = Warn, "not sent", "the audit ran out of time (--max-time) or was interrupted"
+			continue
+		}
+		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			a.progress(j.pr.check, fmt.Sprintf("%s tokens", tokensText(j.p)))
@@ -583,6 +593,8 @@ func judge(tokens, limit int, strictLimit, exact bool, res result) (verdict, det
 			return Pass, ""
 		case ok:
 			return Warn, "accepted, then an error inside the stream: " + res.streamError
+		case res.status == 401 || res.status == 403 || res.status == 404:
+			return Warn, notServed(res.status)
 		case res.status >= 400 && res.status <= 499:
 			return Warn, "refused a prompt under the limit (a gateway may count overhead, such as injected canary markers, on top)"
 		}
@@ -595,6 +607,8 @@ func judge(tokens, limit int, strictLimit, exact bool, res result) (verdict, det
 		return Fail, "transport error instead of a 4xx: " + res.err.Error()
 	case res.status == 429:
 		return Warn, "rate-limited (429), which is no refusal of the size: rerun with fewer requests"
+	case res.status == 401 || res.status == 403 || res.status == 404:
+		return Warn, notServed(res.status)
 	case res.status >= 400 && res.status <= 499:
 		return Pass, ""
 	case ok && tokens == limit && !strictLimit:
@@ -605,4 +619,12 @@ func judge(tokens, limit int, strictLimit, exact bool, res result) (verdict, det
 		return Fail, fmt.Sprintf("a %d-token prompt, over the %d-token limit, was admitted", tokens, limit)
 	}
 	return Fail, fmt.Sprintf("HTTP %d instead of a 4xx refusal", res.status)
+}
+
+// notServed explains a 4xx that refuses the request, not its size: it proves nothing either way.
+func notServed(status int) string {
+	if status == 404 {
+		return "HTTP 404: the target does not serve this route (--native switches between /v1/completions and /generate)"
+	}
+	return fmt.Sprintf("HTTP %d: refused for authorization, not size; give the key with --api-key", status)
 }
