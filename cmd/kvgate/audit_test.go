@@ -85,7 +85,9 @@ func (r auditRun) finding(t *testing.T, check string) audit.Finding {
 	return audit.Finding{}
 }
 
-func (r auditRun) String() string { return fmt.Sprintf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr) }
+func (r auditRun) String() string {
+	return fmt.Sprintf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+}
 
 // The buggy pair, audited directly: over-limit prompts in the window are admitted and their
 // replies quote the warm-up requests' markers.
@@ -265,7 +267,9 @@ func TestAuditZeroOnReleaseNoIsolationFinding(t *testing.T) {
 	if f := r.finding(t, "refusal/window"); f.Verdict != audit.Fail || f.Status != 200 {
 		t.Fatalf("refusal/window: %+v", f)
 	}
-	if f := r.finding(t, "isolation"); f.Verdict != audit.Pass || !strings.Contains(f.Got, "over-limit admitted") {
+	// The replies looked at include the six admitted over-limit ones (window, limit+1 and limit,
+	// both ways; far-over meets the context check), so "no marker" means something.
+	if f := r.finding(t, "isolation"); f.Verdict != audit.Pass || !strings.Contains(f.Got, "6 at or over the limit") {
 		t.Fatalf("isolation: %+v", f)
 	}
 }
