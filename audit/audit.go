@@ -53,7 +53,7 @@ type Options struct {
 	Concurrency int           // requests in flight at once; default 1
 	Timeout     time.Duration // per request, reply read whole; default DefaultTimeout
 	MaxTime     time.Duration // for the whole audit; default DefaultMaxTime
-	Warmups     int           // marked warm-up requests; default DefaultWarmups; <0 = none
+	Warmups     int           // marked warm-up requests, sent one at a time; default DefaultWarmups; <0 = none
 	Progress    func(line string)
 }
 
@@ -357,7 +357,7 @@ func (a *auditor) warmUp(ctx context.Context) {
 			a.add(f)
 			continue
 		}
-		a.progress(check, fmt.Sprintf("%d tokens", p.tokens))
+		a.progress(check, tokensText(p)+" tokens")
 		res := a.snd.send(ctx, a.body(p, warmMaxNew), false)
 		f.Status, f.Got = res.status, gotText(res)
 		if res.err == nil && res.status >= 200 && res.status <= 299 {

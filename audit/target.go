@@ -52,6 +52,11 @@ func newClient(apiKey string, timeout time.Duration, conns int) *client {
 }
 
 func (c *client) do(ctx context.Context, method, u string, body []byte) (int, []byte, error) {
+	return c.doLimit(ctx, method, u, body, maxReplyBytes)
+}
+
+// doLimit is do reading at most limit bytes of the reply.
+func (c *client) doLimit(ctx context.Context, method, u string, body []byte, limit int64) (int, []byte, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -71,7 +76,7 @@ func (c *client) do(ctx context.Context, method, u string, body []byte) (int, []
 		return 0, nil, err
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxReplyBytes))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, limit))
 	return resp.StatusCode, b, err
 }
 
@@ -158,8 +163,11 @@ func (c *client) discover(ctx context.Context, ep endpoint, model string) (Serve
 func (c *client) count(ctx context.Context, base, model, text string) ([]int, error) {
 	body, _ := json.Marshal(map[string]any{"model": model, "prompt": text, "add_special_tokens": true})
 	var last error
+	// The reply lists every token id: at most one token per byte of text, each id a few digits
+	// and a comma, so it may be several times the text's size.
+	limit := int64(8*len(text)) + 64<<10
 	for _, p := range []string{"/tokenize", "/v1/tokenize"} {
-		code, rb, err := c.do(ctx, "POST", base+p, body)
+		code, rb, err := c.doLimit(ctx, "POST", base+p, body, limit)
 		if err != nil {
 			return nil, err
 		}
