@@ -96,6 +96,10 @@ func (c *client) discover(ctx context.Context, ep endpoint, model string) (Serve
 	s := Server{Role: ep.role, URL: ep.base}
 	code, body, err := c.do(ctx, "GET", ep.base+"/v1/models", nil)
 	if err != nil {
+		var ue *url.Error // its text repeats the method and URL said here
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
 		return s, fmt.Errorf("%w: GET %s/v1/models: %v", errUnreachable, ep.base, err)
 	}
 	switch {
