@@ -15,7 +15,7 @@ import (
 	"time"
 )
 
-func TestJudge(t *testing.T) {
+func TestAuditJudge(t *testing.T) {
 	timeout := result{err: errors.New("deadline"), timeout: true}
 	reset := result{err: errors.New("connection reset")}
 	st := func(code int) result { return result{status: code} }
@@ -56,7 +56,7 @@ func TestJudge(t *testing.T) {
 	}
 }
 
-func TestFindMarkers(t *testing.T) {
+func TestAuditFindMarkers(t *testing.T) {
 	a, b, c := newMarker(), newMarker(), newMarker()
 	if len(a) != len(markerPrefix)+markerLen || a == b {
 		t.Fatalf("markers %q %q", a, b)
@@ -76,7 +76,7 @@ func TestFindMarkers(t *testing.T) {
 
 // A marker split over many OpenAI deltas is found only in the reassembled text; a native stream
 // repeats the text so far, so the longest event is the text.
-func TestParseSSE(t *testing.T) {
+func TestAuditParseSSE(t *testing.T) {
 	m := newMarker()
 	var b strings.Builder
 	for i := 0; i < len(m); i += 3 {
@@ -160,7 +160,7 @@ func startFake(t *testing.T, f *fakeEngine) string {
 	return srv.URL
 }
 
-func TestNoDiscoverableLimitNamesFlag(t *testing.T) {
+func TestAuditNoDiscoverableLimitNamesFlag(t *testing.T) {
 	f := &fakeEngine{models: `{"object":"list","data":[{"id":"m"}]}`, refuseAt: 100}
 	url := startFake(t, f)
 	r := Run(context.Background(), Options{Target: url})
@@ -187,7 +187,7 @@ func TestNoDiscoverableLimitNamesFlag(t *testing.T) {
 	}
 }
 
-func TestConcurrencyBound(t *testing.T) {
+func TestAuditConcurrencyBound(t *testing.T) {
 	f := &fakeEngine{models: `{"data":[{"id":"m","max_model_len":200}]}`, refuseAt: 200}
 	r := Run(context.Background(), Options{Target: startFake(t, f), Concurrency: 3, Warmups: 4})
 	if r.ExitCode != ExitPass {
@@ -199,7 +199,7 @@ func TestConcurrencyBound(t *testing.T) {
 }
 
 // An over-limit prompt that hangs is a failure found within the per-request timeout.
-func TestHangIsAFailureWithinTimeout(t *testing.T) {
+func TestAuditHangIsAFailureWithinTimeout(t *testing.T) {
 	f := &fakeEngine{models: `{"data":[{"id":"m","max_model_len":100}]}`, hangAt: 101}
 	start := time.Now()
 	r := Run(context.Background(), Options{Target: startFake(t, f), Timeout: 200 * time.Millisecond, Warmups: -1})
@@ -221,7 +221,7 @@ func TestHangIsAFailureWithinTimeout(t *testing.T) {
 }
 
 // The budget skips what it cannot afford, says so, and is never passed.
-func TestBudget(t *testing.T) {
+func TestAuditBudget(t *testing.T) {
 	f := &fakeEngine{models: `{"data":[{"id":"m","max_model_len":1000}]}`, refuseAt: 1000}
 	r := Run(context.Background(), Options{Target: startFake(t, f), Budget: 2500, Warmups: -1})
 	if r.TokensSent > 2500 || r.TokensSent == 0 {
@@ -241,7 +241,7 @@ func TestBudget(t *testing.T) {
 	}
 }
 
-func TestOptionsRefused(t *testing.T) {
+func TestAuditOptionsRefused(t *testing.T) {
 	for _, o := range []Options{
 		{},
 		{Target: "http://127.0.0.1:1", Prefill: "http://127.0.0.1:2"},
