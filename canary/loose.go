@@ -209,12 +209,14 @@ func (l *Loose) feed(dst, text []byte, final bool) ([]byte, *Hit) {
 	}
 	dst = append(dst, b[:hold]...)
 	l.held = append(l.held, b[hold:]...)
-	// What the next Feed continues: the run's characters before the held part.
-	l.run = l.run[:0]
-	if hold == len(b) {
-		keep := max(0, len(chars)-(LooseMin-1))
-		l.run = append(l.run, chars[keep:]...)
+	// What the next Feed continues: the run's characters before the held part (the held bytes
+	// are folded again then). A held window may begin in characters emitted earlier, so those
+	// stay in the run.
+	end := len(chars)
+	for end > 0 && offs[end-1] >= hold {
+		end--
 	}
+	l.run = append(l.run[:0], chars[max(0, end-(LooseMin-1)):end]...)
 	l.remember(dst[start:])
 	return dst, nil
 }

@@ -117,6 +117,37 @@ func TestLooseCatchesDisguisedMarkersAtEverySplit(t *testing.T) {
 	}
 }
 
+// Three pieces, split at every pair of character boundaries: a candidate held in one Feed may
+// begin in characters an earlier Feed emitted.
+func TestLooseThreePieces(t *testing.T) {
+	w := newWorld(t, "alice", "bob")
+	victim := w.cur["alice"]
+	for name, disguise := range disguises {
+		text := "x " + disguise(victim) + " y"
+		for i := 0; i <= len(text); i++ {
+			for j := i; j <= len(text); j++ {
+				if i < len(text) && !utf8.RuneStart(text[i]) || j < len(text) && !utf8.RuneStart(text[j]) {
+					continue
+				}
+				l := w.k.NewLoose("bob", nil)
+				var out []byte
+				var h *Hit
+				for _, p := range []string{text[:i], text[i:j], text[j:]} {
+					if h == nil {
+						out, h = l.Feed(out, []byte(p))
+					}
+				}
+				if h == nil {
+					out, h = l.Flush(out)
+				}
+				if h == nil || foldedLeak(out, victim) >= FragmentMin {
+					t.Fatalf("%s, splits %d/%d: hit %v, out %q", name, i, j, h, out)
+				}
+			}
+		}
+	}
+}
+
 // The requester's own marker and its echoes in disguise are not leaks, and pass unchanged.
 func TestLooseOwnAndEchoPass(t *testing.T) {
 	w := newWorld(t, "alice", "bob")

@@ -15,7 +15,7 @@ import (
 	"github.com/kvgate/kvgate/config"
 )
 
-func guardGateway(t *testing.T) *Gateway {
+func guardGateway(t testing.TB) *Gateway {
 	t.Helper()
 	cfg, err := config.Parse([]byte(fmt.Sprintf(`
 backends: [{name: sim, url: "http://127.0.0.1:1", role: unified}]
