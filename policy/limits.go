@@ -133,7 +133,7 @@ func gcra(a Admission, now, rtat, ttat float64, inflight int) (float64, float64,
 // settleTAT moves a token cell by delta tokens at now; a refund never takes it below now (an
 // empty cell holds no credit beyond its burst).
 func settleTAT(tat, now float64, tpm int, delta int64) float64 {
-	return math.Max(tat+float64(delta)*window/float64(tpm), now)
+	return math.Max(math.Max(tat, now)+float64(delta)*window/float64(tpm), now)
 }
 
 func millis(t time.Time) float64 { return float64(t.UnixNano()) / 1e6 }
