@@ -405,6 +405,7 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *leg, other *backends.Backe
 	}
 	if code >= 200 && code <= 299 {
 		x.learn(body, l.b)
+		x.noteUsage(body) // kvgate limits
 	}
 	if !x.writeEngineReply(ctx, code, "", body, l.b) {
 		x.cut(x.lastLeak, l.b, l.rids, other)
@@ -551,6 +552,7 @@ func (r *relayReader) takeEvents() {
 		}
 		ev := r.buf[:end]
 		r.buf = r.buf[end:]
+		r.x.noteEvent(ev) // kvgate limits: usage as the engine sent it
 		if r.guard == nil {
 			r.out = append(r.out, ev...)
 			continue
