@@ -46,6 +46,9 @@ type Admission struct {
 	// ExtraInflight are requests still in flight that this replica admitted on its own; they
 	// count against MaxConcurrent.
 	ExtraInflight int
+	// CarryOnly adds the carry and admits nothing (the replica pushes what it admitted alone
+	// the moment the shared store answers again, before serving from it).
+	CarryOnly bool
 }
 
 // Verdict is the answer to one Admission.
@@ -100,6 +103,9 @@ func gcra(a Admission, now, rtat, ttat float64, inflight int) (float64, float64,
 	}
 	nr, nt := rtat, ttat
 	var v Verdict
+	if a.CarryOnly {
+		return rtat, ttat, Verdict{RPMFill: rtat - now, TPMFill: ttat - now}
+	}
 	refuse := func(limit string, retry float64) {
 		v = Verdict{Limit: limit, RetryAfter: time.Duration(math.Ceil(retry)) * time.Millisecond}
 	}
@@ -486,6 +492,39 @@ func (l *Limiter) setDegraded(err error) {
 	}
 }
 
+// pushCarry adds what this replica admitted alone to the shared cells, so that no replica
+// serves from them again before every replica's outage usage is in. What fails stays to carry.
+func (l *Limiter) pushCarry(ctx context.Context) error {
+	l.mu.Lock()
+	pending := l.carry
+	l.carry = map[string]*carry{}
+	lims := make(map[string]Limits, len(pending))
+	for t := range pending {
+		lims[t] = l.limitsOf[t]
+	}
+	l.mu.Unlock()
+	now := millis(time.Now())
+	var err error
+	for tenant, cr := range pending {
+		if err == nil {
+			a := Admission{Tenant: tenant, Limits: lims[tenant], CarryOnly: true,
+				CarryRPM: math.Max(cr.r-now, 0), CarryTPM: math.Max(cr.t-now, 0)}
+			c, cancel := context.WithTimeout(ctx, l.timeout)
+			_, err = l.shared.Admit(c, a)
+			cancel()
+			if err == nil {
+				continue
+			}
+		}
+		l.mu.Lock()
+		if l.carry[tenant] == nil {
+			l.carry[tenant] = cr
+		}
+		l.mu.Unlock()
+	}
+	return err
+}
+
 // SetHeartbeat installs replica discovery: f registers this replica and returns how many are
 // alive. Run calls it every second.
 func (l *Limiter) SetHeartbeat(f func() (int, error)) { l.heartbeats = f }
@@ -510,7 +549,7 @@ func (l *Limiter) Run(ctx context.Context) {
 			c, cancel := context.WithTimeout(ctx, l.timeout)
 			err := l.shared.Ping(c)
 			cancel()
-			if err != nil {
+			if err != nil || l.pushCarry(ctx) != nil {
 				continue
 			}
 			l.mu.Lock()

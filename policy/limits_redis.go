@@ -32,7 +32,7 @@ func (r *RedisLimits) keys(tenant string) []string {
 // admitScript is gcra (limits.go) in Lua, plus the lease set.
 // KEYS: requests cell, tokens cell, lease set.
 // ARGV: rpm, tpm, max_concurrent, tokens, lease, lease ttl ms, carry rpm ms, carry tpm ms,
-// extra in flight.
+// extra in flight, carry only (1|0).
 // Returns {allowed 0|1, refusing limit, retry ms, never 0|1, rpm fill ms, tpm fill ms}.
 var admitScript = redis.NewScript(`
 local t = redis.call('TIME')
@@ -51,6 +51,14 @@ if rpm > 0 then rtat = load(KEYS[1], tonumber(ARGV[7])) end
 if tpm > 0 then ttat = load(KEYS[2], tonumber(ARGV[8])) end
 local nr, nt = rtat, ttat
 local limit, retry, never = '', 0, 0
+local function store(key, tat)
+  if tat > now then redis.call('SET', key, tostring(tat), 'PX', math.ceil(tat - now) + 1000) end
+end
+if ARGV[10] == '1' then
+  if rpm > 0 then store(KEYS[1], rtat) end
+  if tpm > 0 then store(KEYS[2], ttat) end
+  return {0, '', '0', 0, tostring(rtat - now), tostring(ttat - now)}
+end
 if rpm > 0 then
   nr = rtat + window / rpm
   if nr - now > window + 1e-6 then limit = 'rpm'; retry = nr - now - window end
@@ -66,9 +74,6 @@ if limit == '' and maxc > 0 then
 end
 local allowed = 1
 if limit ~= '' then nr, nt, allowed = rtat, ttat, 0 end
-local function store(key, tat)
-  if tat > now then redis.call('SET', key, tostring(tat), 'PX', math.ceil(tat - now) + 1000) end
-end
 if rpm > 0 then store(KEYS[1], nr) end
 if tpm > 0 then store(KEYS[2], nt) end
 if allowed == 1 and maxc > 0 then
@@ -106,7 +111,7 @@ return 0`)
 func (r *RedisLimits) Admit(ctx context.Context, a Admission) (Verdict, error) {
 	res, err := admitScript.Run(ctx, r.client, r.keys(a.Tenant),
 		a.Limits.RPM, a.Limits.TPM, a.Limits.MaxConcurrent, a.Tokens, a.Lease, LeaseTTL.Milliseconds(),
-		strconv.FormatFloat(a.CarryRPM, 'f', 3, 64), strconv.FormatFloat(a.CarryTPM, 'f', 3, 64), a.ExtraInflight).Slice()
+		strconv.FormatFloat(a.CarryRPM, 'f', 3, 64), strconv.FormatFloat(a.CarryTPM, 'f', 3, 64), a.ExtraInflight, b01(a.CarryOnly)).Slice()
 	if err != nil {
 		return Verdict{}, fmt.Errorf("rate limit check for tenant %q: %w", a.Tenant, err)
 	}
@@ -174,4 +179,11 @@ func (r *RedisLimits) Heartbeat(ctx context.Context, id string) (int, error) {
 		return 0, fmt.Errorf("replica heartbeat: %w", err)
 	}
 	return n, nil
+}
+
+func b01(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

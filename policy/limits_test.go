@@ -179,6 +179,17 @@ func TestStoresAgree(t *testing.T) {
 			if n, _ = admitN(t, s, cr, 5); n != 1 {
 				t.Fatalf("after a carry of 8 and one request, one more fits, got %d", n)
 			}
+			// A carry pushed alone charges no request of its own.
+			only := Admission{Tenant: "carry2", Limits: Limits{RPM: 10, TPM: 100}, CarryRPM: 7 * 6000, CarryTPM: 50 * 600, CarryOnly: true}
+			if v, err := s.Admit(ctx, only); err != nil || v.Allowed || v.Limit != "" {
+				t.Fatalf("carry only: %+v %v", v, err)
+			}
+			if n, _ = admitN(t, s, Admission{Tenant: "carry2", Limits: Limits{RPM: 10}}, 5); n != 3 {
+				t.Fatalf("after a pushed carry of 7, 3 fit, got %d", n)
+			}
+			if n, _ = admitN(t, s, Admission{Tenant: "carry2", Limits: Limits{TPM: 100}, Tokens: 30}, 3); n != 1 {
+				t.Fatalf("after a pushed carry of 50 tokens, one 30-token request fits, got %d", n)
+			}
 		})
 	}
 }
