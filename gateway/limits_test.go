@@ -239,6 +239,7 @@ func TestLimitTPMStreamsSettledFromUsage(t *testing.T) {
 	if int64(admitted)*maxReserve <= tpm+refill {
 		t.Fatalf("%d admitted × %d reserved fits the limit anyway: refunds untested", admitted, maxReserve)
 	}
+	t.Logf("admitted %d, used %d, largest reservation %d", admitted, usedSum, maxReserve)
 	settled := metric(t, gws[0].URL, "kvgate_tokens_settled_total", `tenant="alice"`) + metric(t, gws[1].URL, "kvgate_tokens_settled_total", `tenant="alice"`)
 	reserved := metric(t, gws[0].URL, "kvgate_tokens_reserved_total", `tenant="alice"`) + metric(t, gws[1].URL, "kvgate_tokens_reserved_total", `tenant="alice"`)
 	if int64(settled) != usedSum || reserved <= settled {
@@ -454,5 +455,89 @@ func TestLimitsRedisOutage(t *testing.T) {
 	}
 	if !strings.Contains(string(get(t, gws[0].URL+"/readyz", "").body), `"status":"ready"`) {
 		t.Fatal("readyz after recovery")
+	}
+}
+
+// A PD request whose legs are retried is admitted and charged once, and a reply that failed
+// releases its token reservation.
+func TestLimitPDRetryChargedOnce(t *testing.T) {
+	decode := testkit.StartSim(t, "--mode", "decode", "--pool-tokens", "16384", "--context-length", "16384", "--page-size", "16", "--transfer-timeout", "20s")
+	purl, calls := brokenPrefill(t)
+	hash := testkit.KeySHA256(tenantKey)
+	yaml := strings.Replace(gatewayYAML(fmt.Sprintf("state: {redis_url: %q, key_prefix: %q}\n", testRedisURL(), uniquePrefix(t)),
+		[3]string{"p", purl, "prefill"}, [3]string{"d", decode.URL, "decode"}),
+		fmt.Sprintf("key_sha256: %q}", hash), fmt.Sprintf("key_sha256: %q, rpm: 2, tpm: 1000}", hash), 1)
+	gw := testkit.StartGateway(t, testkit.ParseConfig(t, yaml))
+	body := `{"text":"hello there","sampling_params":{"max_new_tokens":4}}`
+	for i := 0; i < 2; i++ {
+		if r := post(t, gw.URL, "/generate", tenantKey, body); r.status != 500 {
+			t.Fatalf("request %d: want the prefill's 500, got %d %s", i, r.status, r.body)
+		}
+	}
+	if n := calls.Load(); n != 4 {
+		t.Fatalf("want two tries per request (4 prefill calls), got %d", n)
+	}
+	// rpm 2: two requests of two tries each were charged as two requests.
+	checkRateLimited(t, post(t, gw.URL, "/generate", tenantKey, body), "requests")
+	if s, r := metric(t, gw.URL, "kvgate_tokens_settled_total", `tenant="alice"`), metric(t, gw.URL, "kvgate_tokens_reserved_total", `tenant="alice"`); s != 0 || r == 0 {
+		t.Fatalf("failed replies must release their reservation: settled %v of %v reserved", s, r)
+	}
+}
+
+// A stream the client leaves early is settled with what was produced up to then, not with its
+// whole reservation; a stream without usage is settled by its events (a token each).
+func TestLimitCutStreamSettlesWhatWasProduced(t *testing.T) {
+	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192", "--token-delay", "40ms")
+	gw := testkit.StartGateway(t, testkit.ParseConfig(t, limitsYAML(testRedisURL(), uniquePrefix(t), "tpm: 100000", "", sim.URL)))
+	settled := func() float64 { return metric(t, gw.URL, "kvgate_tokens_settled_total", `tenant="alice"`) }
+
+	req, _ := http.NewRequest("POST", gw.URL+"/generate", strings.NewReader(`{"text":"go on and on","sampling_params":{"max_new_tokens":200},"stream":true}`))
+	req.Header.Set("Authorization", "Bearer "+tenantKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("stream: %v %v", err, resp)
+	}
+	reserved, _ := strconv.ParseInt(resp.Header.Get("X-Kvgate-Tokens"), 10, 64)
+	reserved += 200
+	sc := bufio.NewScanner(resp.Body)
+	for n := 0; n < 3 && sc.Scan(); {
+		if strings.HasPrefix(sc.Text(), "data: ") {
+			n++
+		}
+	}
+	resp.Body.Close() // the client goes away after 3 events
+	eventually(t, 5*time.Second, "the cut stream is settled", func() bool { return settled() > 0 })
+	if s := settled(); s >= float64(reserved) || s < 3 {
+		t.Fatalf("a stream cut after 3 events settled %v tokens (reserved %d)", s, reserved)
+	}
+
+	before := settled()
+	r := post(t, gw.URL, "/v1/chat/completions", tenantKey, `{"model":"sim","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"stream":true}`)
+	if r.status != 200 {
+		t.Fatalf("chat stream: %d %s", r.status, r.body)
+	}
+	prompt, _ := strconv.Atoi(r.header.Get("X-Kvgate-Tokens"))
+	events := len(dataLines(r.body)) - 1 // without [DONE]
+	eventually(t, 2*time.Second, "the chat stream is settled", func() bool {
+		return settled()-before == float64(prompt+events)
+	})
+}
+
+// Without Redis (one replica) tenants and limits live in memory, with the same API.
+func TestTenantAdminInMemory(t *testing.T) {
+	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	gw := testkit.StartGateway(t, testkit.ParseConfig(t, limitsYAML("", "", "rpm: 0", "", sim.URL)))
+	if r := admin(t, "POST", gw.URL+"/admin/tenants", fmt.Sprintf(`{"name":"erin","key_sha256":%q,"rpm":1}`, testkit.KeySHA256("sk-erin"))); r.status != 201 {
+		t.Fatalf("create: %d %s", r.status, r.body)
+	}
+	if r := post(t, gw.URL, "/v1/chat/completions", "sk-erin", smallChat); r.status != 200 {
+		t.Fatalf("new tenant: %d %s", r.status, r.body)
+	}
+	checkRateLimited(t, post(t, gw.URL, "/v1/chat/completions", "sk-erin", smallChat), "requests")
+	if r := admin(t, "DELETE", gw.URL+"/admin/tenants/erin", ""); r.status != 200 {
+		t.Fatalf("delete: %d %s", r.status, r.body)
+	}
+	if r := post(t, gw.URL, "/v1/chat/completions", "sk-erin", smallChat); r.status != 401 {
+		t.Fatalf("deleted tenant: %d", r.status)
 	}
 }
