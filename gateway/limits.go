@@ -332,7 +332,7 @@ func (x *exchange) settleLimits() {
 	})
 }
 
-// limitsReady adds the limiter's state to /readyz while degraded.
+// degradedReadyBody is /readyz while some shared state is unreachable: what is degraded and how.
 func (g *Gateway) degradedReadyBody() []byte {
 	body := map[string]any{"status": "ready", "degraded": true}
 	var reasons []string
