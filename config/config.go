@@ -144,6 +144,10 @@ type Upstream struct {
 	MaxConns int `yaml:"max_conns"`
 	// Retries of a PD request on 408/429/5xx before any byte reached the client. Default 1.
 	Retries int `yaml:"retries"`
+	// MaxEventBytes caps one event of an engine's stream (and one non-streaming reply is capped
+	// at 64 MiB): an engine that never ends an event gets its stream cut, not buffered whole.
+	// Default 4 MiB.
+	MaxEventBytes int `yaml:"max_event_bytes"`
 }
 
 // Limits configures how per-tenant limits are shared between replicas.
@@ -260,6 +264,9 @@ func (c *Config) applyDefaults() {
 	if c.Upstream.Retries == 0 {
 		c.Upstream.Retries = 1
 	}
+	if c.Upstream.MaxEventBytes == 0 {
+		c.Upstream.MaxEventBytes = 4 << 20
+	}
 	if c.Limits.Replicas == 0 {
 		c.Limits.Replicas = 1
 	}
@@ -371,6 +378,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Capacity.MaxAge < c.Capacity.PollInterval {
 		bad("capacity.max_age", "must be ≥ capacity.poll_interval (%s), got %s", c.Capacity.PollInterval, c.Capacity.MaxAge)
+	}
+	if c.Upstream.MaxEventBytes < 1024 {
+		bad("upstream.max_event_bytes", "must be at least 1024, got %d", c.Upstream.MaxEventBytes)
 	}
 	if c.Upstream.Retries < 0 {
 		bad("upstream.retries", "must be ≥ 0, got %d", c.Upstream.Retries)

@@ -142,7 +142,10 @@ type SimStats struct {
 	MaxPromptTokens  int            `json:"max_prompt_tokens"`
 	TokenizeRequests int            `json:"tokenize_requests"`
 	Rejected         map[string]int `json:"rejected"`
-	Pool             struct {
+	// ForeignReplies counts replies that read stale pages of other requests (the leak), the
+	// ground truth that reply headers only carry to a direct client.
+	ForeignReplies int `json:"foreign_replies"`
+	Pool           struct {
 		PagesTotal int `json:"pages_total"`
 		PagesFree  int `json:"pages_free"`
 	} `json:"pool"`
@@ -161,7 +164,7 @@ func (s *Server) Stats() SimStats {
 	for k, v := range s.rejected {
 		st.Rejected[k] = v
 	}
-	st.MaxPromptTokens, st.TokenizeRequests = s.maxPT, s.tokReqs
+	st.MaxPromptTokens, st.TokenizeRequests, st.ForeignReplies = s.maxPT, s.tokReqs, s.foreign
 	s.statsMu.Unlock()
 	st.Pool.PagesTotal, st.Pool.PagesFree = l.totalPages, l.freePages
 	return st

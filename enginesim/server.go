@@ -43,6 +43,7 @@ type Server struct {
 	maxPT    int
 	tokReqs  int
 	rejected map[string]int
+	foreign  int
 
 	activeMu sync.Mutex
 	active   map[string]context.CancelFunc // rid → cancel, for /abort_request
@@ -243,6 +244,13 @@ func (s *Server) countRequest(route string) {
 func (s *Server) countPrompt(promptTokens int) {
 	s.statsMu.Lock()
 	s.maxPT = max(s.maxPT, promptTokens)
+	s.statsMu.Unlock()
+}
+
+// countForeign counts a reply that read another request's stale pages.
+func (s *Server) countForeign() {
+	s.statsMu.Lock()
+	s.foreign++
 	s.statsMu.Unlock()
 }
 

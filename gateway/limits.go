@@ -274,14 +274,10 @@ func (x *exchange) noteUsage(body []byte) {
 	}
 }
 
-// noteEvent reads one SSE event of a streamed 2xx reply, as the engine sent it.
-func (x *exchange) noteEvent(ev []byte) {
+// noteEventData reads the data of one event of a streamed 2xx reply, as the engine sent it.
+func (x *exchange) noteEventData(data []byte) {
 	h := x.limit
-	if h == nil {
-		return
-	}
-	data, ok := sseData(ev)
-	if !ok || bytes.Equal(data, []byte("[DONE]")) {
+	if h == nil || bytes.Equal(data, []byte("[DONE]")) {
 		return
 	}
 	h.mu.Lock()
