@@ -405,6 +405,9 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *leg, other *backends.Backe
 		x.upstreamError(ctx, "upstream_error", fmt.Errorf("engine %s: reading the reply: %w", l.b.Name, err))
 		return
 	}
+	if code >= 200 && code <= 299 {
+		x.noteUsage(body) // kvgate limits
+	}
 	if !x.writeEngineReply(ctx, code, resp.Header.ContentType(), body, l.b) {
 		x.cut(x.lastLeak, l.b, l.rids, other)
 	}

@@ -90,6 +90,7 @@ func (e *eventRelay) cut() {
 // emit scans one event and queues what the client gets: "[DONE]" as it is, anything else as a
 // JSON value re-serialised after the scan, under its event name (scanned too).
 func (e *eventRelay) emit(ev sse.Event) {
+	e.x.noteEventData(ev.Data) // kvgate limits: usage as the engine sent it
 	if string(ev.Data) == "[DONE]" {
 		e.flushGuard() // held text goes out in events of its own before [DONE]
 		if !e.ended {
