@@ -63,3 +63,43 @@ func (b *Backend) Abort(rid string, timeout time.Duration) {
 		_ = b.post("/abort_request", map[string]any{"rid": rid, "abort_all": false}, timeout, resp)
 	}()
 }
+
+// CallReply is a whole reply of a small engine call.
+type CallReply struct {
+	Status      int
+	ContentType []byte
+	Body        []byte
+}
+
+// maxCallReply bounds a utility reply held whole (a tokenize reply lists every token id).
+const maxCallReply = 64 << 20
+
+// Call posts a JSON body to path on the engine (the control client: utility routes such as
+// /v1/tokenize) and returns the whole reply, bounded in time and size.
+func (b *Backend) Call(path string, body []byte, timeout time.Duration) (*CallReply, error) {
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + b.Addr + path)
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType("application/json")
+	req.Header.Set("Accept-Encoding", "identity")
+	if b.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+b.APIKey)
+	}
+	req.SetBodyRaw(body)
+	resp.SkipBody = false
+	if err := b.ctl.DoTimeout(req, resp, timeout); err != nil {
+		return nil, err
+	}
+	raw, err := resp.BodyUncompressed()
+	if err != nil {
+		return nil, fmt.Errorf("decoding the reply: %w", err)
+	}
+	if len(raw) > maxCallReply {
+		return nil, fmt.Errorf("reply larger than %d bytes", maxCallReply)
+	}
+	return &CallReply{Status: resp.StatusCode(), ContentType: append([]byte(nil), resp.Header.ContentType()...),
+		Body: append([]byte(nil), raw...)}, nil
+}

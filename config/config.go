@@ -78,6 +78,12 @@ type Policy struct {
 	Strict bool `yaml:"strict"`
 	// DefaultMaxTokens is the output reserved for OpenAI routes that name none; 0 reserves none.
 	DefaultMaxTokens int `yaml:"default_max_tokens"`
+	// AllowStoredContext lets /v1/responses requests that extend stored state the gateway cannot
+	// see (previous_response_id, conversation) through; their count is then only a lower bound.
+	AllowStoredContext bool `yaml:"allow_stored_context"`
+	// SharePrefixCache stops the gateway from setting a per-tenant cache_salt, so tenants may
+	// share prefix-cache entries (faster, and a cross-tenant timing channel).
+	SharePrefixCache bool `yaml:"share_prefix_cache"`
 }
 
 // Tokenizer selects the estimator used when the byte bound cannot decide.

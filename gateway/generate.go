@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -42,6 +43,9 @@ type exchange struct {
 	errMsg   string
 	logged   atomic.Bool
 	limit    *limitHold // kvgate limits: the tenant-limit reservation, settled in finish
+	// holding: the route's in-flight accounting is held until close (closeOnce).
+	holding   bool
+	closeOnce sync.Once
 }
 
 // generate is the pipeline for the three generation routes, top to bottom:
@@ -65,7 +69,7 @@ func (x *exchange) fail(ctx *fasthttp.RequestCtx, e *apiError) {
 	writeError(ctx, e)
 	ctx.Response.Header.Set("X-Request-Id", x.rid)
 	x.status, x.errMsg = e.Status, e.Code
-	x.finish()
+	x.close()
 }
 
 // admit runs everything up to the decision. A nil result means forward along x.route.
@@ -84,6 +88,9 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apiError {
 		return e
 	}
 	x.req = req
+	if req.storedContext != "" && !g.cfg.Policy.AllowStoredContext {
+		return storedContextError(req.storedContext)
+	}
 	x.inject() // before counting: the marker is part of the prompt
 	req.render()
 	output := req.output
@@ -93,6 +100,12 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apiError {
 	routes, err := g.backends.Routes(time.Now())
 	if err != nil {
 		return routeError(err)
+	}
+	if x.kind.unifiedOnly() {
+		if routes = unifiedRoutes(routes); len(routes) == 0 {
+			return &apiError{Status: 503, Type: "server_error", Code: "no_backend", RetryAfter: 5,
+				Message: fmt.Sprintf("No unified engine is available for %s (prefill-only routes do not run on prefill/decode pairs).", x.kind.path())}
+		}
 	}
 	paths := make([]policy.Path, len(routes))
 	for i := range routes {
@@ -192,14 +205,7 @@ func (x *exchange) tooLong(routes []backends.Route, output, limit int) *apiError
 	limit = max(limit, 0)
 	n := x.decision.Tokens
 	e := &apiError{Status: 413, Type: "invalid_request_error", Code: "context_length_exceeded"}
-	switch x.kind {
-	case routeChat:
-		e.Param = "messages"
-	case routeCompletions:
-		e.Param = "prompt"
-	default:
-		e.Param = "text"
-	}
+	e.Param = promptParam[x.kind]
 	if x.reason == "tenant_max_prompt_tokens" {
 		e.Message = fmt.Sprintf("Your prompt resulted in %d tokens, more than this API key's limit of %d prompt tokens. Please reduce the length of the prompt.", n, x.tenant.MaxPromptTokens)
 		return e
@@ -209,9 +215,11 @@ func (x *exchange) tooLong(routes []backends.Route, output, limit int) *apiError
 		reserve = fmt.Sprintf(", leaving room for the %d completion tokens requested", output)
 	}
 	switch x.kind {
-	case routeGenerate:
+	case routeGenerate, routeEncode, routeClassifyNative:
 		e.Message = fmt.Sprintf("Input length (%d tokens) exceeds the maximum allowed length (%d tokens%s). Use a shorter input.", n, limit, reserve)
-	case routeCompletions:
+	case routeMessages:
+		e.Message = fmt.Sprintf("prompt is too long: %d tokens > %d maximum (the engines' limit now%s)", n, limit, reserve)
+	case routeCompletions, routeResponses, routeEmbeddings, routeRerank, routeScore, routeClassify:
 		e.Message = fmt.Sprintf("This model's maximum context length is %d tokens. However, your prompt resulted in %d tokens. Please reduce the length of the prompt. (The engines accept at most %d prompt tokens now%s.)", ctxLen, n, limit, reserve)
 	default:
 		e.Message = fmt.Sprintf("This model's maximum context length is %d tokens. However, your messages resulted in %d tokens. Please reduce the length of the messages. (The engines accept at most %d prompt tokens now%s.)", ctxLen, n, limit, reserve)
@@ -258,4 +266,22 @@ func (x *exchange) finish() {
 			zap.Int("limit", x.decision.Limit), zap.Int("status", x.status), zap.String("upstream", x.upstream),
 			zap.String("error", x.errMsg), zap.Duration("latency", time.Since(x.start)))
 	}
+}
+
+// unifiedRoutes keeps the routes served by one unified engine.
+func unifiedRoutes(routes []backends.Route) []backends.Route {
+	var out []backends.Route
+	for _, r := range routes {
+		if r.Unified != nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// promptParam names the field a 413 points at.
+var promptParam = [routeKinds]string{
+	routeChat: "messages", routeCompletions: "prompt", routeGenerate: "text", routeResponses: "input",
+	routeMessages: "messages", routeEmbeddings: "input", routeRerank: "documents", routeScore: "items",
+	routeClassify: "input", routeEncode: "text", routeClassifyNative: "text",
 }

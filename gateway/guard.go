@@ -42,17 +42,30 @@ func (x *exchange) inject() {
 		own.WriteByte('\n')
 	}
 	own.WriteString(req.suffix)
+	own.WriteString(req.system)
+	for _, t := range req.turns {
+		own.WriteString("\n" + t.Content)
+	}
+	own.WriteString(req.extra)
 	x.echoes = g.keyring.FindMarkers(own.String())
+	if !req.kind.generates() {
+		return // no text comes back to carry a marker; replies are still scanned
+	}
 	if x.tenant.CanaryOptOut {
 		g.metrics.canarySkipped.WithLabelValues("opt_out").Inc()
 		return
 	}
-	if req.texts == nil && req.messages == nil {
+	if req.texts == nil && req.messages == nil && req.turns == nil {
 		g.metrics.canarySkipped.WithLabelValues("input_ids").Inc()
 		return
 	}
 	marker, _ := g.keyring.Current(x.tenant.Name, time.Now())
 	every := g.cfg.Canary.EveryBytes
+	if req.kind == routeResponses || req.kind == routeMessages {
+		req.injectSystem(marker)
+		g.metrics.canaryInjected.Inc()
+		return
+	}
 	if req.kind != routeChat {
 		texts := make([]string, len(req.texts))
 		for i, t := range req.texts {

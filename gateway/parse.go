@@ -19,9 +19,7 @@ const (
 	routeGenerate
 )
 
-func (r routeKind) path() string {
-	return [...]string{"/v1/chat/completions", "/v1/completions", "/generate"}[r]
-}
+func (r routeKind) path() string { return routePaths[r] }
 
 // Engine-control fields a client must never set: they steer the engine's KV transfer, identity,
 // or code execution. They are refused by name so the client knows why.
@@ -96,6 +94,16 @@ type request struct {
 	texts []string
 	// suffix: completions' fill-in-the-middle suffix, counted with every prompt
 	suffix string
+
+	// Responses and Messages: the system text (instructions / system) and the turns, rendered
+	// with the chat template; storedContext names a field that extends the prompt from state
+	// the gateway cannot see.
+	system        string
+	hasSystem     bool
+	turns         []tokenize.Message
+	storedContext string
+	// rerank / score: the query+document texts, one prompt each
+	pairTexts []string
 }
 
 // parseRequest validates body for kind. Errors are client errors (400) naming the field.
@@ -145,6 +153,8 @@ func parseRequest(kind routeKind, body []byte) (*request, *apiError) {
 		err = r.parseCompletions()
 	case routeGenerate:
 		err = r.parseGenerate()
+	default:
+		err = r.parseMore()
 	}
 	if err != nil {
 		return nil, err
@@ -410,6 +420,8 @@ func (r *request) render() {
 			msgs[i] = tokenize.Message{Role: role, Name: name, Content: r.msgText[i]}
 		}
 		r.prompts = []prompt{{text: tokenize.RenderChatML(msgs, r.extra)}}
+	case routeResponses, routeMessages:
+		r.prompts = []prompt{{text: r.renderTurns()}}
 	default:
 		if r.texts != nil {
 			r.prompts = r.prompts[:0]

@@ -7,6 +7,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -67,6 +68,14 @@ type Gateway struct {
 type tenant struct {
 	config.Tenant
 	hash []byte
+}
+
+// cacheSalt is the tenant's prefix-cache partition: an HMAC of its key hash, so it is stable
+// across replicas and restarts, secret to other tenants, and never the key itself.
+func (t *tenant) cacheSalt() string {
+	m := hmac.New(sha256.New, t.hash)
+	m.Write([]byte("kvgate cache_salt v1"))
+	return hex.EncodeToString(m.Sum(nil)[:16])
 }
 
 // New builds a gateway from cfg with shared state st (nil: in memory); it starts nothing until
@@ -186,6 +195,28 @@ func (g *Gateway) Handle(ctx *fasthttp.RequestCtx) {
 		g.onlyPost(ctx, method, routeCompletions)
 	case "/generate":
 		g.onlyPost(ctx, method, routeGenerate)
+	case "/v1/responses":
+		g.onlyPost(ctx, method, routeResponses)
+	case "/v1/messages":
+		g.onlyPost(ctx, method, routeMessages)
+	case "/v1/embeddings":
+		g.onlyPost(ctx, method, routeEmbeddings)
+	case "/v1/rerank":
+		g.onlyPost(ctx, method, routeRerank)
+	case "/v1/score":
+		g.onlyPost(ctx, method, routeScore)
+	case "/v1/classify":
+		g.onlyPost(ctx, method, routeClassify)
+	case "/encode":
+		g.onlyPost(ctx, method, routeEncode)
+	case "/classify":
+		g.onlyPost(ctx, method, routeClassifyNative)
+	case "/v1/tokenize", "/tokenize", "/v1/detokenize", "/detokenize", "/v1/messages/count_tokens":
+		if method != fasthttp.MethodPost {
+			writeError(ctx, errMethod)
+			return
+		}
+		g.utility(ctx, path)
 	case "/healthz":
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"status":"ok"}`)
@@ -253,7 +284,14 @@ func (g *Gateway) authenticate(ctx *fasthttp.RequestCtx) *tenant {
 	return found
 }
 
+// bearer is the client's key: "Authorization: Bearer KEY", or on Anthropic's routes the
+// "x-api-key" header its SDKs send.
 func bearer(ctx *fasthttp.RequestCtx) ([]byte, bool) {
+	if anthropicPath(ctx.Path()) {
+		if k := ctx.Request.Header.Peek("X-Api-Key"); len(k) > 0 {
+			return k, true
+		}
+	}
 	h := ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)
 	const p = "Bearer "
 	if len(h) <= len(p) || !strings.EqualFold(string(h[:len(p)]), p) {
