@@ -111,6 +111,9 @@ func parseRequest(kind routeKind, body []byte) (*request, *apiError) {
 	if dec.More() {
 		return nil, badRequest("", "Request body has data after the JSON object.")
 	}
+	if e := checkKeys(body); e != nil {
+		return nil, e
+	}
 	names := make([]string, 0, len(fields))
 	for k := range fields {
 		names = append(names, k)
@@ -279,12 +282,38 @@ func messageText(raw json.RawMessage) (string, error) {
 	if json.Unmarshal(raw, &s) == nil {
 		return s, nil
 	}
-	var parts []struct {
-		Type string  `json:"type"`
-		Text *string `json:"text"`
-	}
-	if err := json.Unmarshal(raw, &parts); err != nil {
+	// Parts are read as maps, not structs: struct decoding matches keys case-insensitively
+	// ("TEXT" would fill Text), and the engine reads only the exact names.
+	var raws []map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &raws); err != nil {
 		return "", fmt.Errorf("'content' must be a string or an array of text parts")
+	}
+	parts := make([]struct {
+		Type string
+		Text *string
+	}, len(raws))
+	for i, m := range raws {
+		if m == nil {
+			return "", fmt.Errorf("content part %d must be an object", i)
+		}
+		if json.Unmarshal(m["type"], &parts[i].Type) != nil {
+			return "", fmt.Errorf("content part %d needs a string 'type'", i)
+		}
+		if parts[i].Type != "text" {
+			continue // refused below by type
+		}
+		for k := range m {
+			if k != "type" && k != "text" {
+				return "", fmt.Errorf("content part %d: unsupported key %q (a text part has exactly 'type' and 'text', case-sensitive)", i, k)
+			}
+		}
+		if t, ok := m["text"]; ok && !isNull(t) {
+			var s string
+			if json.Unmarshal(t, &s) != nil {
+				return "", fmt.Errorf("content part %d: 'text' must be a string", i)
+			}
+			parts[i].Text = &s
+		}
 	}
 	var b strings.Builder
 	for i, p := range parts {
@@ -377,6 +406,9 @@ func (r *request) parseGenerate() *apiError {
 		if err := json.Unmarshal(raw, &sp); err != nil {
 			return badRequest("sampling_params", "'sampling_params' must be an object.")
 		}
+		if err := checkSamplingKeys(sp); err != nil {
+			return err
+		}
 		n, given, err := intField(sp, "max_new_tokens")
 		if err != nil {
 			return badRequest("sampling_params.max_new_tokens", "'sampling_params.max_new_tokens' must be a non-negative integer.")
@@ -390,6 +422,34 @@ func (r *request) parseGenerate() *apiError {
 				return badRequest("sampling_params.n", "'sampling_params.n' must be a positive integer.")
 			}
 			r.output *= k
+			r.n = k
+		}
+	}
+	return nil
+}
+
+// samplingKeys are the fields of SGLang's SamplingParams that callers set (sglang
+// python/sglang/srt/sampling/sampling_params.py), matched exactly as the engine matches them.
+// custom_params is left out: it feeds custom logit processors, engine-side code this gateway
+// refuses (like custom_logit_processor).
+var samplingKeys = set("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "stop_regex",
+	"temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+	"repetition_penalty", "n", "json_schema", "regex", "ebnf", "structural_tag", "ignore_eos",
+	"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "stream_interval",
+	"logit_bias", "sampling_seed")
+
+func checkSamplingKeys(sp map[string]json.RawMessage) *apiError {
+	names := make([]string, 0, len(sp))
+	for k := range sp {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		switch {
+		case k == "custom_params":
+			return badRequest("sampling_params.custom_params", "Field 'sampling_params.custom_params' feeds custom logit processors and may not be set by clients.")
+		case !samplingKeys[k]:
+			return badRequest("sampling_params."+k, fmt.Sprintf("Unsupported sampling parameter %q (names are case-sensitive).", k))
 		}
 	}
 	return nil
