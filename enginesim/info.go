@@ -142,7 +142,9 @@ type SimStats struct {
 	MaxPromptTokens  int            `json:"max_prompt_tokens"`
 	TokenizeRequests int            `json:"tokenize_requests"`
 	Rejected         map[string]int `json:"rejected"`
-	Pool             struct {
+	// RequestIDs are the X-Request-Id headers of the last 256 generation requests, oldest first.
+	RequestIDs []string `json:"request_ids"`
+	Pool       struct {
 		PagesTotal int `json:"pages_total"`
 		PagesFree  int `json:"pages_free"`
 	} `json:"pool"`
@@ -162,6 +164,7 @@ func (s *Server) Stats() SimStats {
 		st.Rejected[k] = v
 	}
 	st.MaxPromptTokens, st.TokenizeRequests = s.maxPT, s.tokReqs
+	st.RequestIDs = append([]string{}, s.headerIDs...)
 	s.statsMu.Unlock()
 	st.Pool.PagesTotal, st.Pool.PagesFree = l.totalPages, l.freePages
 	return st

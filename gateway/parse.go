@@ -76,12 +76,13 @@ type request struct {
 	kind   routeKind
 	fields map[string]json.RawMessage
 	stream bool
-	// output is the requested output tokens for the admission rule (× n).
+	// output is the requested output tokens for the admission rule: × n, × best_of (completions),
+	// × sampling_params.n (/generate).
 	output int
 	// outputGiven says the client named an output length (the rule reserves output only then,
 	// or from policy.default_max_tokens).
 	outputGiven bool
-	// n is the number of completions asked for (OpenAI's n).
+	// n is the number of sequences generated per prompt (n, best_of, sampling_params.n).
 	n       int
 	prompts []prompt
 	batch   bool
@@ -207,6 +208,18 @@ func (r *request) openAIOutput() *apiError {
 	}
 	if !hasN {
 		n = 1
+	}
+	// Completions' best_of generates best_of sequences and returns n of them: the engine
+	// reserves output for every one generated.
+	if r.kind == routeCompletions {
+		bestOf, has, err := intField(r.fields, "best_of")
+		if err != nil {
+			return err
+		}
+		if has && bestOf == 0 {
+			return badRequest("best_of", "'best_of' must be at least 1.")
+		}
+		n = max(n, bestOf)
 	}
 	r.output, r.outputGiven, r.n = out*n, given, n
 	return nil

@@ -83,7 +83,7 @@ func (x *exchange) buildLeg(b *backends.Backend, body []byte, rids []string) *le
 	req.SetRequestURI("http://" + b.Addr + x.kind.path())
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.SetContentType("application/json")
-	req.Header.Set("X-Request-Id", x.rid)
+	req.Header.Set("X-Request-Id", x.engineRID)
 	if x.req.stream {
 		req.Header.Set("Accept", "text/event-stream")
 	}
