@@ -48,9 +48,9 @@ type Gateway struct {
 	server   *fasthttp.Server
 	metricsH fasthttp.RequestHandler
 	draining atomic.Bool
-	// distrustEstimate is set when calibration finds an engine whose tokenizer counts more than
-	// estimate × ratio: estimates may then refuse, never admit.
-	distrustEstimate atomic.Bool
+	// calib is per backend what tokenizer calibration found (see calibrate).
+	calibMu sync.RWMutex
+	calib   map[string]*calibration
 
 	// Canaries and shared state. keyring is nil when canaries are disabled.
 	keyring         *canary.Keyring
@@ -90,7 +90,7 @@ func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Ga
 		cfg: cfg, log: log.Named("gateway"), access: log.Named("access"), backends: set, enc: enc,
 		ratio: tokenize.NewSafetyRatio(cfg.Tokenizer.SafetyRatio, cfg.Tokenizer.SafetyRatioMax),
 	}
-	g.state, g.localQuarantine = st, map[string]localFlag{}
+	g.state, g.localQuarantine, g.calib = st, map[string]localFlag{}, map[string]*calibration{}
 	if cfg.Canary.Enabled {
 		names := make([]string, len(cfg.Tenants))
 		for i, t := range cfg.Tenants {
