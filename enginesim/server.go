@@ -227,6 +227,8 @@ func (s *Server) Handler() fasthttp.RequestHandler {
 			s.handleOpenAI(ctx, routeChat)
 		case post && (path == "/tokenize" || path == "/v1/tokenize"):
 			s.handleTokenize(ctx)
+		case post && (path == "/detokenize" || path == "/v1/detokenize"):
+			s.handleDetokenize(ctx)
 		case post && path == "/abort_request":
 			s.handleAbort(ctx)
 		default:

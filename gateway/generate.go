@@ -37,12 +37,16 @@ type exchange struct {
 	// estimate is the raw tiktoken count when the estimate tier ran (to learn the ratio).
 	estimate int
 	route    *backends.Route
-	// echoes are foreign markers the client's own prompt contained.
-	echoes   []string
-	status   int
-	upstream string
-	errMsg   string
-	logged   atomic.Bool
+	// echoes are foreign markers the client's own prompt contained (or began).
+	echoes []string
+	// idsUnread: a token-id prompt whose text no engine on the route could give back; marker
+	// fragments in its reply may be the client's own, so they cut the reply but quarantine
+	// nothing (a whole marker still does).
+	idsUnread bool
+	status    int
+	upstream  string
+	errMsg    string
+	logged    atomic.Bool
 }
 
 // generate is the pipeline for the three generation routes, top to bottom:
@@ -54,6 +58,7 @@ func (g *Gateway) generate(ctx *fasthttp.RequestCtx, kind routeKind) {
 		x.fail(ctx, e)
 		return
 	}
+	x.coverTokenIDs()
 	g.forward(ctx, x)
 }
 

@@ -42,7 +42,9 @@ func (x *exchange) inject() {
 		own.WriteByte('\n')
 	}
 	own.WriteString(req.suffix)
-	x.echoes = g.keyring.FindMarkers(own.String())
+	// Fragments count too: a reply repeating the 8 characters of a marker that the client sent
+	// is the client's own text (FindMarkerFragments finds whole markers as well).
+	x.echoes = g.keyring.FindMarkerFragments(own.String())
 	if x.tenant.CanaryOptOut {
 		g.metrics.canarySkipped.WithLabelValues("opt_out").Inc()
 		return
@@ -163,7 +165,13 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 	inc := canary.Incident{Time: time.Now().UTC(), Kind: kind, RequestID: x.rid, Victim: h.Victim,
 		Requester: x.tenant.Name, Backends: names, Epoch: h.Epoch, Context: h.Context}
 	g.metrics.incidents.WithLabelValues(kind).Inc()
-	if kind == canary.KindLeak {
+	// A fragment in the reply to a token-id prompt whose text could not be read may be the
+	// client's own: the reply is cut and the incident kept, but nothing is quarantined on it.
+	quarantine := kind == canary.KindLeak && !(x.idsUnread && len(h.Marker) < canary.MarkerLen)
+	if kind == canary.KindLeak && !quarantine {
+		g.log.Error("foreign canary marker fragment in the reply to an unreadable token-id prompt: reply cut, no quarantine",
+			zap.String("request_id", x.rid), zap.String("requester", x.tenant.Name), zap.String("victim", h.Victim), zap.Strings("backends", names))
+	} else if kind == canary.KindLeak {
 		g.log.Error("foreign canary marker in an engine reply: reply cut, backends quarantined",
 			zap.String("request_id", x.rid), zap.String("engine_rid", x.engineRID), zap.String("requester", x.tenant.Name), zap.String("victim", h.Victim),
 			zap.Strings("backends", names), zap.Uint64("epoch", h.Epoch))
@@ -181,7 +189,7 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 		if err := g.state.Incidents.Record(ctx, inc); err != nil {
 			g.log.Error("incident not recorded", zap.String("request_id", x.rid), zap.Error(err))
 		}
-		if kind == canary.KindLeak {
+		if quarantine {
 			for _, n := range names {
 				if err := g.state.Quarantine.Quarantine(ctx, n, "canary leak "+x.rid, g.cfg.Canary.QuarantineTTL); err != nil {
 					g.log.Warn("quarantine not shared yet (kept locally, retried)", zap.String("backend", n), zap.Error(err))

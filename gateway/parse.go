@@ -66,9 +66,11 @@ func set(names ...string) map[string]bool {
 type prompt struct {
 	// text is what the engine tokenizes (the chat template applied) when the prompt is text.
 	text string
-	// ids is the token count when the client sent token ids.
+	// ids is the token count when the client sent token ids, tokens the ids themselves (read
+	// back into text for echo detection).
 	ids    int
 	hasIDs bool
+	tokens []int
 }
 
 // request is a parsed, sanitized generation request.
@@ -363,14 +365,14 @@ func (r *request) idsOrTexts(name string, raw json.RawMessage) *apiError {
 	}
 	var ids []int
 	if json.Unmarshal(raw, &ids) == nil && len(ids) > 0 {
-		r.prompts = []prompt{{ids: len(ids), hasIDs: true}}
+		r.prompts = []prompt{{ids: len(ids), hasIDs: true, tokens: ids}}
 		return nil
 	}
 	var batch [][]int
 	if json.Unmarshal(raw, &batch) == nil && len(batch) > 0 {
 		r.batch = true
 		for _, b := range batch {
-			r.prompts = append(r.prompts, prompt{ids: len(b), hasIDs: true})
+			r.prompts = append(r.prompts, prompt{ids: len(b), hasIDs: true, tokens: b})
 		}
 		return nil
 	}
