@@ -1,9 +1,13 @@
 package gateway
 
 import (
+	"bytes"
+	stdjson "encoding/json"
+	"io"
 	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // Keys that Go's decoders read as one field and Python engines as two (or as the other one)
@@ -93,4 +97,76 @@ func BenchmarkCheckKeys(b *testing.B) {
 			b.Fatal(e)
 		}
 	}
+}
+
+// refRepeatedKey is a slow reference for checkKeys: a token walk with encoding/json, comparing
+// every pair of keys of an object with strings.EqualFold (encoding/json's own field matching).
+func refRepeatedKey(body []byte) (bool, bool) {
+	dec := stdjson.NewDecoder(bytes.NewReader(body))
+	type frame struct {
+		obj    bool
+		keys   []string
+		expect bool // next string token in this object is a key
+	}
+	var stack []*frame
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return false, true
+		}
+		if err != nil {
+			return false, false
+		}
+		var top *frame
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		switch v := tok.(type) {
+		case stdjson.Delim:
+			switch v {
+			case '{', '[':
+				if top != nil && top.obj {
+					top.expect = true
+				}
+				stack = append(stack, &frame{obj: v == '{', expect: v == '{'})
+			default:
+				stack = stack[:len(stack)-1]
+			}
+			continue
+		case string:
+			if top != nil && top.obj && top.expect {
+				for _, k := range top.keys {
+					if strings.EqualFold(k, v) {
+						return true, true
+					}
+				}
+				top.keys = append(top.keys, v)
+				top.expect = false
+				continue
+			}
+		}
+		if top != nil && top.obj {
+			top.expect = true
+		}
+	}
+}
+
+// checkKeys agrees with the reference on every valid JSON body.
+func FuzzCheckKeys(f *testing.F) {
+	for _, s := range []string{`{"a":1,"A":2}`, `{"a":{"b":[{"c":1},{"c":2,"C":3}]}}`, `{"k":"\"K\":1","K2":1}`,
+		`[{"x":1},{"x":1}]`, `{"\u212a":1,"k":2}`, `{"a\\":1,"A\\":2}`, `{"ſ":1,"S":2}`, `{"é":1,"É":2}`, `{"a":[1,2,{"b":1,"b":2}]}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if !utf8.Valid(body) || !stdjson.Valid(body) {
+			return
+		}
+		want, ok := refRepeatedKey(body)
+		if !ok {
+			return
+		}
+		if got := checkKeys(body) != nil; got != want {
+			t.Fatalf("%s: checkKeys refused=%v, reference %v", body, got, want)
+		}
+	})
 }
