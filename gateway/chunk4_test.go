@@ -204,3 +204,37 @@ func TestChunk4TwoPathsOnlyOneForeign(t *testing.T) {
 	}
 	t.Logf("outcomes: %v", counts)
 }
+
+// A PD pair whose decode tokenizes differently from its prefill (cl100k prefill, chunk4 decode):
+// calibration tells them apart, so the exact count is asked of both and the larger decides; the
+// decode never receives a prompt over its max_req_input_len.
+func TestChunk4PairWithForeignDecode(t *testing.T) {
+	pre := testkit.StartSim(t, "--mode", "prefill", "--pool-tokens", "8192", "--context-length", "16384", "--page-size", "16", "--bootstrap-port", "0")
+	dec := testkit.StartSim(t, "--mode", "decode", "--tokenizer", "chunk4", "--pool-tokens", "4096", "--context-length", "16384", "--page-size", "16")
+	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("policy: {mode: enforce}\n",
+		[3]string{"p", pre.URL, "prefill"}, [3]string{"d4", dec.URL, "decode"})))
+	const mril = 4090 // the pair's: min(8186, 4090)
+	rng := rand.New(rand.NewSource(9))
+	counts := map[string]int{}
+	for i := 0; i < 120; i++ {
+		text, n := prose(rng, int(float64(mril)*(0.9+0.2*rng.Float64())))
+		r := post(t, gw.URL, "/generate", tenantKey, fmt.Sprintf(`{"text":%q,"sampling_params":{"max_new_tokens":1}}`, text))
+		switch {
+		case r.status == 200 && n >= mril:
+			t.Fatalf("admitted %d decode tokens over %d", n, mril)
+		case r.status == 200:
+			counts["admitted"]++
+		case r.status == 413:
+			counts["refused"]++
+		default:
+			t.Fatalf("%d decode tokens: %d %s", n, r.status, r.body)
+		}
+	}
+	if st := dec.Stats(t); len(st.Rejected) != 0 || st.MaxPromptTokens >= mril {
+		t.Fatalf("decode received a prompt over its limit: max_prompt_tokens=%d rejected=%v", st.MaxPromptTokens, st.Rejected)
+	}
+	if counts["admitted"] == 0 || counts["refused"] == 0 {
+		t.Fatalf("want both outcomes: %v", counts)
+	}
+	t.Logf("outcomes: %v", counts)
+}
