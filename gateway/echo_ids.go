@@ -52,7 +52,7 @@ func (x *exchange) coverTokenIDs() {
 			if d, isDecoder := g.enc.(tokenize.Decoder); isDecoder {
 				text, _ = d.Decode(p.tokens) // best effort: the engine's vocabulary may differ
 			}
-			g.log.Info("token-id prompt not detokenized by the engine: marker fragments in its reply will not quarantine",
+			g.log.Debug("token-id prompt not detokenized by the engine: marker fragments in its reply will not quarantine",
 				zap.String("request_id", x.rid), zap.Strings("backends", x.route.Backends))
 		}
 		all.WriteString(text)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -151,7 +152,7 @@ func (p *pathCounter) Exact(ctx context.Context, text string) (int, error) {
 		if c := p.g.calibrationOf(b); c != nil {
 			key = "tokenizer:" + c.fingerprint
 		}
-		key += "#" + fmt.Sprint(p.prompt)
+		key += "#" + strconv.Itoa(p.prompt)
 		n, ok := p.cache[key]
 		if !ok {
 			var err error

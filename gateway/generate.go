@@ -176,11 +176,6 @@ func (x *exchange) decidePaths(routes []backends.Route, output, tenantMax, limit
 			refusal = d
 		}
 	}
-	for _, e := range ests {
-		if e.complete && e.n > x.estimate {
-			x.estimate = e.n
-		}
-	}
 	refusal.Limit = limit
 	x.decision = refusal
 	return -1
