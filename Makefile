@@ -20,7 +20,7 @@ demo: build
 	$(BIN) demo
 
 bench: build
-	KVGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./tokenize/ ./canary/ ./gateway/ ./enginesim/
+	KVGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./tokenize/ ./canary/ ./policy/ ./gateway/ ./enginesim/
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzCount -fuzztime 20s -fuzzminimizetime 5s ./tokenize/

@@ -38,6 +38,7 @@ type Config struct {
 	Canary    Canary    `yaml:"canary"`
 	Capacity  Capacity  `yaml:"capacity"`
 	Upstream  Upstream  `yaml:"upstream"`
+	Limits    Limits    `yaml:"limits"`
 }
 
 // Backend is one engine server.
@@ -60,6 +61,13 @@ type Tenant struct {
 	MaxPromptTokens int `yaml:"max_prompt_tokens"`
 	// CanaryOptOut disables marker injection for this tenant (its replies are still scanned).
 	CanaryOptOut bool `yaml:"canary_opt_out"`
+	// RPM caps requests per minute, across every replica; 0 means no limit. Burst = RPM.
+	RPM int `yaml:"rpm"`
+	// TPM caps tokens per minute (prompt + reserved output, settled from the reply's usage);
+	// 0 means no limit. Burst = TPM.
+	TPM int `yaml:"tpm"`
+	// MaxConcurrent caps requests in flight, across every replica; 0 means no limit.
+	MaxConcurrent int `yaml:"max_concurrent"`
 }
 
 // Policy is the admission policy.
@@ -136,6 +144,21 @@ type Upstream struct {
 	MaxConns int `yaml:"max_conns"`
 	// Retries of a PD request on 408/429/5xx before any byte reached the client. Default 1.
 	Retries int `yaml:"retries"`
+	// MaxEventBytes caps one event of an engine's stream (and one non-streaming reply is capped
+	// at 64 MiB): an engine that never ends an event gets its stream cut, not buffered whole.
+	// Default 4 MiB.
+	MaxEventBytes int `yaml:"max_event_bytes"`
+}
+
+// Limits configures how per-tenant limits are shared between replicas.
+type Limits struct {
+	// Replicas is how many gateway replicas share the limits. While Redis is unreachable each
+	// replica enforces limit / replicas on its own (the larger of this and the count discovered
+	// from the replicas' heartbeats). Default 1.
+	Replicas int `yaml:"replicas"`
+	// RedisTimeout bounds every limiter call to Redis; past it the request is decided locally.
+	// Default 100ms.
+	RedisTimeout time.Duration `yaml:"redis_timeout"`
 }
 
 // Roles.
@@ -241,6 +264,15 @@ func (c *Config) applyDefaults() {
 	if c.Upstream.Retries == 0 {
 		c.Upstream.Retries = 1
 	}
+	if c.Upstream.MaxEventBytes == 0 {
+		c.Upstream.MaxEventBytes = 4 << 20
+	}
+	if c.Limits.Replicas == 0 {
+		c.Limits.Replicas = 1
+	}
+	if c.Limits.RedisTimeout == 0 {
+		c.Limits.RedisTimeout = 100 * time.Millisecond
+	}
 }
 
 // Validate refuses a configuration that cannot work, naming the field.
@@ -309,6 +341,14 @@ func (c *Config) Validate() error {
 		if t.MaxPromptTokens < 0 {
 			bad(f+".max_prompt_tokens", "must be ≥ 0 (0 = no cap), got %d", t.MaxPromptTokens)
 		}
+		for _, l := range []struct {
+			name string
+			v    int
+		}{{"rpm", t.RPM}, {"tpm", t.TPM}, {"max_concurrent", t.MaxConcurrent}} {
+			if l.v < 0 {
+				bad(f+"."+l.name, "must be ≥ 0 (0 = no limit), got %d", l.v)
+			}
+		}
 	}
 	oneOf("policy.mode", c.Policy.Mode, "enforce", "monitor")
 	if c.Policy.DefaultMaxTokens < 0 {
@@ -339,8 +379,18 @@ func (c *Config) Validate() error {
 	if c.Capacity.MaxAge < c.Capacity.PollInterval {
 		bad("capacity.max_age", "must be ≥ capacity.poll_interval (%s), got %s", c.Capacity.PollInterval, c.Capacity.MaxAge)
 	}
+	if c.Upstream.MaxEventBytes < 1024 {
+		bad("upstream.max_event_bytes", "must be at least 1024, got %d", c.Upstream.MaxEventBytes)
+	}
 	if c.Upstream.Retries < 0 {
 		bad("upstream.retries", "must be ≥ 0, got %d", c.Upstream.Retries)
+	}
+	if c.Limits.Replicas < 1 {
+		bad("limits.replicas", "must be ≥ 1, got %d", c.Limits.Replicas)
+	}
+	if c.Limits.RedisTimeout < 0 || c.Limits.RedisTimeout > 5*time.Second {
+		// A long bound would let a sick Redis hold every request; a short one only falls back.
+		bad("limits.redis_timeout", "must be between 0 and 5s, got %s", c.Limits.RedisTimeout)
 	}
 	return errors.Join(errs...)
 }

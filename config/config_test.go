@@ -67,6 +67,11 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"ratio below one", minimal + "tokenizer: {safety_ratio: 0.5}\n", "", "tokenizer.safety_ratio"},
 		{"canary without secret", minimal + "canary: {enabled: true}\n", "", "canary.secret"},
 		{"bad redis mode", minimal + "state: {redis_mode: ring}\n", "", "state.redis_mode"},
+		{"negative rpm", minimal + "  - {name: bob, key_sha256: \"" + strings.Repeat("a", 64) + "\", rpm: -1}\n", "", "tenants[1].rpm"},
+		{"negative tpm", minimal + "  - {name: bob, key_sha256: \"" + strings.Repeat("a", 64) + "\", tpm: -5}\n", "", "tenants[1].tpm"},
+		{"unknown tenant limit", minimal + "  - {name: bob, key_sha256: \"" + strings.Repeat("a", 64) + "\", rps: 5}\n", "", "rps"},
+		{"zero replicas", minimal + "limits: {replicas: -1}\n", "", "limits.replicas"},
+		{"long redis timeout", minimal + "limits: {redis_timeout: 1m}\n", "", "limits.redis_timeout"},
 		{"bad env int", minimal, "KVGATE_MAX_BODY_BYTES=lots", "KVGATE_MAX_BODY_BYTES"},
 		{"bad env duration", minimal, "KVGATE_CANARY_EPOCH=soon", "KVGATE_CANARY_EPOCH"},
 	}
@@ -81,6 +86,24 @@ func TestParseErrorsNameTheField(t *testing.T) {
 				t.Fatalf("want error containing %q, got %v", tc.want, err)
 			}
 		})
+	}
+}
+
+func TestTenantLimitsAndEnv(t *testing.T) {
+	y := minimal + "  - {name: bob, key_sha256: \"" + strings.Repeat("b", 64) + "\", rpm: 20, tpm: 4000, max_concurrent: 3}\n"
+	c, err := Parse([]byte(y), []string{"KVGATE_LIMITS_REPLICAS=3", "KVGATE_LIMITS_REDIS_TIMEOUT=50ms"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := c.Tenants[1]; b.RPM != 20 || b.TPM != 4000 || b.MaxConcurrent != 3 {
+		t.Fatalf("tenant limits not read: %+v", b)
+	}
+	if c.Limits.Replicas != 3 || c.Limits.RedisTimeout != 50*time.Millisecond {
+		t.Fatalf("limits overrides not applied: %+v", c.Limits)
+	}
+	d, _ := Parse([]byte(minimal), nil)
+	if d.Limits.Replicas != 1 || d.Limits.RedisTimeout != 100*time.Millisecond || d.Tenants[0].RPM != 0 {
+		t.Fatalf("limits defaults: %+v", d.Limits)
 	}
 }
 

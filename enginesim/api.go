@@ -318,7 +318,7 @@ func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx) {
 		writeGenerateError(ctx, f)
 		return
 	}
-	setTruthHeaders(ctx, outs)
+	s.setTruthHeaders(ctx, outs)
 	if !stream {
 		s.pace(rctx, outs)
 		done()
@@ -476,7 +476,7 @@ func (s *Server) pace(ctx context.Context, outs []*outcome) {
 	}
 }
 
-func setTruthHeaders(ctx *fasthttp.RequestCtx, outs []*outcome) {
+func (s *Server) setTruthHeaders(ctx *fasthttp.RequestCtx, outs []*outcome) {
 	var foreign, quoted []*Writer
 	seen := map[*Writer]bool{}
 	seenQ := map[*Writer]bool{}
@@ -493,6 +493,9 @@ func setTruthHeaders(ctx *fasthttp.RequestCtx, outs []*outcome) {
 				quoted = append(quoted, w)
 			}
 		}
+	}
+	if len(foreign) > 0 {
+		s.countForeign()
 	}
 	ctx.Response.Header.Set(HeaderForeign, joinRIDs(foreign))
 	ctx.Response.Header.Set(HeaderQuoted, joinRIDs(quoted))
@@ -709,7 +712,7 @@ func (s *Server) handleOpenAI(ctx *fasthttp.RequestCtx, r route) {
 		writeOpenAIError(ctx, f)
 		return
 	}
-	setTruthHeaders(ctx, outs)
+	s.setTruthHeaders(ctx, outs)
 	model := req.Model
 	if model == "" {
 		model = s.cfg.Model

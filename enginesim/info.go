@@ -142,6 +142,9 @@ type SimStats struct {
 	MaxPromptTokens  int            `json:"max_prompt_tokens"`
 	TokenizeRequests int            `json:"tokenize_requests"`
 	Rejected         map[string]int `json:"rejected"`
+	// ForeignReplies counts replies that read stale pages of other requests (the leak), the
+	// ground truth that reply headers only carry to a direct client.
+	ForeignReplies int `json:"foreign_replies"`
 	// RequestIDs are the X-Request-Id headers of the last 256 generation requests, oldest first.
 	RequestIDs []string `json:"request_ids"`
 	Pool       struct {
@@ -163,7 +166,7 @@ func (s *Server) Stats() SimStats {
 	for k, v := range s.rejected {
 		st.Rejected[k] = v
 	}
-	st.MaxPromptTokens, st.TokenizeRequests = s.maxPT, s.tokReqs
+	st.MaxPromptTokens, st.TokenizeRequests, st.ForeignReplies = s.maxPT, s.tokReqs, s.foreign
 	st.RequestIDs = append([]string{}, s.headerIDs...)
 	s.statsMu.Unlock()
 	st.Pool.PagesTotal, st.Pool.PagesFree = l.totalPages, l.freePages

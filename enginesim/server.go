@@ -43,6 +43,7 @@ type Server struct {
 	maxPT    int
 	tokReqs  int
 	rejected map[string]int
+	foreign  int
 	// headerIDs are the X-Request-Id headers of the last generation requests (ground truth for
 	// "the engine never sees the client's id").
 	headerIDs []string
@@ -265,6 +266,13 @@ func (s *Server) noteHeaders(ctx *fasthttp.RequestCtx) {
 func (s *Server) countPrompt(promptTokens int) {
 	s.statsMu.Lock()
 	s.maxPT = max(s.maxPT, promptTokens)
+	s.statsMu.Unlock()
+}
+
+// countForeign counts a reply that read another request's stale pages.
+func (s *Server) countForeign() {
+	s.statsMu.Lock()
+	s.foreign++
 	s.statsMu.Unlock()
 }
 

@@ -39,14 +39,15 @@ type exchange struct {
 	route    *backends.Route
 	// echoes are foreign markers the client's own prompt contained (or began).
 	echoes []string
-	// idsUnread: a token-id prompt whose text no engine on the route could give back; marker
-	// fragments in its reply may be the client's own, so they cut the reply but quarantine
-	// nothing (a whole marker still does).
+	// idsUnread: a token-id prompt whose text no engine on the route could give back; short
+	// marker fragments in its reply may be the client's own, so they cut the reply but
+	// quarantine nothing (a whole marker still does; see shortFragment).
 	idsUnread bool
 	status    int
 	upstream  string
 	errMsg    string
 	logged    atomic.Bool
+	limit     *limitHold // kvgate limits: the tenant-limit reservation, settled in finish
 }
 
 // generate is the pipeline for the three generation routes, top to bottom:
@@ -55,6 +56,10 @@ func (g *Gateway) generate(ctx *fasthttp.RequestCtx, kind routeKind) {
 	x := &exchange{g: g, rid: requestID(ctx), engineRID: newID(), start: time.Now(), kind: kind}
 	ctx.Response.Header.Set("X-Request-Id", x.rid)
 	if e := x.admit(ctx); e != nil {
+		x.fail(ctx, e)
+		return
+	}
+	if e := x.reserveLimits(); e != nil { // kvgate limits: 429 after the 413 decision, before any backend
 		x.fail(ctx, e)
 		return
 	}
@@ -303,6 +308,7 @@ func (x *exchange) finish() {
 	if x.logged.Swap(true) {
 		return
 	}
+	x.settleLimits() // kvgate limits: settle the reservation from what the reply used
 	g := x.g
 	g.metrics.requests.WithLabelValues(x.kind.path(), strconv.Itoa(x.status)).Inc()
 	if ce := g.access.Check(zap.InfoLevel, "request"); ce != nil {

@@ -15,7 +15,7 @@ import (
 	"github.com/kvgate/kvgate/config"
 )
 
-func guardGateway(t *testing.T) *Gateway {
+func guardGateway(t testing.TB) *Gateway {
 	t.Helper()
 	cfg, err := config.Parse([]byte(fmt.Sprintf(`
 backends: [{name: sim, url: "http://127.0.0.1:1", role: unified}]
@@ -47,17 +47,20 @@ func TestGuardStreams(t *testing.T) {
 		return &exchange{g: g, tenant: alice, kind: kind, rid: "r", route: &backends.Route{}}
 	}
 
-	t.Run("ordinary events pass byte-identical", func(t *testing.T) {
-		gd := newX(routeChat).newGuard()
-		for _, ev := range [][]byte{chatChunk(" Paris"), chatChunk(" is nice"), []byte(": keep-alive\n\n")} {
+	t.Run("ordinary events pass with the same content", func(t *testing.T) {
+		gd := streamOf(newX(routeChat))
+		for _, ev := range [][]byte{chatChunk(" Paris"), chatChunk(" is nice")} {
 			out, ok := gd.event(ev)
-			if !ok || !bytes.Equal(out, ev) {
+			if !ok || !sameEvent(out, ev) {
 				t.Fatalf("changed %q into %q", ev, out)
 			}
 		}
+		if out, ok := gd.event([]byte(": keep-alive\n\n")); !ok || len(out) != 0 {
+			t.Fatalf("a comment is dropped, not sent: %q", out)
+		}
 	})
 	t.Run("a foreign marker split across events is cut before it is sent", func(t *testing.T) {
-		gd := newX(routeChat).newGuard()
+		gd := streamOf(newX(routeChat))
 		var sent []byte
 		for _, piece := range []string{"Sure, here: K", "VG-" + bobMarker[4:10], bobMarker[10:] + " more"} {
 			out, ok := gd.event(chatChunk(piece))
@@ -75,7 +78,7 @@ func TestGuardStreams(t *testing.T) {
 		t.Fatalf("foreign marker not caught; sent %s", sent)
 	})
 	t.Run("own marker stripped from cumulative /generate text", func(t *testing.T) {
-		gd := newX(routeGenerate).newGuard()
+		gd := streamOf(newX(routeGenerate))
 		var last string
 		for _, text := range []string{"The", "The answer " + aliceMarker[:6], "The answer " + aliceMarker + " is 42"} {
 			b, _ := json.Marshal(map[string]any{"text": text, "meta_info": map[string]any{"id": "x"}})
@@ -95,11 +98,11 @@ func TestGuardStreams(t *testing.T) {
 		}
 	})
 	t.Run("markers in other event shapes are caught too", func(t *testing.T) {
-		gd := newX(routeChat).newGuard()
+		gd := streamOf(newX(routeChat))
 		if _, ok := gd.event([]byte("data: {\"a\":1}\ndata: " + bobMarker + "\n\n")); ok {
 			t.Fatal("a multi-line event with a foreign marker passed")
 		}
-		gd = newX(routeChat).newGuard()
+		gd = streamOf(newX(routeChat))
 		ev := []byte(`data: {"choices":[{"index":0,"logprobs":{"content":[{"token":"` + bobMarker + `"}]},"delta":{"content":"x"}}]}` + "\n\n")
 		if _, ok := gd.event(ev); ok {
 			t.Fatal("a foreign marker in logprobs passed")
@@ -111,7 +114,7 @@ func TestGuardStreams(t *testing.T) {
 				"content": "", "tool_calls": []any{map[string]any{"index": 0, "function": map[string]any{"arguments": args}}}}}}})
 			return []byte("data: " + string(b) + "\n\n")
 		}
-		gd := newX(routeChat).newGuard()
+		gd := streamOf(newX(routeChat))
 		var sent []byte
 		cut := false
 		for _, piece := range []string{`{"q":"KVG`, `-` + bobMarker[4:12], bobMarker[12:] + `"}`} {
@@ -125,7 +128,7 @@ func TestGuardStreams(t *testing.T) {
 		if !cut || bytes.Contains(sent, []byte("KVG-")) {
 			t.Fatalf("tool-call arguments: cut=%v sent %s", cut, sent)
 		}
-		gd = newX(routeChat).newGuard()
+		gd = streamOf(newX(routeChat))
 		tokens := []any{}
 		for _, tok := range []string{"K", "VG-", bobMarker[4:9], bobMarker[9:]} {
 			tokens = append(tokens, map[string]any{"token": tok, "logprob": -0.1})
@@ -136,47 +139,35 @@ func TestGuardStreams(t *testing.T) {
 		}
 	})
 	t.Run("nothing rides behind a JSON value or in a key", func(t *testing.T) {
-		gd := newX(routeChat).newGuard()
+		gd := streamOf(newX(routeChat))
 		if _, ok := gd.event([]byte(`data: {"choices":[]} ` + bobMarker + "\n\n")); ok {
 			t.Fatal("marker after the event's JSON passed")
 		}
-		gd = newX(routeChat).newGuard()
+		x0 := newX(routeChat)
 		for _, b := range []string{`500 internal error ` + bobMarker, `{"a":1}` + "\n" + `{"text":"` + bobMarker + `"}`, `{"top_logprobs":{"` + bobMarker + `":-0.1}}`} {
-			if out, ok := gd.body([]byte(b)); ok {
+			if out, ok := bodyOf(x0, []byte(b)); ok {
 				t.Fatalf("body %q passed as %q", b, out)
 			}
 		}
 	})
 	t.Run("non-streaming bodies", func(t *testing.T) {
-		gd := newX(routeChat).newGuard()
+		x0 := newX(routeChat)
 		clean := []byte(`{"choices":[{"message":{"content":"hello"}}],"usage":{"prompt_tokens":3}}`)
-		if out, ok := gd.body(clean); !ok || !bytes.Equal(out, clean) {
+		if out, ok := bodyOf(x0, clean); !ok || !bytes.Equal(out, clean) {
 			t.Fatalf("clean body changed: %s", out)
 		}
 		own := []byte(`{"choices":[{"message":{"content":"hi ` + aliceMarker + `"}}],"usage":{"prompt_tokens":3}}`)
-		if out, ok := gd.body(own); !ok || bytes.Contains(out, []byte("KVG")) || !bytes.Contains(out, []byte(`"prompt_tokens":3`)) {
+		if out, ok := bodyOf(x0, own); !ok || bytes.Contains(out, []byte("KVG")) || !bytes.Contains(out, []byte(`"prompt_tokens":3`)) {
 			t.Fatalf("own marker not stripped or numbers lost: %s", out)
 		}
-		if _, ok := gd.body([]byte(`{"text":"` + bobMarker + `"}`)); ok {
+		if _, ok := bodyOf(x0, []byte(`{"text":"`+bobMarker+`"}`)); ok {
 			t.Fatal("foreign marker in a body passed")
 		}
-		gd = newX(routeChat).newGuard()
 		tail := []byte(`{"choices":[{"message":{"content":"ends with KV"}}],"x":"\u0041"}`)
-		if out, ok := gd.body(tail); !ok || !bytes.Contains(out, []byte(`ends with KV"`)) {
+		if out, ok := bodyOf(newX(routeChat), tail); !ok || !bytes.Contains(out, []byte(`ends with KV"`)) {
 			t.Fatalf("a whole body must keep its text intact: %s", out)
 		}
 	})
-}
-
-func TestEventEnd(t *testing.T) {
-	for _, c := range []struct {
-		in   string
-		want int
-	}{{"data: x\n\nrest", 9}, {"data: x\r\n\r\nrest", 11}, {"data: x\n", -1}, {"", -1}} {
-		if got := eventEnd([]byte(c.in)); got != c.want {
-			t.Errorf("%q: %d want %d", c.in, got, c.want)
-		}
-	}
 }
 
 // A stolen marker put in a tool definition is the requester's own text: an echo, not a leak.
@@ -192,7 +183,7 @@ func TestEchoSetCoversToolDefinitions(t *testing.T) {
 	if len(x.echoes) != 1 || x.echoes[0] != bobMarker {
 		t.Fatalf("echo set %v should hold bob's marker", x.echoes)
 	}
-	if out, ok := x.newGuard().body([]byte(`{"choices":[{"message":{"content":"the tool says ` + bobMarker + `"}}]}`)); !ok || bytes.Contains(out, []byte("KVG-")) {
+	if out, ok := bodyOf(x, []byte(`{"choices":[{"message":{"content":"the tool says `+bobMarker+`"}}]}`)); !ok || bytes.Contains(out, []byte("KVG-")) {
 		t.Fatalf("an echo must be stripped, not cut: ok=%v %s", ok, out)
 	}
 }
@@ -203,13 +194,13 @@ func TestGuardKeepsLogprobTokensAndEscapedEchoes(t *testing.T) {
 	alice := &tenant{Tenant: config.Tenant{Name: "alice"}}
 	// Clean logprob tokens are never reshaped, even ones ending in a possible marker start.
 	x := &exchange{g: g, tenant: alice, kind: routeChat, rid: "r", route: &backends.Route{}}
-	gd := x.newGuard()
+	gd := streamOf(x)
 	ev := []byte(`data: {"choices":[{"index":0,"delta":{"content":"OK then"},"logprobs":{"content":[{"token":"OK","top_logprobs":[{"token":"OK"},{"token":"Okay"}]},{"token":" then"}]}}]}` + "\n\n")
-	if out, ok := gd.event(ev); !ok || !bytes.Equal(out, ev) {
+	if out, ok := gd.event(ev); !ok || !sameEvent(out, ev) {
 		t.Fatalf("clean logprobs changed:\n%s\n%s", ev, out)
 	}
 	// Completions' top_logprobs keys are tokens too: a marker spread over them is caught.
-	gd = x.newGuard()
+	gd = streamOf(x)
 	var cut bool
 	for _, k := range []string{"K", "VG-", bobMarker[4:10], bobMarker[10:]} {
 		b, _ := json.Marshal(map[string]any{"choices": []any{map[string]any{"index": 0, "text": "x", "logprobs": map[string]any{"top_logprobs": []any{map[string]any{k: -0.5}}}}}})
@@ -280,4 +271,11 @@ func mustGather(t *testing.T, g *Gateway) []byte {
 	ctx.Request.Header.SetMethod("GET")
 	g.Handle(&ctx)
 	return ctx.Response.Body()
+}
+
+// sameEvent: two single data events carry equal JSON values.
+func sameEvent(a, b []byte) bool {
+	va, ea := decodeOne(bytes.TrimSpace(bytes.TrimPrefix(a, []byte("data:"))))
+	vb, eb := decodeOne(bytes.TrimSpace(bytes.TrimPrefix(b, []byte("data:"))))
+	return ea == nil && eb == nil && string(canonicalJSON(va)) == string(canonicalJSON(vb))
 }

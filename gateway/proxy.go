@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -284,7 +283,7 @@ func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange) {
 			}
 			// The engine's own error, with its status (scanned like any reply).
 			x.errMsg = "prefill_failed"
-			if !x.writeEngineReply(ctx, pf.status, pf.contentType, pf.body, r.Prefill) {
+			if !x.writeEngineReply(ctx, pf.status, []byte(pf.contentType), pf.body, r.Prefill) {
 				x.cut(x.lastLeak, r.Prefill, rids, r.Decode)
 			}
 			x.finish()
@@ -342,38 +341,42 @@ func (g *Gateway) countUpstream(l *leg) {
 	g.metrics.upstream.WithLabelValues(l.b.Name, code).Inc()
 }
 
-// hop-by-hop and framing headers are never copied from an engine's reply.
-var skipReplyHeaders = map[string]bool{
-	"Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
-	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true,
-	"Server": true, "Date": true, "Set-Cookie": true,
-}
-
-func copyReplyHeaders(ctx *fasthttp.RequestCtx, resp *fasthttp.Response) {
-	resp.Header.VisitAll(func(k, v []byte) {
-		if !skipReplyHeaders[string(k)] {
-			ctx.Response.Header.SetBytesKV(k, v)
-		}
-	})
-}
-
-// relay writes the engine's reply to the client. Errors and non-streaming bodies are read whole
-// (bounded) and passed through; event streams are relayed event by event as they arrive.
-// other is the PD peer leg's backend, aborted too if the client goes away mid-stream.
+// relay writes the engine's reply to the client, normalised and scanned (reply.go): a 2xx reply
+// to a streaming request is read as an event stream whatever its content type, event by event;
+// anything else is read whole (bounded) as one JSON value. other is the PD peer leg's backend,
+// aborted too if the reply is cut or the client goes away mid-stream.
 func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *leg, other *backends.Backend, done func()) {
 	resp := l.resp
 	code := resp.StatusCode()
+	if h := x.scanHeaders(resp); h != nil {
+		// A marker in a header is a leak like one in the body, though no header is passed on.
+		defer func() {
+			l.release()
+			done()
+			x.finish()
+		}()
+		x.lastLeak = h
+		x.integrityError(ctx)
+		x.cut(h, l.b, l.rids, other)
+		return
+	}
 	copyReplyHeaders(ctx, resp)
 	ctx.Response.Header.Set("X-Request-Id", x.rid)
-	ctx.SetStatusCode(code)
-	isStream := bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream"))
-	if code >= 200 && code <= 299 && isStream {
+	if code >= 200 && code <= 299 && code != 204 && x.req.stream {
+		src, err := decodedBody(resp)
+		if cs := charsetOf(resp.Header.ContentType()); err == nil && cs != "" && cs != "utf-8" && cs != "utf8" {
+			err = fmt.Errorf("%w %q on an event stream (the format is UTF-8 only)", errCharset, cs)
+		}
+		if err != nil {
+			x.refuseReply(ctx, l, other, done, err)
+			return
+		}
+		ctx.SetStatusCode(code)
 		ctx.Response.ImmediateHeaderFlush = true
 		ctx.Response.Header.SetContentType("text/event-stream")
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
-		rr := &relayReader{x: x, l: l, other: other, done: done, src: bodyReader(resp), guard: x.newGuard()}
 		x.status = code
-		ctx.SetBodyStream(rr, -1)
+		ctx.SetBodyStream(x.newRelayReader(l, other, done, src), -1)
 		return
 	}
 	defer func() {
@@ -384,62 +387,140 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *leg, other *backends.Backe
 	if code < 200 || code == 204 || code == 304 {
 		// An engine never answers a generation request like this: something else is there.
 		abort(l.b, l.rids)
-		writeError(ctx, upstreamFailed(fmt.Sprintf("The engine answered %d with no reply body.", code)))
-		ctx.Response.Header.Set("X-Request-Id", x.rid)
-		x.status, x.errMsg = 502, "upstream_error"
+		x.upstreamError(ctx, "upstream_error", fmt.Errorf("engine %s answered %d with no reply body", l.b.Name, code))
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(bodyReader(resp), maxBufferedReply+1))
+	src, err := decodedBody(resp)
+	if err != nil {
+		abort(l.b, l.rids)
+		x.upstreamError(ctx, "upstream_error", fmt.Errorf("engine %s: %w", l.b.Name, err))
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(src, maxBufferedReply+1))
 	if err != nil || len(body) > maxBufferedReply {
 		abort(l.b, l.rids)
-		msg := "The engine's reply was cut off"
-		if err != nil {
-			msg += ": " + err.Error()
-		} else {
-			msg += ": larger than the gateway buffers"
+		if err == nil {
+			err = fmt.Errorf("reply larger than %d bytes", maxBufferedReply)
 		}
-		writeError(ctx, upstreamFailed(msg))
-		ctx.Response.Header.Set("X-Request-Id", x.rid)
-		x.status, x.errMsg = 502, "upstream_error"
+		x.upstreamError(ctx, "upstream_error", fmt.Errorf("engine %s: reading the reply: %w", l.b.Name, err))
 		return
 	}
 	if code >= 200 && code <= 299 {
-		x.learn(body, l.b)
+		x.noteUsage(body) // kvgate limits
 	}
-	if !x.writeEngineReply(ctx, code, "", body, l.b) {
+	if !x.writeEngineReply(ctx, code, resp.Header.ContentType(), body, l.b) {
 		x.cut(x.lastLeak, l.b, l.rids, other)
 	}
 }
 
-// writeEngineReply passes an engine's reply through with its status (and content type, when
-// given), after the canary scan. It returns false when the scan found a foreign marker: the
-// client then gets a 502 instead. An empty error body becomes a 502 JSON of our own.
-func (x *exchange) writeEngineReply(ctx *fasthttp.RequestCtx, code int, contentType string, body []byte, b *backends.Backend) bool {
-	if len(bytes.TrimSpace(body)) == 0 && (code < 200 || code > 299) {
-		writeError(ctx, upstreamFailed(fmt.Sprintf("Engine %s answered %d with an empty body.", b.Name, code)))
+// scanHeaders looks for foreign markers in every header of an engine's reply (names and
+// values): headers are text an engine sends, whether or not they are passed on.
+func (x *exchange) scanHeaders(resp *fasthttp.Response) *canary.Hit {
+	gd := x.newGuard()
+	if gd == nil {
+		return nil
+	}
+	resp.Header.VisitAll(func(k, v []byte) {
+		if gd.leak == nil {
+			gd.scanString(string(k) + ": " + string(v))
+		}
+	})
+	return gd.leak
+}
+
+// refuseReply answers a reply the gateway cannot read (an encoding or charset it does not
+// decode) with a 502 instead of passing bytes the scanner could not see.
+func (x *exchange) refuseReply(ctx *fasthttp.RequestCtx, l *leg, other *backends.Backend, done func(), err error) {
+	defer func() {
+		l.release()
+		done()
+		x.finish()
+	}()
+	abort(l.b, l.rids)
+	if other != nil {
+		abort(other, l.rids)
+	}
+	x.upstreamError(ctx, "upstream_unreadable", fmt.Errorf("engine %s: %w", l.b.Name, err))
+}
+
+// upstreamError answers 502 with a generic message; the detail (backend names, addresses,
+// transport errors) goes only to the log.
+func (x *exchange) upstreamError(ctx *fasthttp.RequestCtx, code string, detail error) {
+	x.g.log.Warn("engine reply refused", zap.String("request_id", x.rid), zap.String("error_code", code), zap.Error(detail))
+	writeError(ctx, upstreamFailed("The engine's reply could not be used."))
+	ctx.Response.Header.Set("X-Request-Id", x.rid)
+	x.status, x.errMsg = 502, code
+}
+
+// writeEngineReply passes an engine's whole reply on with its status, normalised and scanned
+// (normaliseBody). It returns false when the scan found a foreign marker: the client then gets a
+// 502 instead. A reply that is not JSON is never passed on (a client could decode it some other
+// way): the client gets an error of our own.
+func (x *exchange) writeEngineReply(ctx *fasthttp.RequestCtx, code int, contentType []byte, body []byte, b *backends.Backend) bool {
+	out, v, err := x.normaliseBody(contentType, body)
+	switch {
+	case errors.Is(err, errLeak):
+		x.integrityError(ctx)
+		return false
+	case err != nil:
+		x.g.log.Warn("engine reply is not JSON", zap.String("request_id", x.rid), zap.String("backend", b.Name),
+			zap.Int("status", code), zap.Error(err))
+		e := upstreamFailed("The engine's reply could not be used.")
+		if code >= 400 && code <= 499 {
+			e = &apiError{Status: code, Type: "invalid_request_error", Code: "upstream_refused",
+				Message: fmt.Sprintf("The engine refused the request (HTTP %d).", code)}
+		}
+		writeError(ctx, e)
 		ctx.Response.Header.Set("X-Request-Id", x.rid)
-		x.status = 502
+		x.status, x.errMsg = e.Status, "upstream_not_json"
 		return true
 	}
-	if gd := x.newGuard(); gd != nil {
-		// Engine errors are scanned too: they may quote the prompt they refused.
-		clean, ok := gd.body(body)
-		if !ok {
-			x.lastLeak = gd.leak
-			writeError(ctx, upstreamIntegrity())
-			ctx.Response.Header.Set("X-Request-Id", x.rid)
-			x.status = 502
-			return false
-		}
-		body = clean
+	if code >= 200 && code <= 299 {
+		x.learn(v, b)
 	}
 	x.status = code
 	ctx.SetStatusCode(code)
-	if contentType != "" {
-		ctx.SetContentType(contentType)
-	}
-	ctx.SetBody(body)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(out)
 	return true
+}
+
+// errLeak: the reply carried a foreign marker (x.lastLeak says which).
+var errLeak = errors.New("foreign canary marker in the reply")
+
+// normaliseBody is a whole reply as the client will get it: transcoded to UTF-8, decoded as one
+// JSON value, scanned (engine errors too: they may quote the prompt they refused), and
+// re-serialised from the scanned value. A body that is not JSON is still scanned as text, so a
+// marker in it is recorded, but it is never passed on.
+func (x *exchange) normaliseBody(contentType, body []byte) ([]byte, any, error) {
+	gd := x.newGuard()
+	text, err := toUTF8(body, charsetOf(contentType))
+	var v any
+	var shadowed []any
+	if err == nil {
+		v, shadowed, err = decodeStrict(text)
+	}
+	if err != nil {
+		if gd != nil && !gd.detectIn(string(text), v, shadowed) {
+			x.lastLeak = gd.leak
+			return nil, nil, errLeak
+		}
+		return nil, nil, err
+	}
+	if gd != nil {
+		var ok bool
+		if v, ok = gd.body(v); !ok {
+			x.lastLeak = gd.leak
+			return nil, nil, errLeak
+		}
+	}
+	return canonicalJSON(v), v, nil
+}
+
+func (x *exchange) integrityError(ctx *fasthttp.RequestCtx) {
+	writeError(ctx, upstreamIntegrity())
+	ctx.Response.Header.Set("X-Request-Id", x.rid)
+	x.status = 502
 }
 
 // cut records a leak: the incident, the quarantine of every backend on the path, and aborts
@@ -455,147 +536,23 @@ func (x *exchange) cut(h *canary.Hit, b *backends.Backend, rids []string, other 
 
 // learn raises the safety ratio from the prompt count a unified or decode engine reported for a
 // prompt that was estimated (never from prefill, which reports 1 for a stubbed prompt).
-func (x *exchange) learn(body []byte, b *backends.Backend) {
+func (x *exchange) learn(reply any, b *backends.Backend) {
 	if x.estimate <= 0 || b.Role == "prefill" || len(x.req.prompts) != 1 {
 		return
 	}
-	var reply struct {
-		Usage struct {
-			PromptTokens int `json:"prompt_tokens"`
-		} `json:"usage"`
-		Meta struct {
-			PromptTokens int `json:"prompt_tokens"`
-		} `json:"meta_info"`
+	x.g.ratio.Observe(x.estimate, max(promptTokens(reply, "usage"), promptTokens(reply, "meta_info")))
+}
+
+// promptTokens reads reply[section].prompt_tokens from a decoded reply (0 when absent).
+func promptTokens(reply any, section string) int {
+	m, _ := reply.(map[string]any)
+	s, _ := m[section].(map[string]any)
+	n, _ := s["prompt_tokens"].(json.Number)
+	v, err := strconv.Atoi(n.String())
+	if err != nil {
+		return 0
 	}
-	if json.Unmarshal(body, &reply) != nil {
-		return
-	}
-	x.g.ratio.Observe(x.estimate, max(reply.Usage.PromptTokens, reply.Meta.PromptTokens))
-}
-
-// relayReader is the client's body for a streamed reply. fasthttp calls Read until EOF, writing
-// and flushing each chunk, and calls Close when the body is done or the client is gone. It owns
-// the upstream response from the moment it is set as the body stream.
-type relayReader struct {
-	x     *exchange
-	l     *leg
-	other *backends.Backend
-	done  func()
-	src   io.Reader
-
-	buf     []byte // upstream bytes not yet split into events
-	out     []byte // processed bytes not yet handed to fasthttp
-	readBuf [16 << 10]byte
-	eof     bool // upstream finished (cleanly or not); out holds the rest
-	clean   bool // upstream reached its end normally
-	once    sync.Once
-	guard   *guard // nil when canaries are off
-	cut     bool   // a foreign marker ended the reply
-}
-
-func (r *relayReader) Read(p []byte) (int, error) {
-	for len(r.out) == 0 {
-		if r.eof || r.cut {
-			return 0, io.EOF
-		}
-		n, err := r.src.Read(r.readBuf[:])
-		if n > 0 {
-			r.buf = append(r.buf, r.readBuf[:n]...)
-			r.takeEvents()
-		}
-		if r.cut || err == nil {
-			continue // a cut has queued its error event
-		}
-		r.eof = true
-		if !errors.Is(err, io.EOF) {
-			// Headers are on the wire: end the stream with an error event, never a 502 page.
-			r.x.errMsg = "upstream_stream_error"
-			r.x.g.log.Warn("engine stream failed", zap.String("request_id", r.x.rid), zap.String("backend", r.l.b.Name), zap.Error(err))
-			r.out = append(r.out, sseError(upstreamFailed("The engine's stream failed: "+err.Error()))...)
-			continue
-		}
-		if len(bytes.TrimSpace(r.buf)) > 0 {
-			r.buf = append(r.buf, "\n\n"...) // a last event without its blank line
-			r.takeEvents()
-		}
-		if r.guard != nil && !r.cut {
-			// A stream that ended without [DONE] still releases what the scanners held.
-			r.out = append(r.out, r.guard.flush()...)
-			if r.guard.leak != nil {
-				r.cutNow()
-			}
-		}
-		r.clean = !r.cut
-	}
-	n := copy(p, r.out)
-	r.out = r.out[n:]
-	return n, nil
-}
-
-// cutNow ends the reply on a foreign marker: nothing more of the engine's text is sent, an
-// error event and [DONE] close the body, and the incident is recorded.
-func (r *relayReader) cutNow() {
-	r.cut = true
-	r.x.cut(r.guard.leak, r.l.b, r.l.rids, r.other)
-	r.out = append(r.out, sseError(upstreamIntegrity())...)
-}
-
-// takeEvents moves every complete SSE event from buf to out, event by event, through the
-// canary guard. A foreign marker cuts the stream: nothing of that event is sent, an error event
-// and [DONE] end the body, and the upstream is not read further.
-func (r *relayReader) takeEvents() {
-	for !r.cut {
-		end := eventEnd(r.buf)
-		if end < 0 {
-			return
-		}
-		ev := r.buf[:end]
-		r.buf = r.buf[end:]
-		if r.guard == nil {
-			r.out = append(r.out, ev...)
-			continue
-		}
-		out, ok := r.guard.event(ev)
-		if !ok {
-			r.cutNow()
-			return
-		}
-		r.out = append(r.out, out...)
-	}
-}
-
-// eventEnd is the length of the first complete SSE event in b (through its blank line, "\n\n"
-// or "\r\n\r\n"), or -1.
-func eventEnd(b []byte) int {
-	lf := bytes.Index(b, []byte("\n\n"))
-	crlf := bytes.Index(b, []byte("\r\n\r\n"))
-	switch {
-	case crlf >= 0 && (lf < 0 || crlf < lf):
-		return crlf + 4
-	case lf >= 0:
-		return lf + 2
-	}
-	return -1
-}
-
-// Close releases the upstream reply. If the stream did not finish (client gone, cut, error), the
-// engines are told to abort the request.
-func (r *relayReader) Close() error {
-	r.once.Do(func() {
-		if !r.clean {
-			abort(r.l.b, r.l.rids)
-			if r.other != nil {
-				abort(r.other, r.l.rids)
-			}
-			if r.x.errMsg == "" {
-				r.x.errMsg = "client_gone"
-			}
-		}
-		r.l.release()
-		r.done()
-		r.x.finish()
-	})
-	return nil
+	return v
 }
 
 // sseError is an error event in OpenAI's envelope followed by [DONE].

@@ -11,44 +11,59 @@ import (
 	"github.com/kvgate/kvgate/canary"
 )
 
-// guard scans one reply for canary markers. Text that arrives in pieces (chat deltas,
-// completions text, tool-call arguments, logprob tokens) keeps one stateful scanner per field
-// path, so a marker split across events or array items is still seen whole; /generate's
-// cumulative text is scanned on its new suffix only. Whole values (ids, model names, roles,
-// finish reasons, map keys) are scanned one by one.
+// guard scans one reply for canary markers, on the decoded values a client reads. Every string
+// (and map key, and byte array) is scanned. In a stream, every string also goes through a
+// stateful scanner of its field path, because clients concatenate what a path carries across
+// events (SDKs accumulate every delta field, tool-call names and ids included): a marker split
+// across events is still seen whole. /generate's cumulative text is scanned on its new suffix.
 type guard struct {
-	x        *exchange
-	scanners map[string]*canary.Scanner
-	order    []string // scanner keys in creation order, for a deterministic flush
+	x      *exchange
+	fields map[string]*fieldScan
+	order  []string // field keys in creation order, for a deterministic flush
 	// generate: raw cumulative text seen so far and what was emitted of it, per index
 	rawCum, outCum map[string]string
 	leak           *canary.Hit
-	buf            []byte
-	// whole: a non-streaming body, whose text fields are complete values.
+	buf, buf2      []byte
+	// whole: a non-streaming body, whose strings are complete values.
 	whole bool
+}
+
+// fieldScan is the stateful scan of one field path: the folded-text detector first (it sees the
+// engine's text as sent, disguises included), then the prefix scanner that strips and redacts.
+type fieldScan struct {
+	loose  *canary.Loose
+	strict *canary.Scanner
 }
 
 func (x *exchange) newGuard() *guard {
 	if x.g.keyring == nil {
 		return nil
 	}
-	return &guard{x: x, scanners: map[string]*canary.Scanner{}, rawCum: map[string]string{}, outCum: map[string]string{}}
+	return &guard{x: x, fields: map[string]*fieldScan{}, rawCum: map[string]string{}, outCum: map[string]string{}}
 }
 
-func (gd *guard) scanner(key string) *canary.Scanner {
-	s := gd.scanners[key]
-	if s == nil {
-		s = gd.x.g.keyring.NewScanner(gd.x.tenant.Name, gd.x.echoes)
-		gd.scanners[key] = s
+func (gd *guard) field(key string) *fieldScan {
+	f := gd.fields[key]
+	if f == nil {
+		k := gd.x.g.keyring
+		f = &fieldScan{loose: k.NewLoose(gd.x.tenant.Name, gd.x.echoes), strict: k.NewScanner(gd.x.tenant.Name, gd.x.echoes)}
+		gd.fields[key] = f
 		gd.order = append(gd.order, key)
 	}
-	return s
+	return f
 }
 
 // feed scans one piece of streamed text; it returns what may be emitted now.
 func (gd *guard) feed(key, text string) (string, bool) {
-	out, v := gd.scanner(key).Feed(gd.buf[:0], []byte(text))
-	gd.buf = out[:0]
+	f := gd.field(key)
+	mid, h := f.loose.Feed(gd.buf[:0], []byte(text))
+	gd.buf = mid[:0]
+	if h != nil {
+		gd.noteLeak(h)
+		return "", false
+	}
+	out, v := f.strict.Feed(gd.buf2[:0], mid)
+	gd.buf2 = out[:0]
 	gd.note(v)
 	if v.Leak != nil {
 		return "", false
@@ -60,52 +75,101 @@ func (gd *guard) note(v canary.Verdict) {
 	for _, e := range v.Echoes {
 		gd.x.g.recordIncident(gd.x, canary.KindEcho, e)
 	}
-	if v.Leak != nil && gd.leak == nil {
-		gd.leak = v.Leak
+	if v.Leak != nil {
+		gd.noteLeak(v.Leak)
+	}
+}
+
+func (gd *guard) noteLeak(h *canary.Hit) {
+	if gd.leak == nil {
+		gd.leak = h
 	}
 }
 
 // scanString scans a whole value.
 func (gd *guard) scanString(s string) (string, bool) {
-	if !strings.Contains(s, "KVG") {
-		return s, true
+	k := gd.x.g.keyring
+	l := k.NewLoose(gd.x.tenant.Name, gd.x.echoes)
+	mid, h := l.Feed(nil, []byte(s))
+	if h == nil {
+		mid, h = l.Flush(mid)
 	}
-	out, v := gd.x.g.keyring.ScanAll(gd.x.tenant.Name, gd.x.echoes, []byte(s))
+	if h != nil {
+		gd.noteLeak(h)
+		return "", false
+	}
+	if !bytes.Contains(mid, []byte("KVG")) {
+		return string(mid), true
+	}
+	out, v := k.ScanAll(gd.x.tenant.Name, gd.x.echoes, mid)
 	gd.note(v)
 	return string(out), v.Leak == nil
 }
 
-// streamedField says whether a field carries text in pieces.
-func streamedField(name string) bool {
+// detectIn looks for a foreign marker in a reply part that will be refused anyway (not JSON,
+// or JSON with duplicate keys): its raw text, and every string of what did decode, shadowed
+// duplicates included. False means a leak, to be recorded.
+func (gd *guard) detectIn(raw string, decoded any, shadowed []any) bool {
+	if _, ok := gd.scanString(raw); !ok {
+		return false
+	}
+	for _, v := range append(shadowed, decoded) {
+		if !gd.detectAny(v) {
+			return false
+		}
+	}
+	return true
+}
+
+func (gd *guard) detectAny(v any) bool {
+	switch t := v.(type) {
+	case string:
+		_, ok := gd.scanString(t)
+		return ok
+	case map[string]any:
+		for k, e := range t {
+			if !gd.detectAny(k) || !gd.detectAny(e) {
+				return false
+			}
+		}
+	case []any:
+		if s, ok := byteArray(t); ok && len(t) > 0 {
+			return gd.detectAny(s)
+		}
+		for _, e := range t {
+			if !gd.detectAny(e) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// mainText says whether a field carries the reply's text in pieces: what its stateful scanner
+// emits is what the client gets (held text is released later). Other strings are detected
+// statefully but cleaned one value at a time, so ids and names keep their shape.
+func mainText(name string) bool {
 	switch name {
-	case "content", "reasoning_content", "text", "arguments", "refusal":
+	case "content", "reasoning_content", "text", "arguments", "refusal", "partial_json", "thinking", "delta":
 		return true
 	}
 	return false
 }
 
-// walk scans every string and map key in v. Strings under a streamed field name, or anywhere
-// under a logprobs object, go through the stateful scanner of their path; array items are keyed
-// by their "index" when they have one (choices, tool calls) and otherwise share the path, so a
-// sequence of tokens is one stream.
-func (gd *guard) walk(v any, path string, stream bool, changed *bool) (any, bool) {
+// replyIDFields are token-id arrays in replies. A client holding the tokenizer can decode them
+// into text the scanner never saw, and the gateway does not have the engine's vocabulary: with
+// canaries on they are withheld (the text they encode is in the reply anyway).
+var replyIDFields = map[string]bool{"output_ids": true}
+
+func lastSeg(path string) string { return path[strings.LastIndexByte(path, '.')+1:] }
+
+// walk scans every string, map key and byte array in v and returns the cleaned value. seq marks
+// a sequence (anything under a logprobs object) whose items keep their own text: they are
+// detected statefully but each cleaned on its own.
+func (gd *guard) walk(v any, path string, seq bool, changed *bool) (any, bool) {
 	switch t := v.(type) {
 	case string:
-		var out string
-		var ok bool
-		switch {
-		case stream:
-			// Logprob tokens: a sequence whose items must keep their own text. The stream
-			// scanner only detects (a marker split across tokens cuts the reply); each token
-			// is cleaned on its own.
-			if _, ok = gd.feed(path, t); ok {
-				out, ok = gd.scanString(t)
-			}
-		case !gd.whole && streamedField(path[strings.LastIndexByte(path, '.')+1:]):
-			out, ok = gd.feed(path, t)
-		default:
-			out, ok = gd.scanString(t)
-		}
+		out, ok := gd.scanField(t, path, seq)
 		if !ok {
 			return nil, false
 		}
@@ -113,27 +177,48 @@ func (gd *guard) walk(v any, path string, stream bool, changed *bool) (any, bool
 		return out, true
 	case map[string]any:
 		for k, e := range t {
-			if stream {
-				// Completions' top_logprobs are maps keyed by token: the keys are a sequence too.
+			if replyIDFields[k] {
+				delete(t, k)
+				*changed = true
+				continue
+			}
+			if seq {
+				// Keys in a sequence are text a client may join (top_logprobs maps by token).
 				if _, ok := gd.feed(path+".#key", k); !ok {
 					return nil, false
 				}
 			}
-			if strings.Contains(k, "KVG") {
+			if strings.Contains(k, "KVG") || !isPlainKey(k) {
 				clean, ok := gd.scanString(k)
 				if !ok {
 					return nil, false
 				}
-				delete(t, k)
-				k, *changed = clean, true
+				if clean != k {
+					delete(t, k)
+					k, *changed = clean, true
+				}
 			}
-			r, ok := gd.walk(e, path+"."+k, stream || strings.Contains(k, "logprobs"), changed)
+			r, ok := gd.walk(e, path+"."+k, seq || strings.Contains(k, "logprobs"), changed)
 			if !ok {
 				return nil, false
 			}
 			t[k] = r
 		}
 	case []any:
+		if lastSeg(path) == "bytes" {
+			if s, ok := byteArray(t); ok {
+				// A token's UTF-8 bytes (OpenAI logprobs): the client can decode them.
+				out, ok := gd.scanField(s, path, true)
+				if !ok {
+					return nil, false
+				}
+				if out != s {
+					*changed = true
+					return numbers([]byte(out)), true
+				}
+				return v, true
+			}
+		}
 		for i, e := range t {
 			seg := "*"
 			if m, ok := e.(map[string]any); ok {
@@ -141,7 +226,7 @@ func (gd *guard) walk(v any, path string, stream bool, changed *bool) (any, bool
 					seg = "i" + idx.String()
 				}
 			}
-			r, ok := gd.walk(e, path+"."+seg, stream, changed)
+			r, ok := gd.walk(e, path+"."+seg, seq, changed)
 			if !ok {
 				return nil, false
 			}
@@ -149,6 +234,66 @@ func (gd *guard) walk(v any, path string, stream bool, changed *bool) (any, bool
 		}
 	}
 	return v, true
+}
+
+// scanField scans one string value at path.
+func (gd *guard) scanField(s, path string, seq bool) (string, bool) {
+	if !gd.whole && !seq && mainText(lastSeg(path)) {
+		return gd.feed(path, s)
+	}
+	if seq || !gd.whole {
+		// Detected across events or items; cleaned on its own below.
+		if _, ok := gd.feed(path, s); !ok {
+			return "", false
+		}
+	}
+	return gd.scanString(s)
+}
+
+// isPlainKey: a key of lowercase ASCII letters, digits and '_' with no run of FragmentMin
+// marker characters (every key of the APIs themselves) cannot carry or disguise a marker;
+// anything else is scanned.
+func isPlainKey(k string) bool {
+	run := 0
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		switch {
+		case c >= 'a' && c <= 'z' || c >= '2' && c <= '7':
+			if run++; run >= canary.FragmentMin {
+				return false
+			}
+		case c == '_' || c == '0' || c == '1' || c == '8' || c == '9':
+			run = 0
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// byteArray reads an array of integers 0..255 as bytes.
+func byteArray(a []any) (string, bool) {
+	b := make([]byte, len(a))
+	for i, e := range a {
+		n, ok := e.(json.Number)
+		if !ok {
+			return "", false
+		}
+		v, err := strconv.Atoi(n.String())
+		if err != nil || v < 0 || v > 255 {
+			return "", false
+		}
+		b[i] = byte(v)
+	}
+	return string(b), true
+}
+
+func numbers(b []byte) []any {
+	out := make([]any, len(b))
+	for i, c := range b {
+		out[i] = json.Number(strconv.Itoa(int(c)))
+	}
+	return out
 }
 
 var errTrailing = errors.New("data after the JSON value")
@@ -168,74 +313,44 @@ func decodeOne(b []byte) (any, error) {
 	return v, nil
 }
 
-// body scans a whole non-streaming reply. Replies without "KVG" (or JSON escapes that could
-// hide it) pass byte-identical; a reply with a foreign marker returns ok=false.
-func (gd *guard) body(b []byte) ([]byte, bool) {
-	if !bytes.Contains(b, []byte("KVG")) && !bytes.Contains(b, []byte(`\u`)) {
-		return b, true
-	}
-	v, err := decodeOne(b)
-	if err != nil {
-		// Not one JSON value: scan it as text.
-		out, ok := gd.scanString(string(b))
-		return []byte(out), ok
-	}
+// body scans a whole decoded reply in place; false means a foreign marker was found.
+func (gd *guard) body(v any) (any, bool) {
 	changed := false
-	// Every string of a whole body is a whole value, except that its sequences (logprob tokens)
-	// may split a marker: walk keeps those streamed.
 	gd.whole = true
 	v, ok := gd.walk(v, "", false, &changed)
-	if !ok {
+	if !ok || gd.flushHeld() {
 		return nil, false
 	}
-	if gd.flushHeld() {
-		return nil, false
-	}
-	if !changed {
-		return b, true
-	}
-	out, _ := json.Marshal(v)
-	return out, true
+	return v, true
 }
 
 // flushHeld settles every scanner at the end of a whole body; true means a leak.
 func (gd *guard) flushHeld() bool {
 	for _, key := range gd.order {
-		_, v := gd.scanners[key].FlushVerdict(nil)
-		gd.note(v)
+		f := gd.fields[key]
+		rest, h := f.loose.Flush(nil)
+		if h != nil {
+			gd.noteLeak(h)
+			continue
+		}
+		if _, v := f.strict.Feed(nil, rest); v.Leak == nil {
+			_, v = f.strict.FlushVerdict(nil)
+			gd.note(v)
+		} else {
+			gd.note(v)
+		}
 	}
 	return gd.leak != nil
 }
 
-// event scans one SSE event. It returns the bytes to send (the original when nothing changed)
-// and false when the reply must be cut.
-func (gd *guard) event(ev []byte) ([]byte, bool) {
-	data, ok := sseData(ev)
-	if !ok {
-		// Comments, multi-line data, other fields: never let a marker through them either.
-		out, ok := gd.scanString(string(ev))
-		if !ok {
-			return nil, false
-		}
-		return []byte(out), true
-	}
-	if bytes.Equal(data, []byte("[DONE]")) {
-		// Release what the scanners still hold, in events of their own, before [DONE].
-		return append(gd.flush(), ev...), gd.leak == nil
-	}
-	v, err := decodeOne(data)
+// event scans one decoded SSE event's data. It returns the value to send and false when the
+// reply must be cut.
+func (gd *guard) event(v any) (any, bool) {
 	obj, isObj := v.(map[string]any)
-	if err != nil || !isObj {
-		out, ok := gd.scanString(string(data))
-		if !ok {
-			return nil, false
-		}
-		if out == string(data) {
-			return ev, true
-		}
-		return []byte("data: " + out + "\n\n"), true
-	}
 	changed := false
+	if !isObj {
+		return gd.walk(v, "", false, &changed)
+	}
 	var restore func()
 	if gd.x.kind == routeGenerate {
 		if t, ok := obj["text"].(string); ok {
@@ -253,7 +368,6 @@ func (gd *guard) event(ev []byte) ([]byte, bool) {
 			}
 			gd.rawCum[key] = t
 			gd.outCum[key] += out
-			changed = changed || gd.outCum[key] != t
 			delete(obj, "text") // scanned above as a stream; put back below
 			restore = func() { obj["text"] = gd.outCum[key] }
 		}
@@ -264,31 +378,34 @@ func (gd *guard) event(ev []byte) ([]byte, bool) {
 	if restore != nil {
 		restore()
 	}
-	if !changed {
-		return ev, true
-	}
-	return gd.marshalEvent(obj), true
+	return obj, true
 }
 
-func (gd *guard) marshalEvent(obj map[string]any) []byte {
-	b, _ := json.Marshal(obj)
-	return append(append([]byte("data: "), b...), "\n\n"...)
-}
-
-// flush releases text the scanners held back at the end of the stream. Held text of a reply's
-// main text fields comes as one event each in the reply's own shape; what other fields held (at
-// most a trailing "K", "KV" or "KVG") is dropped.
-func (gd *guard) flush() []byte {
-	var out []byte
+// flush releases text the scanners held back at the end of the stream, as events of the reply's
+// own shape for its main text fields; what other fields held (at most a few characters) is
+// dropped. Any leak settled here is recorded in gd.leak.
+func (gd *guard) flush() [][]byte {
+	var out [][]byte
 	for _, key := range gd.order {
-		rest, v := gd.scanners[key].FlushVerdict(nil)
+		f := gd.fields[key]
+		mid, h := f.loose.Flush(nil)
+		if h != nil {
+			gd.noteLeak(h)
+			continue
+		}
+		rest, v := f.strict.Feed(nil, mid)
 		gd.note(v)
+		if v.Leak == nil {
+			var fv canary.Verdict
+			rest, fv = f.strict.FlushVerdict(rest)
+			gd.note(fv)
+		}
 		if len(rest) == 0 || gd.leak != nil {
 			continue
 		}
 		if idx, ok := strings.CutPrefix(key, "gen:"); ok {
 			gd.outCum[idx] += string(rest)
-			out = append(out, gd.marshalEvent(map[string]any{"text": gd.outCum[idx], "meta_info": map[string]any{"id": gd.x.engineRID}})...)
+			out = append(out, canonicalJSON(map[string]any{"text": gd.outCum[idx], "meta_info": map[string]any{"id": gd.x.engineRID}}))
 			continue
 		}
 		// ".choices.i<N>.delta.<field>" (chat) or ".choices.i<N>.text" (completions)
@@ -302,21 +419,12 @@ func (gd *guard) flush() []byte {
 		}
 		switch {
 		case len(parts) == 5 && parts[3] == "delta" && (parts[4] == "content" || parts[4] == "reasoning_content"):
-			out = append(out, gd.marshalEvent(map[string]any{"object": "chat.completion.chunk", "choices": []any{
-				map[string]any{"index": n, "delta": map[string]any{parts[4]: string(rest)}, "finish_reason": nil}}})...)
+			out = append(out, canonicalJSON(map[string]any{"object": "chat.completion.chunk", "choices": []any{
+				map[string]any{"index": n, "delta": map[string]any{parts[4]: string(rest)}, "finish_reason": nil}}}))
 		case len(parts) == 4 && parts[3] == "text":
-			out = append(out, gd.marshalEvent(map[string]any{"object": "text_completion", "choices": []any{
-				map[string]any{"index": n, "text": string(rest), "finish_reason": nil}}})...)
+			out = append(out, canonicalJSON(map[string]any{"object": "text_completion", "choices": []any{
+				map[string]any{"index": n, "text": string(rest), "finish_reason": nil}}}))
 		}
 	}
 	return out
-}
-
-// sseData returns the payload of a single-line "data: " event.
-func sseData(ev []byte) ([]byte, bool) {
-	ev = bytes.TrimRight(ev, "\r\n")
-	if !bytes.HasPrefix(ev, []byte("data:")) || bytes.IndexByte(ev, '\n') >= 0 {
-		return nil, false
-	}
-	return bytes.TrimSpace(ev[len("data:"):]), true
 }

@@ -61,6 +61,8 @@ type Gateway struct {
 	qmu             sync.Mutex
 	localQuarantine map[string]localFlag
 
+	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/limits.go)
+
 	// oversized marks requests (by their header, which lives as long as the connection's
 	// RequestCtx) whose declared Content-Length is over max_body_bytes; nOversized counts the
 	// marks so that ordinary requests skip the map.
@@ -108,6 +110,7 @@ func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Ga
 	}
 	g.metrics = newMetrics(set, g.ratio.Get, g.degraded)
 	g.exact.metrics = g.metrics
+	g.lim = newLimitsState(g) // kvgate limits
 	g.metricsH = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(g.metrics.reg, promhttp.HandlerOpts{}))
 	prev := set.OnCapacityChange
 	set.OnCapacityChange = func(b *backends.Backend, old, cur *backends.Capacity) {
@@ -152,6 +155,7 @@ func (g *Gateway) Run(ctx context.Context) {
 	if g.state.run != nil {
 		go g.state.run(ctx)
 	}
+	go g.lim.run(ctx) // kvgate limits: tenant sync, limiter recovery, heartbeat
 	t := time.NewTicker(g.cfg.Capacity.PollInterval)
 	defer t.Stop()
 	for {
@@ -270,6 +274,9 @@ func (g *Gateway) Handle(ctx *fasthttp.RequestCtx) {
 			}
 			return
 		}
+		if g.adminTenants(ctx, path, method) { // kvgate limits: /admin/tenants (gateway/admin_tenants.go)
+			return
+		}
 		writeError(ctx, errNotFound)
 	}
 }
@@ -291,9 +298,10 @@ func (g *Gateway) authenticate(ctx *fasthttp.RequestCtx) *tenant {
 	}
 	sum := sha256.Sum256(key)
 	var found *tenant
-	for i := range g.tenants {
-		if subtle.ConstantTimeCompare(sum[:], g.tenants[i].hash) == 1 {
-			found = &g.tenants[i]
+	tenants := g.tenantList() // kvgate limits: config tenants plus those added at run time
+	for i := range tenants {
+		if subtle.ConstantTimeCompare(sum[:], tenants[i].hash) == 1 {
+			found = &tenants[i]
 		}
 	}
 	return found
@@ -331,9 +339,9 @@ func (g *Gateway) readyz(ctx *fasthttp.RequestCtx) {
 	case !g.backends.Ready():
 		ctx.SetStatusCode(503)
 		ctx.SetBodyString(`{"status":"starting","reason":"not every backend has been read yet"}`)
-	case g.degraded():
+	case g.degraded() || g.limitsDegraded(): // kvgate limits: limits enforced per replica
 		// Still serving from local state: ready, but say so.
-		ctx.SetBodyString(`{"status":"ready","degraded":true,"reason":"shared state (Redis) unreachable: incident writes are queued"}`)
+		ctx.SetBody(g.degradedReadyBody())
 	default:
 		ctx.SetBodyString(`{"status":"ready"}`)
 	}

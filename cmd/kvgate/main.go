@@ -1,6 +1,7 @@
 // Command kvgate is the one binary of the project: the gateway (serve), the
-// walkthrough (demo), the engine simulator (sim) and the leak experiments
-// (leaklab). It only parses flags and wires packages together.
+// walkthrough (demo), the engine simulator (sim), the leak experiments
+// (leaklab) and the deployment audit (audit). It only parses flags and wires
+// packages together.
 package main
 
 import (
@@ -18,6 +19,7 @@ commands:
   demo      start a leaking PD simulator pair and a gateway in front, and show the difference
   sim       run an SGLang-compatible engine simulator
   leaklab   run the leak experiments in process
+  audit     test a deployment's refusal path and isolation from outside (kvgate audit --target URL)
   version   print the version
 `
 
@@ -37,6 +39,8 @@ func main() {
 		code = runSim(args)
 	case "leaklab":
 		code = runLeaklab(args)
+	case "audit":
+		code = runAudit(args)
 	case "version", "--version", "-version":
 		fmt.Println("kvgate", version)
 	case "help", "-h", "--help":

@@ -18,6 +18,10 @@ const (
 	ModeCluster    = "cluster"
 )
 
+// boundCalls: every client honours its callers' context deadlines (go-redis ignores them unless
+// ContextTimeoutEnabled is set, and waits out its own 3 s read timeout instead), so a rate-limit
+// check bounded at 100 ms never holds a request longer when Redis stops answering.
+
 // NewClient builds one redis.UniversalClient from url and mode ("standalone" | "sentinel" |
 // "cluster"; empty means standalone), using go-redis's ParseURL, ParseFailoverURL and
 // ParseClusterURL. It does not connect: the first command does. Errors name the config field
@@ -32,6 +36,7 @@ func NewClient(url, mode string) (redis.UniversalClient, error) {
 		if err != nil {
 			return nil, fmt.Errorf("state.redis_url (mode %s): %w", ModeStandalone, err)
 		}
+		opt.ContextTimeoutEnabled = true // see boundCalls
 		return redis.NewClient(opt), nil
 	case ModeSentinel:
 		opt, err := redis.ParseFailoverURL(url)
@@ -42,12 +47,14 @@ func NewClient(url, mode string) (redis.UniversalClient, error) {
 			// go-redis accepts it, but a failover client cannot find a master without its name.
 			return nil, fmt.Errorf("state.redis_url (mode %s): missing ?master_name=<name>", ModeSentinel)
 		}
+		opt.ContextTimeoutEnabled = true
 		return redis.NewFailoverClient(opt), nil
 	case ModeCluster:
 		opt, err := redis.ParseClusterURL(url)
 		if err != nil {
 			return nil, fmt.Errorf("state.redis_url (mode %s): %w", ModeCluster, err)
 		}
+		opt.ContextTimeoutEnabled = true
 		return redis.NewClusterClient(opt), nil
 	default:
 		return nil, fmt.Errorf("state.redis_mode: %q is not one of standalone, sentinel, cluster", mode)

@@ -1,0 +1,265 @@
+package gateway
+
+import (
+	"bytes"
+	"compress/flate"
+	"compress/gzip"
+	"compress/zlib"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
+
+	"github.com/valyala/fasthttp"
+)
+
+// This file normalises what an engine sends into the one form the scanner reads and the client
+// receives: content encodings decoded (or refused), one charset (UTF-8), JSON re-serialised from
+// the decoded value. The engine is untrusted: nothing it sends reaches the client except what was
+// decoded and scanned, so a client cannot decode anything the scanner did not see.
+
+// errUnsupportedEncoding is a Content-Encoding the gateway cannot decode: the reply is refused.
+var errUnsupportedEncoding = errors.New("unsupported content encoding")
+
+// errCharset is a charset the gateway does not transcode.
+var errCharset = errors.New("unsupported charset")
+
+// decodedBody is the reply body with its Content-Encoding undone (gzip, deflate, layered in
+// the order given). Anything else (br, zstd, compress) is refused rather than passed unread.
+func decodedBody(resp *fasthttp.Response) (io.Reader, error) {
+	r := bodyReader(resp)
+	enc := strings.TrimSpace(string(resp.Header.Peek(fasthttp.HeaderContentEncoding)))
+	if enc == "" {
+		return r, nil
+	}
+	codings := strings.Split(enc, ",")
+	if len(codings) > 2 {
+		return nil, fmt.Errorf("%w: %q", errUnsupportedEncoding, enc)
+	}
+	// The last coding applied is listed last: undo them from the end.
+	for i := len(codings) - 1; i >= 0; i-- {
+		switch c := strings.ToLower(strings.TrimSpace(codings[i])); c {
+		case "identity", "":
+		case "gzip", "x-gzip":
+			zr, err := gzip.NewReader(r)
+			if err != nil {
+				return nil, fmt.Errorf("gzip: %w", err)
+			}
+			r = zr
+		case "deflate":
+			r = deflateReader(r)
+		default:
+			return nil, fmt.Errorf("%w: %q", errUnsupportedEncoding, c)
+		}
+	}
+	return r, nil
+}
+
+// deflateReader reads HTTP "deflate": zlib-wrapped per RFC 9110, though some servers send raw
+// DEFLATE; the first two bytes tell which (a zlib header is a multiple of 31).
+func deflateReader(r io.Reader) io.Reader {
+	var head [2]byte
+	n, _ := io.ReadFull(r, head[:])
+	all := io.MultiReader(bytes.NewReader(head[:n]), r)
+	if n == 2 && head[0]&0x0f == 8 && (uint16(head[0])<<8|uint16(head[1]))%31 == 0 {
+		if zr, err := zlib.NewReader(all); err == nil {
+			return zr
+		}
+	}
+	return flate.NewReader(all)
+}
+
+// charsetOf is the charset parameter of a Content-Type, lower case ("" when absent).
+func charsetOf(contentType []byte) string {
+	_, params, err := mime.ParseMediaType(string(contentType))
+	if err != nil {
+		return ""
+	}
+	return strings.ToLower(params["charset"])
+}
+
+// toUTF8 transcodes a JSON body to UTF-8 the way Python's json.loads reads bytes (the parser
+// real clients and SGLang use): a BOM or the pattern of zero bytes in the first four says
+// UTF-32 or UTF-16, a UTF-8 BOM is dropped; a declared charset is honoured when there is no BOM.
+func toUTF8(b []byte, charset string) ([]byte, error) {
+	enc := ""
+	switch {
+	case bytes.HasPrefix(b, []byte("\xEF\xBB\xBF")):
+		return b[3:], nil
+	case bytes.HasPrefix(b, []byte{0, 0, 0xFE, 0xFF}):
+		enc, b = "utf-32be", b[4:]
+	case bytes.HasPrefix(b, []byte{0xFF, 0xFE, 0, 0}):
+		enc, b = "utf-32le", b[4:]
+	case bytes.HasPrefix(b, []byte{0xFE, 0xFF}):
+		enc, b = "utf-16be", b[2:]
+	case bytes.HasPrefix(b, []byte{0xFF, 0xFE}):
+		enc, b = "utf-16le", b[2:]
+	case len(b) >= 4 && b[0] == 0 && b[1] == 0:
+		enc = "utf-32be"
+	case len(b) >= 4 && b[0] == 0:
+		enc = "utf-16be"
+	case len(b) >= 4 && b[1] == 0 && b[2] == 0 && b[3] == 0:
+		enc = "utf-32le"
+	case len(b) >= 2 && b[1] == 0:
+		enc = "utf-16le"
+	default:
+		switch charset {
+		case "", "utf-8", "utf8", "us-ascii", "ascii":
+			return b, nil
+		case "utf-16", "utf-16le", "utf-16be", "utf-32", "utf-32le", "utf-32be":
+			enc = charset
+			if enc == "utf-16" {
+				enc = "utf-16be" // no BOM: big-endian (RFC 2781)
+			} else if enc == "utf-32" {
+				enc = "utf-32be"
+			}
+		case "iso-8859-1", "latin1", "latin-1":
+			var out []byte
+			for _, c := range b {
+				out = utf8.AppendRune(out, rune(c))
+			}
+			return out, nil
+		default:
+			return nil, fmt.Errorf("%w: %q", errCharset, charset)
+		}
+	}
+	var out []byte
+	switch enc {
+	case "utf-16le", "utf-16be":
+		if len(b)%2 != 0 {
+			return nil, fmt.Errorf("%s body of odd length", enc)
+		}
+		u := make([]uint16, len(b)/2)
+		for i := range u {
+			if enc == "utf-16le" {
+				u[i] = uint16(b[2*i]) | uint16(b[2*i+1])<<8
+			} else {
+				u[i] = uint16(b[2*i])<<8 | uint16(b[2*i+1])
+			}
+		}
+		for _, r := range utf16.Decode(u) {
+			out = utf8.AppendRune(out, r)
+		}
+	default:
+		if len(b)%4 != 0 {
+			return nil, fmt.Errorf("%s body of bad length", enc)
+		}
+		for i := 0; i < len(b); i += 4 {
+			var r rune
+			if enc == "utf-32le" {
+				r = rune(b[i]) | rune(b[i+1])<<8 | rune(b[i+2])<<16 | rune(b[i+3])<<24
+			} else {
+				r = rune(b[i])<<24 | rune(b[i+1])<<16 | rune(b[i+2])<<8 | rune(b[i+3])
+			}
+			out = utf8.AppendRune(out, r)
+		}
+	}
+	return out, nil
+}
+
+// canonicalJSON serialises a decoded value: one key per object (duplicates were resolved by the
+// decoder, and the client now sees the value that was scanned), valid UTF-8, no HTML escaping.
+func canonicalJSON(v any) []byte {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		panic(err) // values come from the decoder: always encodable
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
+}
+
+// replyHeaders are the engine reply headers a client may see. Everything else an engine sets
+// (its own diagnostics, cookies, a simulator's ground truth) stays behind: headers are text a
+// client reads, and only these carry nothing a tenant could learn another's data from.
+func copyReplyHeaders(ctx *fasthttp.RequestCtx, resp *fasthttp.Response) {
+	if ra := resp.Header.Peek(fasthttp.HeaderRetryAfter); len(ra) > 0 && len(ra) <= 6 && allDigits(ra) {
+		ctx.Response.Header.SetBytesV(fasthttp.HeaderRetryAfter, ra)
+	}
+}
+
+func allDigits(b []byte) bool {
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// errDuplicateKey: an object of the reply names a key twice. Parsers disagree on which value
+// wins, so such a reply is refused (after its shadowed values were scanned for the record).
+var errDuplicateKey = errors.New("duplicate key in a JSON object")
+
+// decodeStrict decodes exactly one JSON value from an engine (numbers kept exact). Values hidden
+// behind a later duplicate key are returned in shadowed, so the caller can scan them before it
+// refuses the reply; anything after the value is an error.
+func decodeStrict(b []byte) (v any, shadowed []any, err error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	v, err = decodeValue(dec, &shadowed, 0)
+	if err != nil {
+		return nil, shadowed, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, shadowed, errTrailing
+	}
+	if len(shadowed) > 0 {
+		return v, shadowed, errDuplicateKey
+	}
+	return v, nil, nil
+}
+
+// maxDepth bounds nesting, so a hostile reply cannot exhaust the stack.
+const maxDepth = 256
+
+func decodeValue(dec *json.Decoder, shadowed *[]any, depth int) (any, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, err
+	}
+	d, ok := tok.(json.Delim)
+	if !ok {
+		return tok, nil
+	}
+	if depth >= maxDepth {
+		return nil, errors.New("JSON nested too deeply")
+	}
+	switch d {
+	case '{':
+		m := map[string]any{}
+		for dec.More() {
+			kt, err := dec.Token()
+			if err != nil {
+				return nil, err
+			}
+			k, _ := kt.(string)
+			e, err := decodeValue(dec, shadowed, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			if old, dup := m[k]; dup {
+				*shadowed = append(*shadowed, k, old)
+			}
+			m[k] = e
+		}
+		_, err = dec.Token() // '}'
+		return m, err
+	case '[':
+		a := []any{}
+		for dec.More() {
+			e, err := decodeValue(dec, shadowed, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			a = append(a, e)
+		}
+		_, err = dec.Token() // ']'
+		return a, err
+	}
+	return nil, fmt.Errorf("unexpected %v", d)
+}

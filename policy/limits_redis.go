@@ -1,0 +1,189 @@
+package policy
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisLimits keeps every tenant's cells in Redis, shared by every replica with the same prefix:
+// prefix+"{kvgate}:rl:"+tenant+":r" (requests) and ":t" (tokens) hold GCRA theoretical arrival
+// times in milliseconds of Redis's own clock (so replicas' clocks do not matter), ":c" is a
+// sorted set of concurrency leases scored by expiry. All keys carry the {kvgate} hash tag: one
+// Cluster slot, so one script touches them all.
+type RedisLimits struct {
+	client redis.UniversalClient
+	prefix string
+}
+
+// NewRedisLimits returns the shared store.
+func NewRedisLimits(client redis.UniversalClient, prefix string) *RedisLimits {
+	return &RedisLimits{client: client, prefix: prefix}
+}
+
+func (r *RedisLimits) keys(tenant string) []string {
+	base := r.prefix + "{kvgate}:rl:" + tenant
+	return []string{base + ":r", base + ":t", base + ":c"}
+}
+
+// admitScript is gcra (limits.go) in Lua, plus the lease set.
+// KEYS: requests cell, tokens cell, lease set.
+// ARGV: rpm, tpm, max_concurrent, tokens, lease, lease ttl ms, carry rpm ms, carry tpm ms,
+// extra in flight, carry only (1|0).
+// Returns {allowed 0|1, refusing limit, retry ms, never 0|1, rpm fill ms, tpm fill ms}.
+var admitScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local rpm, tpm, maxc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local tokens = tonumber(ARGV[4])
+local window = 60000
+local function load(key, carry)
+  local tat = tonumber(redis.call('GET', key) or 0) or 0
+  if tat < now then tat = now end
+  if carry > 0 then tat = math.min(tat + carry, now + window) end
+  return tat
+end
+local rtat, ttat = now, now
+if rpm > 0 then rtat = load(KEYS[1], tonumber(ARGV[7])) end
+if tpm > 0 then ttat = load(KEYS[2], tonumber(ARGV[8])) end
+local nr, nt = rtat, ttat
+local limit, retry, never = '', 0, 0
+local function store(key, tat)
+  if tat > now then redis.call('SET', key, tostring(tat), 'PX', math.ceil(tat - now) + 1000) end
+end
+if ARGV[10] == '1' then
+  if rpm > 0 then store(KEYS[1], rtat) end
+  if tpm > 0 then store(KEYS[2], ttat) end
+  return {0, '', '0', 0, tostring(rtat - now), tostring(ttat - now)}
+end
+if rpm > 0 then
+  nr = rtat + window / rpm
+  if nr - now > window + 1e-6 then limit = 'rpm'; retry = nr - now - window end
+end
+if limit == '' and tpm > 0 then
+  nt = ttat + tokens * window / tpm
+  if tokens > tpm then limit = 'tpm'; retry = window; never = 1
+  elseif nt - now > window + 1e-6 then limit = 'tpm'; retry = nt - now - window end
+end
+if limit == '' and maxc > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  if redis.call('ZCARD', KEYS[3]) + tonumber(ARGV[9]) >= maxc then limit = 'max_concurrent'; retry = 1000 end
+end
+local allowed = 1
+if limit ~= '' then nr, nt, allowed = rtat, ttat, 0 end
+if rpm > 0 then store(KEYS[1], nr) end
+if tpm > 0 then store(KEYS[2], nt) end
+if allowed == 1 and maxc > 0 then
+  local ttl = tonumber(ARGV[6])
+  redis.call('ZADD', KEYS[3], now + ttl, ARGV[5])
+  redis.call('PEXPIRE', KEYS[3], ttl * 2)
+end
+return {allowed, limit, tostring(math.ceil(retry)), never, tostring(math.max(nr - now, 0)), tostring(math.max(nt - now, 0))}`)
+
+// settleScript: KEYS tokens cell, lease set; ARGV tpm, token delta, lease.
+var settleScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local tpm, delta = tonumber(ARGV[1]), tonumber(ARGV[2])
+if tpm > 0 and delta ~= 0 then
+  local tat = tonumber(redis.call('GET', KEYS[1]) or 0) or 0
+  tat = math.max(tat, now) + delta * 60000 / tpm
+  if tat > now then
+    redis.call('SET', KEYS[1], tostring(tat), 'PX', math.ceil(tat - now) + 1000)
+  else
+    redis.call('DEL', KEYS[1])
+  end
+end
+if ARGV[3] ~= '' then redis.call('ZREM', KEYS[2], ARGV[3]) end
+return 0`)
+
+// renewScript: KEYS lease set; ARGV ttl ms, leases...: extend the leases that still exist.
+var renewScript = redis.NewScript(`
+local t = redis.call('TIME')
+local exp = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000 + tonumber(ARGV[1])
+for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', exp, ARGV[i]) end
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]) * 2)
+return 0`)
+
+func (r *RedisLimits) Admit(ctx context.Context, a Admission) (Verdict, error) {
+	res, err := admitScript.Run(ctx, r.client, r.keys(a.Tenant),
+		a.Limits.RPM, a.Limits.TPM, a.Limits.MaxConcurrent, a.Tokens, a.Lease, LeaseTTL.Milliseconds(),
+		strconv.FormatFloat(a.CarryRPM, 'f', 3, 64), strconv.FormatFloat(a.CarryTPM, 'f', 3, 64), a.ExtraInflight, b01(a.CarryOnly)).Slice()
+	if err != nil {
+		return Verdict{}, fmt.Errorf("rate limit check for tenant %q: %w", a.Tenant, err)
+	}
+	if len(res) != 6 {
+		return Verdict{}, fmt.Errorf("rate limit check: unexpected reply %v", res)
+	}
+	num := func(v any) float64 {
+		switch x := v.(type) {
+		case int64:
+			return float64(x)
+		case string:
+			f, _ := strconv.ParseFloat(x, 64)
+			return f
+		}
+		return 0
+	}
+	limit, _ := res[1].(string)
+	return Verdict{Allowed: num(res[0]) == 1, Limit: limit, RetryAfter: time.Duration(num(res[2])) * time.Millisecond,
+		Never: num(res[3]) == 1, RPMFill: num(res[4]), TPMFill: num(res[5])}, nil
+}
+
+func (r *RedisLimits) Settle(ctx context.Context, tenant string, lim Limits, tokenDelta int64, lease string) error {
+	if (lim.TPM <= 0 || tokenDelta == 0) && lease == "" {
+		return nil // nothing to move: no round trip
+	}
+	k := r.keys(tenant)
+	if err := settleScript.Run(ctx, r.client, []string{k[1], k[2]}, lim.TPM, tokenDelta, lease).Err(); err != nil {
+		return fmt.Errorf("settling tenant %q: %w", tenant, err)
+	}
+	return nil
+}
+
+func (r *RedisLimits) Renew(ctx context.Context, leases map[string]string) error {
+	byTenant := map[string][]any{}
+	for lease, tenant := range leases {
+		byTenant[tenant] = append(byTenant[tenant], lease)
+	}
+	// One call per tenant, every LeaseTTL/4: off the request path, so no pipelining needed.
+	for tenant, ls := range byTenant {
+		if err := renewScript.Run(ctx, r.client, []string{r.keys(tenant)[2]}, append([]any{LeaseTTL.Milliseconds()}, ls...)...).Err(); err != nil {
+			return fmt.Errorf("renewing concurrency leases: %w", err)
+		}
+	}
+	return nil
+}
+
+func (r *RedisLimits) Ping(ctx context.Context) error { return r.client.Ping(ctx).Err() }
+
+// heartbeatScript: KEYS replica set; ARGV replica id, ttl ms. Registers the replica and returns
+// how many have beaten within ttl.
+var heartbeatScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
+redis.call('PEXPIRE', KEYS[1], ttl * 2)
+return redis.call('ZCARD', KEYS[1])`)
+
+// Heartbeat registers replica id as alive and returns how many replicas beat within the last
+// 5 s: the replica count a local share divides by when Redis later becomes unreachable.
+func (r *RedisLimits) Heartbeat(ctx context.Context, id string) (int, error) {
+	n, err := heartbeatScript.Run(ctx, r.client, []string{r.prefix + "{kvgate}:replicas"}, id, 5000).Int()
+	if err != nil {
+		return 0, fmt.Errorf("replica heartbeat: %w", err)
+	}
+	return n, nil
+}
+
+func b01(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
