@@ -5,7 +5,8 @@ import "strings"
 // FindMarkerFragments returns the live complete markers of which text contains a "KVG-"
 // followed by at least FragmentMin characters that begin them (a whole marker included), each
 // once, in order of first appearance (nil if none). ASCII letter case is ignored, in the prefix
-// and the characters, so that a fragment written in capitals is still found.
+// and the characters, so that a fragment written in capitals is still found; and, as Loose
+// reads replies, LooseMin folded characters anywhere that begin a marker count without a prefix.
 //
 // The gateway adds them to a request's echo set: a model that repeats a fragment the client
 // itself sent (say 8 characters of another tenant's marker) is echoing, not leaking, and must
@@ -51,6 +52,51 @@ func (k *Keyring) FindMarkerFragments(text string) []string {
 			}
 		}
 	}
+	return k.appendLooseEchoes(out, text)
+}
+
+// appendLooseEchoes adds the live markers whose first LooseMin characters appear in text as
+// Loose reads it (case, fullwidth and invisible characters folded, no prefix needed): a reply
+// repeating them would otherwise be a Loose hit, so they are the client's echoes too.
+func (k *Keyring) appendLooseEchoes(out []string, text string) []string {
+	b := []byte(text)
+	var run []byte
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	check := func() {
+		for w := 0; w+LooseMin <= len(run); w++ {
+			first, ok := k.byPrefix[prefixKey(run[w:])]
+			if !ok {
+				continue
+			}
+			for _, e := range append([]entry{first}, k.overflow[prefixKey(run[w:])]...) {
+				if string(e.rest[:LooseMin-FragmentMin]) != string(run[w+FragmentMin:w+LooseMin]) {
+					continue
+				}
+				m := MarkerPrefix + string(run[w:w+FragmentMin]) + string(e.rest[:])
+				dup := false
+				for _, o := range out {
+					dup = dup || o == m
+				}
+				if !dup {
+					out = append(out, m)
+				}
+			}
+		}
+		run = run[:0]
+	}
+	for i := 0; i < len(b); {
+		c, skip, size := fold(b[i:])
+		switch {
+		case skip:
+		case c == 0:
+			check()
+		default:
+			run = append(run, c)
+		}
+		i += size
+	}
+	check()
 	return out
 }
 

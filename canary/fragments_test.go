@@ -18,7 +18,10 @@ func TestFindMarkerFragments(t *testing.T) {
 		{"frag " + a[:4+8] + ", whole " + b + " and again " + a, []string{a, b}},
 		{"capitals KVG-" + upper(a[4:12]) + " kvg-" + b[4:13], []string{a, b}},
 		{"a run that goes on KVG-" + a[4:12] + "zzzzzzzz", []string{a}},
-		{"-KVG" + a[4:] + " KV-" + a[4:] + " -", nil},
+		{"-KVG " + a[4:15] + " KV- " + b[4:10] + " -", nil},
+		// Without the prefix, as the folded detector reads it: 12 characters, any case, with
+		// invisible characters between them.
+		{"bare " + upper(a[4:16]) + " and " + b[4:8] + "\u200b" + b[8:16], []string{a, b}},
 	} {
 		got := k.FindMarkerFragments(c.text)
 		if len(got) != len(c.want) {

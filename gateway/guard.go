@@ -165,9 +165,9 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 	inc := canary.Incident{Time: time.Now().UTC(), Kind: kind, RequestID: x.rid, Victim: h.Victim,
 		Requester: x.tenant.Name, Backends: names, Epoch: h.Epoch, Context: h.Context}
 	g.metrics.incidents.WithLabelValues(kind).Inc()
-	// A fragment in the reply to a token-id prompt whose text could not be read may be the
+	// A short fragment in the reply to a token-id prompt whose text could not be read may be the
 	// client's own: the reply is cut and the incident kept, but nothing is quarantined on it.
-	quarantine := kind == canary.KindLeak && !(x.idsUnread && len(h.Marker) < canary.MarkerLen)
+	quarantine := kind == canary.KindLeak && !(x.idsUnread && shortFragment(h.Marker))
 	if kind == canary.KindLeak && !quarantine {
 		g.log.Error("foreign canary marker fragment in the reply to an unreadable token-id prompt: reply cut, no quarantine",
 			zap.String("request_id", x.rid), zap.String("requester", x.tenant.Name), zap.String("victim", h.Victim), zap.Strings("backends", names))
@@ -212,6 +212,23 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 		defer g.bg.Done()
 		work()
 	}()
+}
+
+// shortFragment says a hit carries fewer than canary.LooseMin marker characters: only the prefix
+// scanner reports those ("KVG-" and 8 to 11 characters). A whole marker always gives at least
+// LooseMin (the folded detector cuts there, before the rest arrives), and no reply lets more than
+// 7 characters of a foreign marker reach a client, so a tenant cannot learn enough to fake one.
+func shortFragment(marker string) bool {
+	n := 0
+	for i := 0; i < len(marker); i++ {
+		if c := marker[i] | 0x20; c >= 'a' && c <= 'z' || marker[i] >= '2' && marker[i] <= '7' {
+			n++
+		}
+	}
+	if len(marker) >= len(canary.MarkerPrefix) && strings.EqualFold(marker[:len(canary.MarkerPrefix)], canary.MarkerPrefix) {
+		n -= 3 // "KVG"
+	}
+	return n < canary.LooseMin
 }
 
 // localFlag is a quarantine this replica set. It is merged into every snapshot of the store
