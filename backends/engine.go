@@ -54,6 +54,29 @@ func (b *Backend) Tokenize(ctx context.Context, prompt string, timeout time.Dura
 	return len(out.Tokens), nil
 }
 
+// Detokenize asks the engine for the text of token ids (SGLang's /detokenize, with the engine's
+// own vocabulary): what a model reading those ids can repeat.
+func (b *Backend) Detokenize(ctx context.Context, ids []int, timeout time.Duration) (string, error) {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
+		timeout = time.Until(dl)
+	}
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	if err := b.post("/detokenize", map[string]any{"tokens": ids, "skip_special_tokens": false}, timeout, resp); err != nil {
+		return "", fmt.Errorf("detokenize on %s: %w", b.Name, err)
+	}
+	if resp.StatusCode() != fasthttp.StatusOK {
+		return "", fmt.Errorf("detokenize on %s: status %d", b.Name, resp.StatusCode())
+	}
+	var out struct {
+		Text *string `json:"text"`
+	}
+	if err := json.Unmarshal(resp.Body(), &out); err != nil || out.Text == nil {
+		return "", fmt.Errorf("detokenize on %s: no text in the reply", b.Name)
+	}
+	return *out.Text, nil
+}
+
 // Abort asks the engine to drop request rid (SGLang's /abort_request). It runs in the
 // background, bounded by timeout: an abort must never hold up the client.
 func (b *Backend) Abort(rid string, timeout time.Duration) {

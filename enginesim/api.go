@@ -853,6 +853,36 @@ func (s *Server) handleTokenize(ctx *fasthttp.RequestCtx) {
 	ctx.SetBody(body)
 }
 
+// handleDetokenize is SGLang's /detokenize: {"tokens":[…] | [[…]]} → {"text": "…" | […]}, with
+// the text the model itself reads for those ids (idTexts), so a gateway that asks sees what a
+// reply can quote.
+func (s *Server) handleDetokenize(ctx *fasthttp.RequestCtx) {
+	var req struct {
+		Tokens json.RawMessage `json:"tokens"`
+	}
+	if err := json.Unmarshal(ctx.PostBody(), &req); err != nil {
+		writeOpenAIError(ctx, errOutcome(400, "invalid JSON body: "+err.Error()))
+		return
+	}
+	lists, batch, err := idLists(req.Tokens, "tokens")
+	if err != nil || lists == nil {
+		writeOpenAIError(ctx, errOutcome(400, "tokens: want a list of token ids or a list of lists"))
+		return
+	}
+	texts := make([]string, len(lists))
+	for i, ids := range lists {
+		texts[i] = strings.Join(s.idTexts(ids), "")
+	}
+	var body []byte
+	if batch {
+		body, _ = marshal(map[string]any{"text": texts})
+	} else {
+		body, _ = marshal(map[string]any{"text": texts[0]})
+	}
+	ctx.SetContentType("application/json")
+	ctx.SetBody(body)
+}
+
 func (s *Server) handleAbort(ctx *fasthttp.RequestCtx) {
 	var req struct {
 		RID      string `json:"rid"`

@@ -145,7 +145,9 @@ type SimStats struct {
 	// ForeignReplies counts replies that read stale pages of other requests (the leak), the
 	// ground truth that reply headers only carry to a direct client.
 	ForeignReplies int `json:"foreign_replies"`
-	Pool           struct {
+	// RequestIDs are the X-Request-Id headers of the last 256 generation requests, oldest first.
+	RequestIDs []string `json:"request_ids"`
+	Pool       struct {
 		PagesTotal int `json:"pages_total"`
 		PagesFree  int `json:"pages_free"`
 	} `json:"pool"`
@@ -165,6 +167,7 @@ func (s *Server) Stats() SimStats {
 		st.Rejected[k] = v
 	}
 	st.MaxPromptTokens, st.TokenizeRequests, st.ForeignReplies = s.maxPT, s.tokReqs, s.foreign
+	st.RequestIDs = append([]string{}, s.headerIDs...)
 	s.statsMu.Unlock()
 	st.Pool.PagesTotal, st.Pool.PagesFree = l.totalPages, l.freePages
 	return st

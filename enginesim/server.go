@@ -44,6 +44,9 @@ type Server struct {
 	tokReqs  int
 	rejected map[string]int
 	foreign  int
+	// headerIDs are the X-Request-Id headers of the last generation requests (ground truth for
+	// "the engine never sees the client's id").
+	headerIDs []string
 
 	activeMu sync.Mutex
 	active   map[string]context.CancelFunc // rid → cancel, for /abort_request
@@ -215,13 +218,18 @@ func (s *Server) Handler() fasthttp.RequestHandler {
 		case get && path == "/sim/stats":
 			s.simStats(ctx)
 		case post && path == "/generate":
+			s.noteHeaders(ctx)
 			s.handleGenerate(ctx)
 		case post && path == "/v1/completions":
+			s.noteHeaders(ctx)
 			s.handleOpenAI(ctx, routeCompletions)
 		case post && path == "/v1/chat/completions":
+			s.noteHeaders(ctx)
 			s.handleOpenAI(ctx, routeChat)
 		case post && (path == "/tokenize" || path == "/v1/tokenize"):
 			s.handleTokenize(ctx)
+		case post && (path == "/detokenize" || path == "/v1/detokenize"):
+			s.handleDetokenize(ctx)
 		case post && path == "/abort_request":
 			s.handleAbort(ctx)
 		default:
@@ -237,6 +245,20 @@ func (s *Server) Handler() fasthttp.RequestHandler {
 func (s *Server) countRequest(route string) {
 	s.statsMu.Lock()
 	s.requests[route]++
+	s.statsMu.Unlock()
+}
+
+// maxHeaderIDs bounds the X-Request-Id history kept for /sim/stats.
+const maxHeaderIDs = 256
+
+// noteHeaders remembers the request's X-Request-Id header (empty when absent).
+func (s *Server) noteHeaders(ctx *fasthttp.RequestCtx) {
+	id := string(ctx.Request.Header.Peek("X-Request-Id"))
+	s.statsMu.Lock()
+	if len(s.headerIDs) >= maxHeaderIDs {
+		s.headerIDs = append(s.headerIDs[:0], s.headerIDs[1:]...)
+	}
+	s.headerIDs = append(s.headerIDs, id)
 	s.statsMu.Unlock()
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
+	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -36,13 +38,17 @@ type exchange struct {
 	// estimate is the raw tiktoken count when the estimate tier ran (to learn the ratio).
 	estimate int
 	route    *backends.Route
-	// echoes are foreign markers the client's own prompt contained.
-	echoes   []string
-	status   int
-	upstream string
-	errMsg   string
-	logged   atomic.Bool
-	limit    *limitHold // kvgate limits: the tenant-limit reservation, settled in finish
+	// echoes are foreign markers the client's own prompt contained (or began).
+	echoes []string
+	// idsUnread: a token-id prompt whose text no engine on the route could give back; short
+	// marker fragments in its reply may be the client's own, so they cut the reply but
+	// quarantine nothing (a whole marker still does; see shortFragment).
+	idsUnread bool
+	status    int
+	upstream  string
+	errMsg    string
+	logged    atomic.Bool
+	limit     *limitHold // kvgate limits: the tenant-limit reservation, settled in finish
 	// holding: the route's in-flight accounting is held until close (closeOnce).
 	holding   bool
 	closeOnce sync.Once
@@ -61,6 +67,7 @@ func (g *Gateway) generate(ctx *fasthttp.RequestCtx, kind routeKind) {
 		x.fail(ctx, e)
 		return
 	}
+	x.coverTokenIDs()
 	g.forward(ctx, x)
 }
 
@@ -113,7 +120,7 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apiError {
 	}
 	tenantMax := x.tenant.MaxPromptTokens
 	limit := policy.Limit(paths, output, tenantMax)
-	x.decision = x.decide(limit)
+	pick := x.decidePaths(routes, output, tenantMax, limit)
 	dur := time.Since(x.start)
 	g.metrics.admitSeconds.Observe(dur.Seconds())
 	ctx.Response.Header.Set("X-Kvgate-Tier", string(x.decision.Tier))
@@ -132,47 +139,93 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apiError {
 		ctx.Response.Header.Set("X-Kvgate-Monitor", "would-refuse: "+x.reason)
 		g.log.Warn("monitor mode: forwarding a request the admission rule refuses",
 			zap.String("request_id", x.rid), zap.String("tenant", x.tenant.Name), zap.Int("tokens", x.decision.Tokens), zap.Int("limit", limit))
-		best := 0
-		for i := range routes {
-			if policy.MaxPrompt(routes[i].Path, output, tenantMax) > policy.MaxPrompt(routes[best].Path, output, tenantMax) {
-				best = i
-			}
-		}
-		x.route = &routes[best]
+		x.route = &routes[roomiest(routes, output, tenantMax)]
 		return nil
 	}
 	x.reason = "ok"
 	g.metrics.decisions.WithLabelValues("admit", x.reason, string(x.decision.Tier)).Inc()
-	// Least-loaded route among those that admit this prompt.
-	var pick *backends.Route
-	for _, i := range policy.Eligible(paths, x.decision.Tokens, output, tenantMax) {
-		if r := &routes[i]; pick == nil || r.Load() < pick.Load() {
-			pick = r
-		}
-	}
-	x.route = pick
+	x.route = &routes[pick]
 	return nil
 }
 
-// decide counts every prompt of the request (a batch has several) against limit. The request
-// is admitted only if all fit; the decision reported is the largest prompt's.
-func (x *exchange) decide(limit int) policy.Decision {
-	g := x.g
-	var exact policy.ExactCounter // a nil *exactCounter must stay a nil interface
-	if g.exact != nil {
-		exact = g.exact
+func roomiest(routes []backends.Route, output, tenantMax int) int {
+	best := 0
+	for i := range routes {
+		if policy.MaxPrompt(routes[i].Path, output, tenantMax) > policy.MaxPrompt(routes[best].Path, output, tenantMax) {
+			best = i
+		}
 	}
+	return best
+}
+
+// decidePaths decides the request path by path, least loaded first, and returns the first path
+// that admits it (so the least-loaded admitting one), with x.decision set. Counts are per path
+// because engines may tokenize differently: an estimate may admit only where calibration trusts
+// it, and an exact count comes from the engines of the path being decided. When no path admits,
+// x.decision is the roomiest path's refusal (with Limit = the overall limit) and -1 is returned.
+func (x *exchange) decidePaths(routes []backends.Route, output, tenantMax, limit int) int {
+	order := make([]int, len(routes))
+	loads := make([]int64, len(routes))
+	for i := range routes {
+		order[i], loads[i] = i, routes[i].Load()
+	}
+	sort.SliceStable(order, func(a, b int) bool { return loads[order[a]] < loads[order[b]] })
+	ratio := x.g.ratio.Get()
+	// One estimate per prompt serves every path: it runs to the largest limit's stopping point.
+	stop := 0
+	if limit >= 0 {
+		stop = int(math.Floor(float64(limit)*ratio)) + 1
+	}
+	ests := make([]*cachingEstimator, len(x.req.prompts))
+	for i := range ests {
+		ests[i] = &cachingEstimator{Estimator: x.g.enc, minStop: stop}
+	}
+	cache := map[string]int{}
+	room := roomiest(routes, output, tenantMax)
+	var refusal policy.Decision
+	for _, i := range order {
+		d := x.decideOn(&routes[i], policy.MaxPrompt(routes[i].Path, output, tenantMax), ratio, ests, cache)
+		if d.Admit {
+			d.Limit = limit
+			x.decision = d
+			return i
+		}
+		if i == room {
+			refusal = d
+		}
+	}
+	refusal.Limit = limit
+	x.decision = refusal
+	return -1
+}
+
+// decideOn counts every prompt of the request (a batch has several) against one path's limit.
+// The path admits only if all fit; the decision reported is the largest prompt's.
+func (x *exchange) decideOn(r *backends.Route, limit int, ratio float64, ests []*cachingEstimator, cache map[string]int) policy.Decision {
+	g := x.g
+	var exact policy.ExactCounter // no exact counter: a nil interface, not a nil pointer
+	var pc *pathCounter
+	if g.exact != nil {
+		pc = &pathCounter{g: g, route: r, cache: cache}
+		exact = pc
+	}
+	distrust := g.distrusted(r)
 	var worst policy.Decision
 	for i, p := range x.req.prompts {
+		if pc != nil {
+			pc.prompt = i
+		}
 		pr := policy.Request{Text: p.text, Bytes: len(p.text), InputIDs: p.ids, HasInputIDs: p.hasIDs,
-			Overhead: specialTokenAllowance, DistrustEstimate: g.distrustEstimate.Load()}
-		est := &recordingEstimator{Estimator: g.enc}
-		d := policy.Decide(context.Background(), pr, limit, est, g.ratio.Get(), exact)
-		if est.n > x.estimate {
-			x.estimate = est.n
+			Overhead: specialTokenAllowance, DistrustEstimate: distrust}
+		d := policy.Decide(context.Background(), pr, limit, ests[i], ratio, exact)
+		if e := ests[i]; e.complete && e.n > x.estimate {
+			x.estimate = e.n
 		}
 		if i == 0 || !d.Admit && worst.Admit || d.Admit == worst.Admit && d.Tokens > worst.Tokens {
 			worst = d
+		}
+		if !d.Admit {
+			break // the path refuses: the other prompts need not be counted for it
 		}
 	}
 	return worst
@@ -182,18 +235,28 @@ func (x *exchange) decide(limit int) policy.Decision {
 // in the text: the byte bound is only sound with them added.
 const specialTokenAllowance = 2
 
-// recordingEstimator remembers the last estimate (to learn the safety ratio from engine reports).
-type recordingEstimator struct {
+// cachingEstimator counts one prompt once for every path: the first count runs at least to
+// minStop (the stopping point of the largest limit), and later calls reuse it. It also remembers
+// the complete estimate, to learn the safety ratio from engine reports.
+type cachingEstimator struct {
 	policy.Estimator
-	n int
+	minStop  int
+	done     bool
+	n        int
+	complete bool
 }
 
-func (r *recordingEstimator) Count(text string, stopAfter int) (int, bool) {
-	n, complete := r.Estimator.Count(text, stopAfter)
-	if complete {
-		r.n = n
+func (c *cachingEstimator) Count(text string, stopAfter int) (int, bool) {
+	if !c.done {
+		stop := stopAfter
+		if stop >= 0 && c.minStop > stop {
+			stop = c.minStop
+		}
+		c.n, c.complete = c.Estimator.Count(text, stop)
+		c.done = true
 	}
-	return n, complete
+	// An incomplete count that stopped past stopAfter still says "more than stopAfter".
+	return c.n, c.complete || stopAfter >= 0 && c.n > stopAfter
 }
 
 // tooLong is the 413: OpenAI's wording on OpenAI routes, SGLang's on /generate.

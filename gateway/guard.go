@@ -47,7 +47,9 @@ func (x *exchange) inject() {
 		own.WriteString("\n" + t.Content)
 	}
 	own.WriteString(req.extra)
-	x.echoes = g.keyring.FindMarkers(own.String())
+	// Fragments count too: a reply repeating the 8 characters of a marker that the client sent
+	// is the client's own text (FindMarkerFragments finds whole markers as well).
+	x.echoes = g.keyring.FindMarkerFragments(own.String())
 	if !req.kind.generates() {
 		return // no text comes back to carry a marker; replies are still scanned
 	}
@@ -176,7 +178,13 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 	inc := canary.Incident{Time: time.Now().UTC(), Kind: kind, RequestID: x.rid, Victim: h.Victim,
 		Requester: x.tenant.Name, Backends: names, Epoch: h.Epoch, Context: h.Context}
 	g.metrics.incidents.WithLabelValues(kind).Inc()
-	if kind == canary.KindLeak {
+	// A short fragment in the reply to a token-id prompt whose text could not be read may be the
+	// client's own: the reply is cut and the incident kept, but nothing is quarantined on it.
+	quarantine := kind == canary.KindLeak && !(x.idsUnread && shortFragment(h.Marker))
+	if kind == canary.KindLeak && !quarantine {
+		g.log.Error("foreign canary marker fragment in the reply to an unreadable token-id prompt: reply cut, no quarantine",
+			zap.String("request_id", x.rid), zap.String("requester", x.tenant.Name), zap.String("victim", h.Victim), zap.Strings("backends", names))
+	} else if kind == canary.KindLeak {
 		g.log.Error("foreign canary marker in an engine reply: reply cut, backends quarantined",
 			zap.String("request_id", x.rid), zap.String("engine_rid", x.engineRID), zap.String("requester", x.tenant.Name), zap.String("victim", h.Victim),
 			zap.Strings("backends", names), zap.Uint64("epoch", h.Epoch))
@@ -194,7 +202,7 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 		if err := g.state.Incidents.Record(ctx, inc); err != nil {
 			g.log.Error("incident not recorded", zap.String("request_id", x.rid), zap.Error(err))
 		}
-		if kind == canary.KindLeak {
+		if quarantine {
 			for _, n := range names {
 				if err := g.state.Quarantine.Quarantine(ctx, n, "canary leak "+x.rid, g.cfg.Canary.QuarantineTTL); err != nil {
 					g.log.Warn("quarantine not shared yet (kept locally, retried)", zap.String("backend", n), zap.Error(err))
@@ -217,6 +225,23 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 		defer g.bg.Done()
 		work()
 	}()
+}
+
+// shortFragment says a hit carries fewer than canary.LooseMin marker characters: only the prefix
+// scanner reports those ("KVG-" and 8 to 11 characters). A whole marker always gives at least
+// LooseMin (the folded detector cuts there, before the rest arrives), and no reply lets more than
+// 7 characters of a foreign marker reach a client, so a tenant cannot learn enough to fake one.
+func shortFragment(marker string) bool {
+	n := 0
+	for i := 0; i < len(marker); i++ {
+		if c := marker[i] | 0x20; c >= 'a' && c <= 'z' || marker[i] >= '2' && marker[i] <= '7' {
+			n++
+		}
+	}
+	if len(marker) >= len(canary.MarkerPrefix) && strings.EqualFold(marker[:len(canary.MarkerPrefix)], canary.MarkerPrefix) {
+		n -= 3 // "KVG"
+	}
+	return n < canary.LooseMin
 }
 
 // localFlag is a quarantine this replica set. It is merged into every snapshot of the store

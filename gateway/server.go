@@ -49,9 +49,9 @@ type Gateway struct {
 	server   *fasthttp.Server
 	metricsH fasthttp.RequestHandler
 	draining atomic.Bool
-	// distrustEstimate is set when calibration finds an engine whose tokenizer counts more than
-	// estimate × ratio: estimates may then refuse, never admit.
-	distrustEstimate atomic.Bool
+	// calib is per backend what tokenizer calibration found (see calibrate).
+	calibMu sync.RWMutex
+	calib   map[string]*calibration
 
 	// Canaries and shared state. keyring is nil when canaries are disabled.
 	keyring         *canary.Keyring
@@ -63,6 +63,12 @@ type Gateway struct {
 	localQuarantine map[string]localFlag
 
 	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/limits.go)
+
+	// oversized marks requests (by their header, which lives as long as the connection's
+	// RequestCtx) whose declared Content-Length is over max_body_bytes; nOversized counts the
+	// marks so that ordinary requests skip the map.
+	oversized  sync.Map
+	nOversized atomic.Int64
 }
 
 type tenant struct {
@@ -95,7 +101,7 @@ func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Ga
 		cfg: cfg, log: log.Named("gateway"), access: log.Named("access"), backends: set, enc: enc,
 		ratio: tokenize.NewSafetyRatio(cfg.Tokenizer.SafetyRatio, cfg.Tokenizer.SafetyRatioMax),
 	}
-	g.state, g.localQuarantine = st, map[string]localFlag{}
+	g.state, g.localQuarantine, g.calib = st, map[string]localFlag{}, map[string]*calibration{}
 	if cfg.Canary.Enabled {
 		names := make([]string, len(cfg.Tenants))
 		for i, t := range cfg.Tenants {
@@ -132,8 +138,14 @@ func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Ga
 		MaxRequestBodySize: cfg.MaxBodyBytes,
 		ReadTimeout:        30 * time.Second, // request headers+body; replies stream without a deadline
 		IdleTimeout:        120 * time.Second,
+		// A declared Content-Length over the limit is refused from the headers: fasthttp would
+		// otherwise pre-read up to 8 KiB of body (waiting up to ReadTimeout for a client that
+		// sends only headers) or, with "Expect: 100-continue", invite the whole upload first.
+		HeaderReceived: g.headerReceived,
+		ExpectHandler:  g.expect,
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
-			if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+			if errors.Is(err, fasthttp.ErrBodyTooLarge) || g.takeOversized(ctx) {
+				ctx.SetConnectionClose()
 				writeError(ctx, tooLarge(cfg.MaxBodyBytes))
 				return
 			}
@@ -184,8 +196,50 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 	return err
 }
 
+// headerReceived runs as soon as a request's headers are parsed. For a declared body over the
+// limit it makes the body pre-read fail at once (a 1 ns read deadline, at most 1 byte), so the
+// error handler answers 413 without waiting for the body; the mark tells it why the read failed.
+func (g *Gateway) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	if g.nOversized.Load() > 0 {
+		g.clearOversized(h) // a mark left by an earlier request on this connection's context
+	}
+	if h.ContentLength() <= g.cfg.MaxBodyBytes {
+		return fasthttp.RequestConfig{}
+	}
+	if _, loaded := g.oversized.LoadOrStore(h, struct{}{}); !loaded {
+		g.nOversized.Add(1)
+	}
+	return fasthttp.RequestConfig{ReadTimeout: time.Nanosecond, MaxRequestBodySize: 1}
+}
+
+// expect answers "Expect: 100-continue" with the 413 instead of inviting an oversized upload.
+func (g *Gateway) expect(ctx *fasthttp.RequestCtx) int {
+	if ctx.Request.Header.ContentLength() > g.cfg.MaxBodyBytes {
+		g.clearOversized(&ctx.Request.Header)
+		writeError(ctx, tooLarge(g.cfg.MaxBodyBytes))
+		return fasthttp.StatusRequestEntityTooLarge
+	}
+	return fasthttp.StatusContinue
+}
+
+// takeOversized reports (and clears) the oversized mark of ctx's request.
+func (g *Gateway) takeOversized(ctx *fasthttp.RequestCtx) bool {
+	return g.nOversized.Load() > 0 && g.clearOversized(&ctx.Request.Header)
+}
+
+func (g *Gateway) clearOversized(h *fasthttp.RequestHeader) bool {
+	if _, ok := g.oversized.LoadAndDelete(h); ok {
+		g.nOversized.Add(-1)
+		return true
+	}
+	return false
+}
+
 // Handle routes one request.
 func (g *Gateway) Handle(ctx *fasthttp.RequestCtx) {
+	if g.nOversized.Load() > 0 {
+		g.clearOversized(&ctx.Request.Header) // its first body byte was already buffered: readBody refuses it
+	}
 	path := string(ctx.Path())
 	method := string(ctx.Method())
 	switch path {

@@ -52,6 +52,10 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 		fail(e)
 		return
 	}
+	if e := checkKeys(body); e != nil {
+		fail(e) // an engine reads the first of duplicate or case-variant keys differently
+		return
+	}
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(body, &fields); err != nil || fields == nil {
 		fail(badRequest("", "Request body must be a JSON object."))
