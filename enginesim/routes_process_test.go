@@ -497,3 +497,28 @@ func TestPDBugLeaksOnResponsesAndMessages(t *testing.T) {
 		}
 	}
 }
+
+// Every generation route accepts cache_salt; the distinct values are what
+// /sim/stats shows (the simulator has no prefix cache to partition).
+func TestCacheSaltCounted(t *testing.T) {
+	sim := smallSim(t)
+	msgs := []any{map[string]any{"role": "user", "content": "hi"}}
+	for _, c := range []struct {
+		path string
+		body map[string]any
+	}{
+		{"/generate", map[string]any{"text": "a b", "cache_salt": "s-gen", "sampling_params": map[string]any{"max_new_tokens": 2}}},
+		{"/v1/completions", map[string]any{"prompt": "a b", "cache_salt": "s-cmp", "max_tokens": 2}},
+		{"/v1/chat/completions", map[string]any{"messages": msgs, "cache_salt": "s-chat", "max_tokens": 2}},
+		{"/v1/responses", map[string]any{"input": "hi", "cache_salt": "s-chat", "max_output_tokens": 2}}, // a repeat
+		{"/v1/messages", map[string]any{"messages": msgs, "cache_salt": "s-msg", "max_tokens": 2}},
+	} {
+		if r := post(t, sim.URL, c.path, c.body); r.status != 200 {
+			t.Errorf("%s with cache_salt: %d %s", c.path, r.status, r.body)
+		}
+	}
+	openAIErr(t, "cache_salt of the wrong type", post(t, sim.URL, "/v1/chat/completions", map[string]any{"messages": msgs, "cache_salt": 7}), 400, "cache_salt")
+	if st := sim.Stats(t); st.CacheSalts != 4 {
+		t.Errorf("cache_salts = %d, want 4", st.CacheSalts)
+	}
+}
