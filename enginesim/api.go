@@ -192,12 +192,16 @@ type generateReq struct {
 	BootstrapHost  json.RawMessage `json:"bootstrap_host"`
 	BootstrapPort  json.RawMessage `json:"bootstrap_port"`
 	BootstrapRoom  json.RawMessage `json:"bootstrap_room"`
+	CacheSalt      json.RawMessage `json:"cache_salt"`
 }
 
 func (s *Server) parseGenerate(body []byte) ([]*item, bool, bool, error) {
 	var req generateReq
 	if err := json.Unmarshal(body, &req); err != nil {
 		return nil, false, false, badf("invalid JSON body: %v", err)
+	}
+	if err := s.noteSalt(req.CacheSalt); err != nil {
+		return nil, false, false, err
 	}
 	texts, batchT, err := strings1(req.Text, "text")
 	if err != nil {
@@ -524,6 +528,7 @@ type openAIReq struct {
 	BootstrapHost json.RawMessage `json:"bootstrap_host"`
 	BootstrapPort json.RawMessage `json:"bootstrap_port"`
 	BootstrapRoom json.RawMessage `json:"bootstrap_room"`
+	CacheSalt     json.RawMessage `json:"cache_salt"`
 }
 
 // RenderChatML renders messages as the simulator counts them: each message
@@ -573,6 +578,9 @@ func (s *Server) parseOpenAI(r route, body []byte) (*openAIReq, []*item, []int, 
 	var req openAIReq
 	if err := json.Unmarshal(body, &req); err != nil {
 		return nil, nil, nil, badf("invalid JSON body: %v", err)
+	}
+	if err := s.noteSalt(req.CacheSalt); err != nil {
+		return nil, nil, nil, err
 	}
 	var prompts []string
 	var idPrompts [][]uint32
@@ -832,7 +840,8 @@ func (s *Server) handleTokenize(ctx *fasthttp.RequestCtx) {
 	}
 	var body []byte
 	if !batch {
-		ids, _ := s.tok.Encode(prompts[0])
+		ids, texts := s.tok.Encode(prompts[0])
+		s.rememberPieces(ids, texts)
 		if ids == nil {
 			ids = []uint32{}
 		}
@@ -841,43 +850,15 @@ func (s *Server) handleTokenize(ctx *fasthttp.RequestCtx) {
 		all := make([][]uint32, len(prompts))
 		counts := make([]int, len(prompts))
 		for i, p := range prompts {
-			all[i], _ = s.tok.Encode(p)
+			var texts []string
+			all[i], texts = s.tok.Encode(p)
+			s.rememberPieces(all[i], texts)
 			if all[i] == nil {
 				all[i] = []uint32{}
 			}
 			counts[i] = len(all[i])
 		}
 		body, _ = marshal(map[string]any{"tokens": all, "count": counts, "max_model_len": s.cfg.ContextLength})
-	}
-	ctx.SetContentType("application/json")
-	ctx.SetBody(body)
-}
-
-// handleDetokenize is SGLang's /detokenize: {"tokens":[…] | [[…]]} → {"text": "…" | […]}, with
-// the text the model itself reads for those ids (idTexts), so a gateway that asks sees what a
-// reply can quote.
-func (s *Server) handleDetokenize(ctx *fasthttp.RequestCtx) {
-	var req struct {
-		Tokens json.RawMessage `json:"tokens"`
-	}
-	if err := json.Unmarshal(ctx.PostBody(), &req); err != nil {
-		writeOpenAIError(ctx, errOutcome(400, "invalid JSON body: "+err.Error()))
-		return
-	}
-	lists, batch, err := idLists(req.Tokens, "tokens")
-	if err != nil || lists == nil {
-		writeOpenAIError(ctx, errOutcome(400, "tokens: want a list of token ids or a list of lists"))
-		return
-	}
-	texts := make([]string, len(lists))
-	for i, ids := range lists {
-		texts[i] = strings.Join(s.idTexts(ids), "")
-	}
-	var body []byte
-	if batch {
-		body, _ = marshal(map[string]any{"text": texts})
-	} else {
-		body, _ = marshal(map[string]any{"text": texts[0]})
 	}
 	ctx.SetContentType("application/json")
 	ctx.SetBody(body)

@@ -147,6 +147,9 @@ type SimStats struct {
 	ForeignReplies int `json:"foreign_replies"`
 	// RequestIDs are the X-Request-Id headers of the last 256 generation requests, oldest first.
 	RequestIDs []string `json:"request_ids"`
+	// CacheSalts counts the distinct cache_salt values seen: the simulator
+	// has no prefix cache to partition, so this is what a test can check.
+	CacheSalts int `json:"cache_salts"`
 	Pool       struct {
 		PagesTotal int `json:"pages_total"`
 		PagesFree  int `json:"pages_free"`
@@ -168,6 +171,7 @@ func (s *Server) Stats() SimStats {
 	}
 	st.MaxPromptTokens, st.TokenizeRequests, st.ForeignReplies = s.maxPT, s.tokReqs, s.foreign
 	st.RequestIDs = append([]string{}, s.headerIDs...)
+	st.CacheSalts = len(s.salts)
 	s.statsMu.Unlock()
 	st.Pool.PagesTotal, st.Pool.PagesFree = l.totalPages, l.freePages
 	return st
