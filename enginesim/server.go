@@ -47,7 +47,7 @@ type Server struct {
 	// headerIDs are the X-Request-Id headers of the last generation requests (ground truth for
 	// "the engine never sees the client's id").
 	headerIDs []string
-	salts    map[string]struct{} // distinct cache_salt values seen
+	salts     map[string]struct{} // distinct cache_salt values seen
 
 	piecesMu sync.Mutex
 	pieces   map[uint32]string // chunk4 id → piece, for /detokenize

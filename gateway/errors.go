@@ -2,10 +2,10 @@ package gateway
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"net"
 	"os"
-	"encoding/json"
 	"strconv"
 
 	"github.com/valyala/fasthttp"
