@@ -44,7 +44,8 @@ func (c *Capacity) PoolBelowContext() bool { return c.PoolTokens < c.ContextLen 
 
 // Backend is one configured engine.
 type Backend struct {
-	Name, Role, APIKey string
+	Name, APIKey string
+	Role         config.Role
 	// Addr is host:port; Host is the host alone (the prefill's bootstrap_host).
 	Addr, Host string
 	// client streams requests to the engine (Send). Its timeouts are per read (see timedConn).
@@ -205,12 +206,12 @@ func (s *Set) PollOnce(b *Backend) {
 	if old := b.lastErr.Swap(nil); old != nil {
 		s.log.Info("backend answering again", zap.String("backend", b.Name))
 	}
-	want := map[string]string{config.RoleUnified: "null", config.RolePrefill: "prefill", config.RoleDecode: "decode"}[b.Role]
+	want := map[config.Role]string{config.RoleUnified: "null", config.RolePrefill: "prefill", config.RoleDecode: "decode"}[b.Role]
 	ok := cur.Mode == want
 	if b.roleOK.Swap(ok) != ok || (!ok && b.capacity.Load() == nil) {
 		if !ok {
 			s.log.Error("backend reports a different role than configured: taken out of rotation",
-				zap.String("backend", b.Name), zap.String("configured", b.Role), zap.String("reported_disaggregation_mode", cur.Mode))
+				zap.String("backend", b.Name), zap.String("configured", string(b.Role)), zap.String("reported_disaggregation_mode", cur.Mode))
 		}
 	}
 	old := b.capacity.Swap(cur)

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/policy"
 )
@@ -130,7 +131,7 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apiError {
 		if tenantMax > 0 && x.decision.Tokens <= policy.Limit(paths, output, 0) {
 			x.reason = "tenant_max_prompt_tokens"
 		}
-		if g.cfg.Policy.Mode != "monitor" {
+		if g.cfg.Policy.Mode != config.ModeMonitor {
 			g.metrics.decisions.WithLabelValues("refuse", x.reason, string(x.decision.Tier)).Inc()
 			return x.tooLong(routes, output, limit)
 		}

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/canary"
+	"github.com/kvgate/kvgate/config"
 )
 
 // This file is the canary side of the pipeline: markers go into prompts before counting, and
@@ -97,7 +98,7 @@ func (x *exchange) inject() {
 		msgs = append(msgs, c)
 	}
 	switch {
-	case g.cfg.Canary.Placement == "prefix" && len(msgs) > 0:
+	case g.cfg.Canary.Placement == config.PlacementPrefix && len(msgs) > 0:
 		appendToContent(msgs[0], marker, true)
 	case sys >= 0:
 		appendToContent(msgs[sys], marker, false)
@@ -188,9 +189,8 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 		g.log.Error("foreign canary marker in an engine reply: reply cut, backends quarantined",
 			zap.String("request_id", x.rid), zap.String("engine_rid", x.engineRID), zap.String("requester", x.tenant.Name), zap.String("victim", h.Victim),
 			zap.Strings("backends", names), zap.Uint64("epoch", h.Epoch))
-		until := time.Now().Add(g.cfg.Canary.QuarantineTTL)
 		for _, n := range names {
-			g.quarantineLocal(n, until)
+			g.quarantine.mark(n, g.cfg.Canary.QuarantineTTL, "canary leak "+x.rid)
 		}
 	} else {
 		g.log.Warn("echoed canary marker stripped (the requester's own prompt contained it)",
@@ -204,11 +204,9 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 		}
 		if quarantine {
 			for _, n := range names {
-				if err := g.state.Quarantine.Quarantine(ctx, n, "canary leak "+x.rid, g.cfg.Canary.QuarantineTTL); err != nil {
+				if err := g.quarantine.share(ctx, n); err != nil {
 					g.log.Warn("quarantine not shared yet (kept locally, retried)", zap.String("backend", n), zap.Error(err))
-					continue
 				}
-				g.storedQuarantine(n)
 			}
 		}
 	}
@@ -242,68 +240,4 @@ func shortFragment(marker string) bool {
 		n -= 3 // "KVG"
 	}
 	return n < canary.LooseMin
-}
-
-// localFlag is a quarantine this replica set. It is merged into every snapshot of the store
-// until a snapshot read after the store had it: from then on the store decides (so an
-// operator's release on any replica is not undone here, and a snapshot older than the flag
-// cannot lift it).
-type localFlag struct {
-	until, storedAt time.Time // storedAt is zero until the store has the flag
-}
-
-// quarantineLocal takes a backend out of rotation on this replica at once.
-func (g *Gateway) quarantineLocal(name string, until time.Time) {
-	g.qmu.Lock()
-	defer g.qmu.Unlock() // with the backend update, so a sync cannot apply an older snapshot over it
-	g.localQuarantine[name] = localFlag{until: until}
-	g.backends.Quarantine(name, until)
-}
-
-// storedQuarantine notes that the store now holds this replica's flag.
-func (g *Gateway) storedQuarantine(name string) {
-	g.qmu.Lock()
-	if f, ok := g.localQuarantine[name]; ok && f.storedAt.IsZero() {
-		f.storedAt = time.Now()
-		g.localQuarantine[name] = f
-	}
-	g.qmu.Unlock()
-}
-
-// syncQuarantine merges the shared quarantine flags with this replica's own and applies them.
-func (g *Gateway) syncQuarantine(ctx context.Context) {
-	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	readAt := time.Now()
-	active, err := g.state.Quarantine.Active(cctx)
-	if err != nil {
-		return // keep what we have: local state goes on while the store is away
-	}
-	now := time.Now()
-	var retry []string
-	g.qmu.Lock()
-	for name, f := range g.localQuarantine {
-		switch {
-		case !f.until.After(now):
-			delete(g.localQuarantine, name)
-		case !f.storedAt.IsZero() && f.storedAt.Before(readAt):
-			// This snapshot was read after the store had the flag: the store decides.
-			delete(g.localQuarantine, name)
-		case f.storedAt.IsZero():
-			retry = append(retry, name) // our write failed (the store was away)
-			active[name] = f.until
-		default:
-			active[name] = f.until // stored after this snapshot was read
-		}
-	}
-	g.backends.SetQuarantine(active)
-	g.qmu.Unlock()
-	for _, name := range retry {
-		g.qmu.Lock()
-		f, ok := g.localQuarantine[name]
-		g.qmu.Unlock()
-		if ok && g.state.Quarantine.Quarantine(cctx, name, "canary leak (retry)", time.Until(f.until)) == nil {
-			g.storedQuarantine(name)
-		}
-	}
 }

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/canary"
 )
 
@@ -364,7 +365,7 @@ func (x *exchange) cut(h *canary.Hit, b *backends.Backend, rids []string, other 
 // learn raises the safety ratio from the prompt count a unified or decode engine reported for a
 // prompt that was estimated (never from prefill, which reports 1 for a stubbed prompt).
 func (x *exchange) learn(reply any, b *backends.Backend) {
-	if x.estimate <= 0 || b.Role == "prefill" || len(x.req.prompts) != 1 {
+	if x.estimate <= 0 || b.Role == config.RolePrefill || len(x.req.prompts) != 1 {
 		return
 	}
 	x.g.ratio.Observe(x.estimate, backends.PromptTokens(reply))

@@ -59,8 +59,7 @@ type Gateway struct {
 	bg              sync.WaitGroup // incident writes in flight
 	bgMu            sync.Mutex     // guards bgClosed and bg.Add against Shutdown's Wait
 	bgClosed        bool
-	qmu             sync.Mutex
-	localQuarantine map[string]localFlag
+	quarantine      *quarantine
 
 	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/limits.go)
 
@@ -93,7 +92,7 @@ func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Ga
 			return nil, err
 		}
 	}
-	enc, err := tokenize.NewEncoder(cfg.Tokenizer.Library, cfg.Tokenizer.Encoding)
+	enc, err := tokenize.NewEncoder(string(cfg.Tokenizer.Library), cfg.Tokenizer.Encoding)
 	if err != nil {
 		return nil, fmt.Errorf("building tokenizer: %w", err)
 	}
@@ -101,7 +100,8 @@ func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Ga
 		cfg: cfg, log: log.Named("gateway"), access: log.Named("access"), backends: set, enc: enc,
 		ratio: tokenize.NewSafetyRatio(cfg.Tokenizer.SafetyRatio, cfg.Tokenizer.SafetyRatioMax),
 	}
-	g.state, g.localQuarantine, g.calib = st, map[string]localFlag{}, map[string]*calibration{}
+	g.state, g.calib = st, map[string]*calibration{}
+	g.quarantine = newQuarantine(st.Quarantine, set.SetQuarantine)
 	if cfg.Canary.Enabled {
 		names := make([]string, len(cfg.Tenants))
 		for i, t := range cfg.Tenants {
@@ -168,7 +168,9 @@ func (g *Gateway) Run(ctx context.Context) {
 	t := time.NewTicker(g.cfg.Capacity.PollInterval)
 	defer t.Stop()
 	for {
-		g.syncQuarantine(ctx)
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		g.quarantine.sync(sctx)
+		cancel()
 		if g.keyring != nil {
 			g.keyring.Refresh(time.Now())
 		}
@@ -438,7 +440,7 @@ type backendStatus struct {
 }
 
 func describeBackend(set *backends.Set, b *backends.Backend, now time.Time) backendStatus {
-	st := backendStatus{Name: b.Name, ConfiguredRole: b.Role, RoleMatches: b.RoleMatches(), Usable: set.Usable(b, now),
+	st := backendStatus{Name: b.Name, ConfiguredRole: string(b.Role), RoleMatches: b.RoleMatches(), Usable: set.Usable(b, now),
 		Capacity: b.Capacity(), LastError: b.LastError()}
 	if st.Capacity != nil {
 		st.ReportedMode = st.Capacity.Mode
@@ -518,15 +520,11 @@ func (g *Gateway) adminRelease(ctx *fasthttp.RequestCtx, name string) {
 	}
 	rctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	if err := g.state.Quarantine.Release(rctx, name); err != nil {
+	if err := g.quarantine.release(rctx, name); err != nil {
 		writeError(ctx, &apiError{Status: 503, Type: "server_error", Code: "state_unavailable", RetryAfter: 5,
 			Message: "The quarantine store is unreachable; the backend stays quarantined: " + err.Error()})
 		return
 	}
-	g.qmu.Lock()
-	delete(g.localQuarantine, name)
-	g.qmu.Unlock()
-	g.backends.Quarantine(name, time.Time{})
 	g.log.Warn("backend released from quarantine by an operator", zap.String("backend", name))
 	body, _ := json.Marshal(map[string]any{"released": name})
 	ctx.SetContentType("application/json")
