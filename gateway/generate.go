@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"sort"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -127,10 +127,7 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apiError {
 	ctx.Response.Header.Set("X-Kvgate-Tier", string(x.decision.Tier))
 	ctx.Response.Header.Set("X-Kvgate-Tokens", strconv.Itoa(x.decision.Tokens))
 	if !x.decision.Admit {
-		x.reason = "context_length_exceeded"
-		if tenantMax > 0 && x.decision.Tokens <= policy.Limit(paths, output, 0) {
-			x.reason = "tenant_max_prompt_tokens"
-		}
+		x.reason = policy.Reason(paths, x.decision.Tokens, output, tenantMax)
 		if g.cfg.Policy.Mode != config.ModeMonitor {
 			g.metrics.decisions.WithLabelValues("refuse", x.reason, string(x.decision.Tier)).Inc()
 			return x.tooLong(routes, output, limit)
@@ -143,7 +140,7 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apiError {
 		x.route = &routes[roomiest(routes, output, tenantMax)]
 		return nil
 	}
-	x.reason = "ok"
+	x.reason = policy.ReasonOK
 	g.metrics.decisions.WithLabelValues("admit", x.reason, string(x.decision.Tier)).Inc()
 	x.route = &routes[pick]
 	return nil
@@ -165,12 +162,11 @@ func roomiest(routes []backends.Route, output, tenantMax int) int {
 // it, and an exact count comes from the engines of the path being decided. When no path admits,
 // x.decision is the roomiest path's refusal (with Limit = the overall limit) and -1 is returned.
 func (x *exchange) decidePaths(routes []backends.Route, output, tenantMax, limit int) int {
-	order := make([]int, len(routes))
 	loads := make([]int64, len(routes))
 	for i := range routes {
-		order[i], loads[i] = i, routes[i].Load()
+		loads[i] = routes[i].Load()
 	}
-	sort.SliceStable(order, func(a, b int) bool { return loads[order[a]] < loads[order[b]] })
+	order := policy.Order(loads, rand.IntN)
 	ratio := x.g.ratio.Get()
 	// One estimate per prompt serves every path: it runs to the largest limit's stopping point.
 	stop := 0
@@ -270,7 +266,7 @@ func (x *exchange) tooLong(routes []backends.Route, output, limit int) *apiError
 	n := x.decision.Tokens
 	e := &apiError{Status: 413, Type: "invalid_request_error", Code: "context_length_exceeded"}
 	e.Param = promptParam[x.kind]
-	if x.reason == "tenant_max_prompt_tokens" {
+	if x.reason == policy.ReasonTenantMaxPrompt {
 		e.Message = fmt.Sprintf("Your prompt resulted in %d tokens, more than this API key's limit of %d prompt tokens. Please reduce the length of the prompt.", n, x.tenant.MaxPromptTokens)
 		return e
 	}

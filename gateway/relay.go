@@ -212,7 +212,9 @@ func (r *relayReader) Close() error {
 				r.other.AbortAll(r.l.Rids)
 			}
 			if r.x.errMsg == "" {
-				r.x.errMsg = "client_gone"
+				// The client left mid-stream: logged as nginx's 499 (the status line it
+				// got said 200, but the reply it read is not complete).
+				r.x.errMsg, r.x.status = "client_gone", 499
 			}
 		}
 		r.x.closeLeg(r.l)
