@@ -213,8 +213,9 @@ func TestAuditPDRejectAtAdmissionPasses(t *testing.T) {
 	}
 }
 
-// kvgate in front of the buggy pair: the audit sees only the gateway (no /server_info, no
-// /tokenize), and every over-limit prompt is refused before an engine sees it.
+// kvgate in front of the buggy pair: the audit sees only the gateway (no /server_info; its
+// /tokenize, passed to an engine with the tenant's key, makes sizes exact), and every over-limit
+// prompt is refused before an engine sees it.
 func TestAuditGatewayInFrontOfBuggyPairPasses(t *testing.T) {
 	p, d := startAuditPair(t)
 	const key = "sk-audit-test"
@@ -235,7 +236,7 @@ capacity: {poll_interval: 200ms}
 		t.Fatalf("want exit 0 through the gateway: %v", r)
 	}
 	// kvgate's /v1/models reports the largest prompt it admits (2041); 2042 must be refused.
-	if r.report.Limit != 2041 || r.report.LimitSource != "max_model_len" || r.report.Sizing != audit.SizingEstimate {
+	if r.report.Limit != 2041 || r.report.LimitSource != "max_model_len" || r.report.Sizing != audit.SizingTokenize {
 		t.Fatalf("limit %d from %q sizing %q", r.report.Limit, r.report.LimitSource, r.report.Sizing)
 	}
 	if f := r.finding(t, "refusal/limit+1/stream"); f.Status != 413 || f.Verdict != audit.Pass {
