@@ -2,7 +2,6 @@ package canary
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -13,37 +12,12 @@ import (
 
 	"github.com/kvgate/kvgate/internal/redisstate"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kvgate/kvgate/internal/redisstate/redistest"
 )
 
-// testRedis connects to the shared test Redis (KVGATE_TEST_REDIS, default db 15) and returns a
-// key prefix unique to this test. Keys under the prefix are deleted at the end (never FLUSHDB).
-func testRedis(t *testing.T) (redis.UniversalClient, string) {
-	t.Helper()
-	url := os.Getenv("KVGATE_TEST_REDIS")
-	if url == "" {
-		url = "redis://127.0.0.1:6379/15"
-	}
-	c, err := redisstate.NewClient(url, "standalone")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	if err := c.Ping(ctx).Err(); err != nil {
-		t.Fatalf("test Redis at %s (KVGATE_TEST_REDIS): %v", url, err)
-	}
-	prefix := fmt.Sprintf("kvgtest:%s:%d:", t.Name(), time.Now().UnixNano())
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		iter := c.Scan(ctx, 0, prefix+"*", 100).Iterator()
-		for iter.Next(ctx) {
-			c.Del(ctx, iter.Val())
-		}
-		c.Close()
-	})
-	return c, prefix
-}
+// testRedis is the shared test Redis and this test's key prefix.
+func testRedis(t testing.TB) (redis.UniversalClient, string) { return redistest.Open(t) }
 
 func incident(i int) Incident {
 	return Incident{

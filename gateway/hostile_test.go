@@ -527,23 +527,8 @@ func TestHostileFramingsOfCleanReplies(t *testing.T) {
 		if status != 200 || h.Get("Content-Type") != "text/event-stream" {
 			t.Fatalf("%s: %d %v", name, status, h)
 		}
-		var text strings.Builder
-		for _, ev := range strings.Split(string(body), "\n\n") {
-			d, ok := strings.CutPrefix(ev, "data: ")
-			if !ok || d == "[DONE]" {
-				continue
-			}
-			var c struct {
-				Choices []struct {
-					Delta struct{ Content string } `json:"delta"`
-				} `json:"choices"`
-			}
-			if err := json.Unmarshal([]byte(d), &c); err != nil || len(c.Choices) != 1 {
-				t.Fatalf("%s: bad event %q", name, d)
-			}
-			text.WriteString(c.Choices[0].Delta.Content)
-		}
-		if text.String() != "Hello world" || strings.Contains(string(body), "ping") || strings.Contains(string(body), "id:") {
+		text := accumulated(t, body, "content")
+		if text != "Hello world" || strings.Contains(string(body), "ping") || strings.Contains(string(body), "id:") {
 			t.Fatalf("%s: client got %q", name, body)
 		}
 	}
