@@ -6,23 +6,18 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"os"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/redisstate/redistest"
 	"github.com/kvgate/kvgate/internal/testkit"
 )
 
 var anyMarker = regexp.MustCompile(`KVG-[a-z2-7]{20}`)
 
-func testRedisURL() string {
-	if u := os.Getenv("KVGATE_TEST_REDIS"); u != "" {
-		return u
-	}
-	return "redis://127.0.0.1:6379/15"
-}
+func testRedisURL() string { return redistest.URL() }
 
 func uniquePrefix(t testing.TB) string {
 	var b [6]byte
