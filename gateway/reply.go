@@ -5,7 +5,6 @@ import (
 	"compress/flate"
 	"compress/gzip"
 	"compress/zlib"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -163,18 +162,6 @@ func toUTF8(b []byte, charset string) ([]byte, error) {
 	return out, nil
 }
 
-// canonicalJSON serialises a decoded value: one key per object (duplicates were resolved by the
-// decoder, and the client now sees the value that was scanned), valid UTF-8, no HTML escaping.
-func canonicalJSON(v any) []byte {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		panic(err) // values come from the decoder: always encodable
-	}
-	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
-}
-
 // replyHeaders are the engine reply headers a client may see. Everything else an engine sets
 // (its own diagnostics, cookies, a simulator's ground truth) stays behind: headers are text a
 // client reads, and only these carry nothing a tenant could learn another's data from.
@@ -197,71 +184,6 @@ func allDigits(b []byte) bool {
 // wins, so such a reply is refused (after its shadowed values were scanned for the record).
 var errDuplicateKey = errors.New("duplicate key in a JSON object")
 
-// decodeStrict decodes exactly one JSON value from an engine (numbers kept exact). Values hidden
-// behind a later duplicate key are returned in shadowed, so the caller can scan them before it
-// refuses the reply; anything after the value is an error.
-func decodeStrict(b []byte) (v any, shadowed []any, err error) {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	v, err = decodeValue(dec, &shadowed, 0)
-	if err != nil {
-		return nil, shadowed, err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, shadowed, errTrailing
-	}
-	if len(shadowed) > 0 {
-		return v, shadowed, errDuplicateKey
-	}
-	return v, nil, nil
-}
-
 // maxDepth bounds nesting, so a hostile reply cannot exhaust the stack.
 const maxDepth = 256
 
-func decodeValue(dec *json.Decoder, shadowed *[]any, depth int) (any, error) {
-	tok, err := dec.Token()
-	if err != nil {
-		return nil, err
-	}
-	d, ok := tok.(json.Delim)
-	if !ok {
-		return tok, nil
-	}
-	if depth >= maxDepth {
-		return nil, errors.New("JSON nested too deeply")
-	}
-	switch d {
-	case '{':
-		m := map[string]any{}
-		for dec.More() {
-			kt, err := dec.Token()
-			if err != nil {
-				return nil, err
-			}
-			k, _ := kt.(string)
-			e, err := decodeValue(dec, shadowed, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			if old, dup := m[k]; dup {
-				*shadowed = append(*shadowed, k, old)
-			}
-			m[k] = e
-		}
-		_, err = dec.Token() // '}'
-		return m, err
-	case '[':
-		a := []any{}
-		for dec.More() {
-			e, err := decodeValue(dec, shadowed, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			a = append(a, e)
-		}
-		_, err = dec.Token() // ']'
-		return a, err
-	}
-	return nil, fmt.Errorf("unexpected %v", d)
-}

@@ -1,0 +1,410 @@
+package gateway
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// A JSON reader and writer for engine replies, on the hot path of every reply and event: one
+// pass that builds the value the scanner walks (objects as map[string]any, arrays as []any,
+// numbers as json.Number, exactly as encoding/json with UseNumber builds them) and notes values
+// hidden behind a duplicate key, and a writer of that value in canonical form (keys sorted, no
+// HTML escaping, invalid UTF-8 as U+FFFD, as encoding/json writes it). Both are tested against
+// encoding/json.
+
+var errJSONDepth = errors.New("JSON nested too deeply")
+
+type jsonReader struct {
+	b        []byte
+	i        int
+	shadowed []any
+}
+
+func (r *jsonReader) errorf(format string, a ...any) error {
+	return fmt.Errorf("invalid JSON at byte %d: %s", r.i, fmt.Sprintf(format, a...))
+}
+
+func (r *jsonReader) space() {
+	for r.i < len(r.b) {
+		switch r.b[r.i] {
+		case ' ', '\t', '\n', '\r':
+			r.i++
+		default:
+			return
+		}
+	}
+}
+
+func (r *jsonReader) value(depth int) (any, error) {
+	r.space()
+	if r.i >= len(r.b) {
+		return nil, r.errorf("unexpected end")
+	}
+	switch c := r.b[r.i]; {
+	case c == '{':
+		if depth >= maxDepth {
+			return nil, errJSONDepth
+		}
+		r.i++
+		m := map[string]any{}
+		r.space()
+		if r.i < len(r.b) && r.b[r.i] == '}' {
+			r.i++
+			return m, nil
+		}
+		for {
+			r.space()
+			if r.i >= len(r.b) || r.b[r.i] != '"' {
+				return nil, r.errorf("want a string key")
+			}
+			k, err := r.str()
+			if err != nil {
+				return nil, err
+			}
+			r.space()
+			if r.i >= len(r.b) || r.b[r.i] != ':' {
+				return nil, r.errorf("want ':'")
+			}
+			r.i++
+			v, err := r.value(depth + 1)
+			if err != nil {
+				return nil, err
+			}
+			if old, dup := m[k]; dup {
+				r.shadowed = append(r.shadowed, k, old)
+			}
+			m[k] = v
+			r.space()
+			if r.i >= len(r.b) {
+				return nil, r.errorf("unexpected end in an object")
+			}
+			if r.b[r.i] == ',' {
+				r.i++
+				continue
+			}
+			if r.b[r.i] == '}' {
+				r.i++
+				return m, nil
+			}
+			return nil, r.errorf("want ',' or '}'")
+		}
+	case c == '[':
+		if depth >= maxDepth {
+			return nil, errJSONDepth
+		}
+		r.i++
+		a := []any{}
+		r.space()
+		if r.i < len(r.b) && r.b[r.i] == ']' {
+			r.i++
+			return a, nil
+		}
+		for {
+			v, err := r.value(depth + 1)
+			if err != nil {
+				return nil, err
+			}
+			a = append(a, v)
+			r.space()
+			if r.i >= len(r.b) {
+				return nil, r.errorf("unexpected end in an array")
+			}
+			if r.b[r.i] == ',' {
+				r.i++
+				continue
+			}
+			if r.b[r.i] == ']' {
+				r.i++
+				return a, nil
+			}
+			return nil, r.errorf("want ',' or ']'")
+		}
+	case c == '"':
+		return r.str()
+	case c == 't':
+		return true, r.lit("true")
+	case c == 'f':
+		return false, r.lit("false")
+	case c == 'n':
+		return nil, r.lit("null")
+	case c == '-' || c >= '0' && c <= '9':
+		return r.num()
+	}
+	return nil, r.errorf("unexpected %q", r.b[r.i])
+}
+
+func (r *jsonReader) lit(s string) error {
+	if len(r.b)-r.i < len(s) || string(r.b[r.i:r.i+len(s)]) != s {
+		return r.errorf("bad literal")
+	}
+	r.i += len(s)
+	return nil
+}
+
+// num reads a number per RFC 8259's grammar, kept as its text.
+func (r *jsonReader) num() (any, error) {
+	s := r.i
+	if r.b[r.i] == '-' {
+		r.i++
+	}
+	digits := func() int {
+		n := 0
+		for r.i < len(r.b) && r.b[r.i] >= '0' && r.b[r.i] <= '9' {
+			r.i++
+			n++
+		}
+		return n
+	}
+	if r.i < len(r.b) && r.b[r.i] == '0' {
+		r.i++
+	} else if digits() == 0 {
+		return nil, r.errorf("bad number")
+	}
+	if r.i < len(r.b) && r.b[r.i] == '.' {
+		r.i++
+		if digits() == 0 {
+			return nil, r.errorf("bad number")
+		}
+	}
+	if r.i < len(r.b) && (r.b[r.i] == 'e' || r.b[r.i] == 'E') {
+		r.i++
+		if r.i < len(r.b) && (r.b[r.i] == '+' || r.b[r.i] == '-') {
+			r.i++
+		}
+		if digits() == 0 {
+			return nil, r.errorf("bad number")
+		}
+	}
+	return json.Number(r.b[s:r.i]), nil
+}
+
+// str reads a string, escapes resolved the way encoding/json resolves them (a lone surrogate
+// or invalid UTF-8 becomes U+FFFD).
+func (r *jsonReader) str() (string, error) {
+	r.i++ // the opening quote
+	s := r.i
+	for r.i < len(r.b) { // fast path: no escapes, ASCII or valid UTF-8
+		c := r.b[r.i]
+		if c == '"' {
+			out := string(r.b[s:r.i])
+			r.i++
+			if !utf8.ValidString(out) {
+				return string([]rune(out)), nil // invalid bytes become U+FFFD
+			}
+			return out, nil
+		}
+		if c == '\\' || c < 0x20 {
+			break
+		}
+		r.i++
+	}
+	buf := append([]byte(nil), r.b[s:r.i]...)
+	for r.i < len(r.b) {
+		c := r.b[r.i]
+		switch {
+		case c == '"':
+			r.i++
+			if !utf8.Valid(buf) {
+				return string([]rune(string(buf))), nil
+			}
+			return string(buf), nil
+		case c < 0x20:
+			return "", r.errorf("control character in a string")
+		case c == '\\':
+			if r.i+1 >= len(r.b) {
+				return "", r.errorf("unexpected end in a string")
+			}
+			e := r.b[r.i+1]
+			r.i += 2
+			switch e {
+			case '"', '\\', '/':
+				buf = append(buf, e)
+			case 'b':
+				buf = append(buf, '\b')
+			case 'f':
+				buf = append(buf, '\f')
+			case 'n':
+				buf = append(buf, '\n')
+			case 'r':
+				buf = append(buf, '\r')
+			case 't':
+				buf = append(buf, '\t')
+			case 'u':
+				u, ok := r.hex4()
+				if !ok {
+					return "", r.errorf("bad \\u escape")
+				}
+				ru := rune(u)
+				if utf16.IsSurrogate(ru) {
+					ru = utf8.RuneError
+					if r.i+1 < len(r.b) && r.b[r.i] == '\\' && r.b[r.i+1] == 'u' {
+						save := r.i
+						r.i += 2
+						if u2, ok := r.hex4(); ok {
+							if d := utf16.DecodeRune(rune(u), rune(u2)); d != utf8.RuneError {
+								ru = d
+							} else {
+								r.i = save // not a pair: the second escape stands alone
+							}
+						} else {
+							return "", r.errorf("bad \\u escape")
+						}
+					}
+				}
+				buf = utf8.AppendRune(buf, ru)
+			default:
+				return "", r.errorf("bad escape")
+			}
+		default:
+			buf = append(buf, c)
+			r.i++
+		}
+	}
+	return "", r.errorf("unterminated string")
+}
+
+func (r *jsonReader) hex4() (uint16, bool) {
+	if len(r.b)-r.i < 4 {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(r.b[r.i:r.i+4]), 16, 16)
+	if err != nil {
+		return 0, false
+	}
+	r.i += 4
+	return uint16(v), true
+}
+
+// decodeStrict decodes exactly one JSON value from an engine. Values hidden behind a later
+// duplicate key are returned in shadowed, so the caller can scan them before it refuses the
+// reply (parsers disagree on which value wins); anything after the value is an error.
+func decodeStrict(b []byte) (v any, shadowed []any, err error) {
+	r := &jsonReader{b: b}
+	v, err = r.value(0)
+	if err != nil {
+		return nil, r.shadowed, err
+	}
+	r.space()
+	if r.i != len(b) {
+		return nil, r.shadowed, errTrailing
+	}
+	if len(r.shadowed) > 0 {
+		return v, r.shadowed, errDuplicateKey
+	}
+	return v, nil, nil
+}
+
+// canonicalJSON serialises a decoded value: keys sorted, one per object, valid UTF-8, no HTML
+// escaping (byte for byte what encoding/json's Encoder writes with SetEscapeHTML(false)).
+func canonicalJSON(v any) []byte {
+	return appendJSON(make([]byte, 0, 256), v)
+}
+
+func appendJSON(b []byte, v any) []byte {
+	switch t := v.(type) {
+	case nil:
+		return append(b, "null"...)
+	case bool:
+		return strconv.AppendBool(b, t)
+	case json.Number:
+		if t == "" {
+			return append(b, '0')
+		}
+		return append(b, t...)
+	case string:
+		return appendString(b, t)
+	case []any:
+		b = append(b, '[')
+		for i, e := range t {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendJSON(b, e)
+		}
+		return append(b, ']')
+	case map[string]any:
+		keys := make([]string, 0, len(t))
+		for k := range t {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		b = append(b, '{')
+		for i, k := range keys {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendString(b, k)
+			b = append(b, ':')
+			b = appendJSON(b, t[k])
+		}
+		return append(b, '}')
+	case int:
+		return strconv.AppendInt(b, int64(t), 10)
+	}
+	// Values built by the gateway itself (flush events) use only the kinds above; anything else
+	// goes through encoding/json.
+	raw, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return append(b, raw...)
+}
+
+const hexDigits = "0123456789abcdef"
+
+func appendString(b []byte, s string) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			case '\b':
+				b = append(b, '\\', 'b')
+			case '\f':
+				b = append(b, '\\', 'f')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}
