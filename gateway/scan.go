@@ -90,6 +90,9 @@ func (gd *guard) noteLeak(h *canary.Hit) {
 
 // scanString scans a whole value.
 func (gd *guard) scanString(s string) (string, bool) {
+	if inert(s) {
+		return s, true
+	}
 	k := gd.x.g.keyring
 	l := k.NewLoose(gd.x.tenant.Name, gd.x.echoes)
 	mid, h := l.Feed(nil, []byte(s))
@@ -142,6 +145,30 @@ func (gd *guard) detectAny(v any) bool {
 			if !gd.detectAny(e) {
 				return false
 			}
+		}
+	}
+	return true
+}
+
+// inert: ASCII text with no "KVG" and no run of canary.FragmentMin characters that fold to
+// marker characters can hold no marker, fragment or disguise (the common case: ids, names,
+// short words), so it needs no scanner.
+func inert(s string) bool {
+	run := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 0x80:
+			return false
+		case c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '2' && c <= '7':
+			if run++; run >= canary.FragmentMin {
+				return false
+			}
+		default:
+			run = 0
+		}
+		if c == 'K' && i+2 < len(s) && s[i+1] == 'V' && s[i+2] == 'G' {
+			return false
 		}
 	}
 	return true
@@ -200,7 +227,11 @@ func (gd *guard) walk(v any, path string, seq bool, changed *bool) (any, bool) {
 					k, *changed = clean, true
 				}
 			}
-			r, ok := gd.walk(e, path+"."+k, seq || strings.Contains(k, "logprobs"), changed)
+			child := k // a whole body's strings need no path, only their key
+			if seq || !gd.whole {
+				child = path + "." + k
+			}
+			r, ok := gd.walk(e, child, seq || strings.Contains(k, "logprobs"), changed)
 			if !ok {
 				return nil, false
 			}
@@ -222,13 +253,17 @@ func (gd *guard) walk(v any, path string, seq bool, changed *bool) (any, bool) {
 			}
 		}
 		for i, e := range t {
-			seg := "*"
-			if m, ok := e.(map[string]any); ok {
-				if idx, ok := m["index"].(json.Number); ok {
-					seg = "i" + idx.String()
+			child := path
+			if seq || !gd.whole {
+				seg := "*"
+				if m, ok := e.(map[string]any); ok {
+					if idx, ok := m["index"].(json.Number); ok {
+						seg = "i" + idx.String()
+					}
 				}
+				child = path + "." + seg
 			}
-			r, ok := gd.walk(e, path+"."+seg, seq, changed)
+			r, ok := gd.walk(e, child, seq, changed)
 			if !ok {
 				return nil, false
 			}
