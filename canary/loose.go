@@ -44,6 +44,12 @@ func (k *Keyring) NewLoose(tenant string, echoes []string) *Loose {
 	return &Loose{k: k, tenant: tenant, echoes: echoes}
 }
 
+// Reset prepares l for a new field, keeping its buffers.
+func (l *Loose) Reset(tenant string, echoes []string) {
+	l.tenant, l.echoes = tenant, echoes
+	l.held, l.run, l.cut, l.hist = l.held[:0], l.run[:0], nil, l.hist[:0]
+}
+
 // foldASCII maps an ASCII byte to its lowercase base32 character, 0 for a byte that ends a run.
 var foldASCII = func() (t [128]byte) {
 	for c := 0; c < 128; c++ {

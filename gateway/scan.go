@@ -28,6 +28,9 @@ type guard struct {
 	whole bool
 	// lastBlock: the index of the last Anthropic content block seen in a stream
 	lastBlock json.Number
+	// one scans whole values (reset for each), oneBuf its output buffer
+	one    *canary.Loose
+	oneBuf []byte
 }
 
 // fieldScan is the stateful scan of one field path: the folded-text detector first (it sees the
@@ -94,8 +97,13 @@ func (gd *guard) scanString(s string) (string, bool) {
 		return s, true
 	}
 	k := gd.x.g.keyring
-	l := k.NewLoose(gd.x.tenant.Name, gd.x.echoes)
-	mid, h := l.Feed(nil, []byte(s))
+	if gd.one == nil {
+		gd.one = k.NewLoose(gd.x.tenant.Name, gd.x.echoes)
+	}
+	l := gd.one
+	l.Reset(gd.x.tenant.Name, gd.x.echoes)
+	mid, h := l.Feed(gd.oneBuf[:0], []byte(s))
+	gd.oneBuf = mid[:0]
 	if h == nil {
 		mid, h = l.Flush(mid)
 	}
