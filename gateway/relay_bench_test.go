@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"github.com/valyala/fasthttp"
 	"testing"
 	"time"
 
@@ -45,4 +46,23 @@ func BenchmarkRelayEvent(b *testing.B) {
 		e.out = e.out[:0]
 	}
 	_ = start
+}
+
+// Admission of one small chat request (auth, read, key check, parse, inject, render, count,
+// decide) with canaries on: the per-request cost before the engine is called.
+func BenchmarkAdmitSmallChat(b *testing.B) {
+	g := benchGateway(b, "tiktoken-go", 4090, 8192)
+	body := []byte(`{"model":"sim","messages":[{"role":"system","content":"You are brief."},{"role":"user","content":"What is the capital of France?"}],"max_tokens":16}`)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		var ctx fasthttp.RequestCtx
+		ctx.Request.Header.SetMethod("POST")
+		ctx.Request.Header.Set("Authorization", "Bearer k")
+		ctx.Request.SetBody(body)
+		x := &exchange{g: g, kind: routeChat, start: time.Now()}
+		if e := x.admit(&ctx); e != nil {
+			b.Fatalf("%+v", e)
+		}
+	}
 }
