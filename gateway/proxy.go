@@ -188,7 +188,7 @@ func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange) {
 		if l.err != nil {
 			releaseInflight()
 			l.release()
-			x.fail(ctx, upstreamFailed("The engine could not be reached: "+l.err.Error()))
+			x.unreachable(ctx, "The engine could not be reached.", l.err)
 			return
 		}
 		x.relay(ctx, l, nil, releaseInflight)
@@ -243,7 +243,7 @@ func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange) {
 				continue
 			}
 			releaseInflight()
-			x.fail(ctx, upstreamFailed("The decode engine could not be reached: "+dl.err.Error()))
+			x.unreachable(ctx, "The decode engine could not be reached.", dl.err)
 			return
 		}
 		if code := dl.resp.StatusCode(); code < 200 || code > 299 {
@@ -278,7 +278,7 @@ func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange) {
 			}
 			releaseInflight()
 			if pf.err != nil {
-				x.fail(ctx, upstreamFailed("The prefill engine failed: "+pf.err.Error()))
+				x.unreachable(ctx, "The prefill engine failed.", pf.err)
 				return
 			}
 			// The engine's own error, with its status (scanned like any reply).
@@ -441,6 +441,13 @@ func (x *exchange) refuseReply(ctx *fasthttp.RequestCtx, l *leg, other *backends
 		abort(other, l.rids)
 	}
 	x.upstreamError(ctx, "upstream_unreadable", fmt.Errorf("engine %s: %w", l.b.Name, err))
+}
+
+// unreachable answers 502 for a transport failure: the client gets msg, the transport error
+// (backend addresses, dial errors) goes only to the log.
+func (x *exchange) unreachable(ctx *fasthttp.RequestCtx, msg string, err error) {
+	x.g.log.Warn("engine unreachable", zap.String("request_id", x.rid), zap.String("upstream", x.upstream), zap.Error(err))
+	x.fail(ctx, upstreamFailed(msg))
 }
 
 // upstreamError answers 502 with a generic message; the detail (backend names, addresses,

@@ -121,14 +121,32 @@ func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Ga
 		// instead of fasthttp's plain 400 (field-notes.md).
 		StreamRequestBody:  true,
 		MaxRequestBodySize: cfg.MaxBodyBytes,
-		ReadTimeout:        30 * time.Second, // request headers+body; replies stream without a deadline
-		IdleTimeout:        120 * time.Second,
+		// Server.ReadTimeout is fasthttp's deadline for the request's first bytes and headers;
+		// HeaderReceived then gives the body a deadline of its own. Replies (streams) have none.
+		ReadTimeout: cfg.Server.HeaderTimeout,
+		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
+			return fasthttp.RequestConfig{ReadTimeout: cfg.Server.ReadTimeout}
+		},
+		IdleTimeout:    cfg.Server.IdleTimeout,
+		ReadBufferSize: cfg.Server.MaxHeaderBytes, // fasthttp's bound on the request line and headers
+		Concurrency:    cfg.Server.MaxConns,
+		MaxConnsPerIP:  cfg.Server.MaxConnsPerIP,
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
-			if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+			var small *fasthttp.ErrSmallBuffer
+			var netErr net.Error
+			switch {
+			case errors.Is(err, fasthttp.ErrBodyTooLarge):
 				writeError(ctx, tooLarge(cfg.MaxBodyBytes))
-				return
+			case errors.As(err, &small):
+				writeError(ctx, &apiError{Status: 431, Type: "invalid_request_error", Code: "request_header_too_large",
+					Message: "Request headers are larger than the gateway accepts (" + strconv.Itoa(cfg.Server.MaxHeaderBytes) + " bytes)."})
+			case errors.As(err, &netErr) && netErr.Timeout():
+				writeError(ctx, &apiError{Status: 408, Type: "invalid_request_error", Code: "request_timeout",
+					Message: "The request was not received in time."})
+			default:
+				// The parser's own text is not echoed: it may quote the client's bytes.
+				writeError(ctx, badRequest("", "Malformed HTTP request."))
 			}
-			writeError(ctx, badRequest("", "Malformed HTTP request: "+err.Error()))
 		},
 		NoDefaultServerHeader: true,
 		CloseOnShutdown:       true,
