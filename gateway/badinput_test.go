@@ -31,7 +31,9 @@ func chat(fields string) rawReq {
 func compl(body string) rawReq { return rawReq{path: "/v1/completions", body: []byte(body)} }
 func gen(body string) rawReq   { return rawReq{path: "/generate", body: []byte(body)} }
 
-func deep(open, close string, n int) string { return strings.Repeat(open, n) + strings.Repeat(close, n) }
+func deep(open, close string, n int) string {
+	return strings.Repeat(open, n) + strings.Repeat(close, n)
+}
 
 func badInputs() []badInput {
 	tenMB := strings.Repeat("abcdefgh ", 10<<20/9)
