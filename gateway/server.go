@@ -127,6 +127,14 @@ func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Ga
 		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
 			return fasthttp.RequestConfig{ReadTimeout: cfg.Server.ReadTimeout}
 		},
+		// Expect: 100-continue with a declared body over the limit is refused before any of it
+		// is sent (fasthttp allows only a status here; the connection is closed).
+		ExpectHandler: func(ctx *fasthttp.RequestCtx) int {
+			if ctx.Request.Header.ContentLength() > cfg.MaxBodyBytes {
+				return fasthttp.StatusRequestEntityTooLarge
+			}
+			return fasthttp.StatusContinue
+		},
 		IdleTimeout:    cfg.Server.IdleTimeout,
 		ReadBufferSize: cfg.Server.MaxHeaderBytes, // fasthttp's bound on the request line and headers
 		Concurrency:    cfg.Server.MaxConns,
@@ -141,8 +149,7 @@ func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Ga
 				writeError(ctx, &apiError{Status: 431, Type: "invalid_request_error", Code: "request_header_too_large",
 					Message: "Request headers are larger than the gateway accepts (" + strconv.Itoa(cfg.Server.MaxHeaderBytes) + " bytes)."})
 			case errors.As(err, &netErr) && netErr.Timeout():
-				writeError(ctx, &apiError{Status: 408, Type: "invalid_request_error", Code: "request_timeout",
-					Message: "The request was not received in time."})
+				writeError(ctx, errRequestTimeout)
 			default:
 				// The parser's own text is not echoed: it may quote the client's bytes.
 				writeError(ctx, badRequest("", "Malformed HTTP request."))
@@ -195,6 +202,11 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 
 // Handle routes one request.
 func (g *Gateway) Handle(ctx *fasthttp.RequestCtx) {
+	if e := framingError(ctx); e != nil { // request smuggling shapes (framing.go)
+		ctx.SetConnectionClose()
+		writeError(ctx, e)
+		return
+	}
 	path := string(ctx.Path())
 	method := string(ctx.Method())
 	switch path {
