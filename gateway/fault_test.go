@@ -200,9 +200,13 @@ func TestFaultCapacityEndpoint(t *testing.T) {
 		set  func(s *switchable)
 	}{
 		{"garbage server_info", func(s *switchable) { s.info = func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("<html>oops") } }},
-		{"truncated server_info", func(s *switchable) { s.info = func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString(`{"max_total_num_tokens":40`) } }},
+		{"truncated server_info", func(s *switchable) {
+			s.info = func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString(`{"max_total_num_tokens":40`) }
+		}},
 		{"wrong types", func(s *switchable) {
-			s.info = func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString(`{"max_total_num_tokens":"big","max_req_input_len":null}`) }
+			s.info = func(ctx *fasthttp.RequestCtx) {
+				ctx.SetBodyString(`{"max_total_num_tokens":"big","max_req_input_len":null}`)
+			}
 		}},
 		{"server_info 404", func(s *switchable) { s.info = func(ctx *fasthttp.RequestCtx) { ctx.SetStatusCode(404) } }},
 		{"server_info 500", func(s *switchable) { s.info = func(ctx *fasthttp.RequestCtx) { ctx.SetStatusCode(500) } }},
