@@ -431,13 +431,26 @@ func (c *Config) Validate() error {
 		// A long bound would let a sick Redis hold every request; a short one only falls back.
 		bad("limits.redis_timeout", "must be between 0 and 5s, got %s", c.Limits.RedisTimeout)
 	}
+	// Zero took the default above; a negative duration would panic a ticker (poll_interval) or
+	// fail every call at once.
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"server.header_timeout", c.Server.HeaderTimeout}, {"server.read_timeout", c.Server.ReadTimeout}, {"server.idle_timeout", c.Server.IdleTimeout}} {
-		if d.v < 0 {
+	}{
+		{"capacity.poll_interval", c.Capacity.PollInterval}, {"capacity.max_age", c.Capacity.MaxAge},
+		{"capacity.timeout", c.Capacity.Timeout}, {"upstream.response_header_timeout", c.Upstream.ResponseHeaderTimeout},
+		{"upstream.idle_timeout", c.Upstream.IdleTimeout}, {"tokenizer.exact_timeout", c.Tokenizer.ExactTimeout},
+		{"canary.epoch", c.Canary.Epoch}, {"canary.detect_window", c.Canary.DetectWindow},
+		{"canary.quarantine_ttl", c.Canary.QuarantineTTL},
+		{"server.header_timeout", c.Server.HeaderTimeout}, {"server.read_timeout", c.Server.ReadTimeout},
+		{"server.idle_timeout", c.Server.IdleTimeout},
+	} {
+		if d.v <= 0 {
 			bad(d.name, "must be positive, got %s", d.v)
 		}
+	}
+	if c.Upstream.MaxConns < 1 {
+		bad("upstream.max_conns", "must be ≥ 1, got %d", c.Upstream.MaxConns)
 	}
 	if c.Server.MaxHeaderBytes < 1024 {
 		bad("server.max_header_bytes", "must be at least 1024, got %d", c.Server.MaxHeaderBytes)
