@@ -26,7 +26,7 @@ bench: build
 FUZZTIME ?= 15s
 FUZZ_TARGETS := tokenize:FuzzCount canary:FuzzScanner canary:FuzzLoose gateway:FuzzParseRequest \
 	gateway:FuzzEventRelay internal/sse:FuzzParser backends:FuzzDecodeCapacity backends:FuzzSumField \
-	backends:FuzzSumGauge config:FuzzParse enginesim:FuzzParseGenerate
+	backends:FuzzSumGauge config:FuzzParse enginesim:FuzzParseGenerate enginesim:FuzzParseOpenAI
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
 		echo "== $$fn ($$pkg, $(FUZZTIME))"; \
