@@ -357,3 +357,51 @@ func TestFaultConnectionRefused(t *testing.T) {
 		t.Fatalf("readyz: %s", rr.body)
 	}
 }
+
+// An engine reply too large to scan whole (over 64 MiB, non-streaming) or not JSON at all is
+// refused with a 502 of the gateway's own, never passed on unscanned; the gateway stays healthy.
+func TestFaultHugeOrForeignReply(t *testing.T) {
+	eng := newSwitchable(t)
+	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("", [3]string{"eng", eng.url, "unified"})))
+	for _, c := range []struct {
+		name string
+		gen  func(ctx *fasthttp.RequestCtx)
+	}{
+		{"80 MiB JSON", func(ctx *fasthttp.RequestCtx) {
+			ctx.SetContentType("application/json")
+			ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+				_, _ = w.WriteString(`{"text":"`)
+				chunk := strings.Repeat("x", 1<<20)
+				for i := 0; i < 80; i++ {
+					if _, err := w.WriteString(chunk); err != nil {
+						return
+					}
+				}
+				_, _ = w.WriteString(`"}`)
+			})
+		}},
+		{"html", func(ctx *fasthttp.RequestCtx) {
+			ctx.SetContentType("text/html")
+			ctx.SetBodyString("<html><body>hello</body></html>")
+		}},
+		{"octet stream", func(ctx *fasthttp.RequestCtx) {
+			ctx.SetContentType("application/octet-stream")
+			ctx.SetBody([]byte{0, 1, 2, 3, 0xff})
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			eng.set(func(s *switchable) { s.gen = c.gen })
+			r := post(t, gw.URL, "/generate", tenantKey, `{"text":"hi"}`)
+			if r.status != 502 || len(r.body) > 4096 {
+				t.Fatalf("want a short 502, got %d (%d bytes) %.200s", r.status, len(r.body), r.body)
+			}
+			if e := decodeError(t, r); e.Error.Code != "upstream_error" {
+				t.Fatalf("code %s", e.Error.Code)
+			}
+		})
+	}
+	eng.set(func(s *switchable) { s.gen = okGenerate })
+	if r := post(t, gw.URL, "/generate", tenantKey, `{"text":"hi"}`); r.status != 200 {
+		t.Fatalf("after: %d %s", r.status, r.body)
+	}
+}
