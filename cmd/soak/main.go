@@ -58,7 +58,7 @@ type lockedBuf struct {
 func (l lockedBuf) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.b.Len() > 1<<20 {
+	if l.b.Len() > 64<<20 {
 		l.b.Reset()
 	}
 	return l.b.Write(p)
@@ -281,8 +281,19 @@ func run(bin string, streams, nsims, tokens int, duration, delay, ramp time.Dura
 	cancel() // stops the sampler
 	tr.CloseIdleConnections()
 	elapsed := time.Since(loadStart)
-	time.Sleep(5 * time.Second) // connections close, goroutines end
+	// Connections close, goroutines end: fasthttp keeps idle server workers and idle upstream
+	// connections for 10 s (MaxIdleWorkerDuration, MaxIdleConnDuration), a pool, not a leak.
+	time.Sleep(15 * time.Second)
 	after, _ := scrape(base)
+	if after.goroutines-before.goroutines > 20 {
+		// What is still running: Go prints every goroutine's stack on SIGQUIT.
+		_ = gw.cmd.Process.Signal(syscall.SIGQUIT)
+		time.Sleep(time.Second)
+		gw.mu.Lock()
+		_ = os.WriteFile("kvgate-soak-goroutines.txt", gw.out.Bytes(), 0o644)
+		gw.mu.Unlock()
+		fmt.Println("soak: goroutine dump of the gateway in kvgate-soak-goroutines.txt")
+	}
 	gw.stop()
 	code := gw.cmd.ProcessState.ExitCode()
 
@@ -313,7 +324,7 @@ func run(bin string, streams, nsims, tokens int, duration, delay, ramp time.Dura
 	fmt.Println(string(out))
 	growth := after.goroutines - before.goroutines
 	if nerr > 0 || growth > 20 || code != 0 {
-		fmt.Printf("soak: FAIL (%d errors, %+.0f goroutines, gateway exit %d)\n", nerr, growth, code)
+		fmt.Printf("soak: FAIL (%d errors, %+.0f goroutines 15 s after the load, gateway exit %d)\n", nerr, growth, code)
 		if nerr > 0 {
 			gw.mu.Lock()
 			tail := gw.out.String()
