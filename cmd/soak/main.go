@@ -39,8 +39,9 @@ func main() {
 	delay := flag.Duration("token-delay", time.Second, "the simulator's delay between tokens")
 	ramp := flag.Duration("ramp", 10*time.Second, "time over which the streams are opened")
 	canary := flag.Bool("canary", true, "inject and scan canary markers")
+	gateways := flag.Int("gateways", 0, "gateway processes (0: as many as the fd limit needs, 2 descriptors per stream each)")
 	flag.Parse()
-	os.Exit(run(*bin, *streams, *sims, *tokens, *duration, *delay, *ramp, *canary))
+	os.Exit(run(*bin, *streams, *sims, *gateways, *tokens, *duration, *delay, *ramp, *canary))
 }
 
 type proc struct {
@@ -130,7 +131,7 @@ func raiseNoFile(want uint64) uint64 {
 			return want
 		}
 	}
-	lim.Cur = min(want, lim.Max)
+	lim.Cur = lim.Max // as far as the hard limit allows (raising that needs CAP_SYS_RESOURCE)
 	_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
 	_ = syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim)
 	return lim.Cur
@@ -183,7 +184,7 @@ func (s *stats) fail(kind string) {
 	s.mu.Unlock()
 }
 
-func run(bin string, streams, nsims, tokens int, duration, delay, ramp time.Duration, canary bool) int {
+func run(bin string, streams, nsims, gateways, tokens int, duration, delay, ramp time.Duration, canary bool) int {
 	limit := raiseNoFile(uint64(4*streams + 10000))
 	fmt.Printf("soak: %d streams for %s, %d tokens each %s apart, %d simulators; RLIMIT_NOFILE %d\n", streams, duration, tokens, delay, nsims, limit)
 	var simProcs []*proc
@@ -205,41 +206,67 @@ func run(bin string, streams, nsims, tokens int, duration, delay, ramp time.Dura
 	}
 	key := "sk-soak"
 	sum := sha256.Sum256([]byte(key))
-	port := freePort()
-	base := fmt.Sprintf("http://127.0.0.1:%d", port)
-	cfg := fmt.Sprintf("listen: \"127.0.0.1:%d\"\nbackends:\n%stenants: [{name: soak, key_sha256: %q}]\n"+
-		"upstream: {max_conns: %d}\nserver: {max_conns: %d}\ncanary: {enabled: %v, secret: soak-secret}\n",
-		port, backends.String(), hex.EncodeToString(sum[:]), 2*streams+100, 2*streams+100, canary)
+	// Each stream holds two descriptors in a gateway (client and upstream connection): with fewer
+	// than that, the streams are spread over replicas sharing nothing but the backends.
+	ngw := gateways
+	if ngw <= 0 {
+		ngw = max(1, (2*streams+2000+int(limit)-1)/int(limit))
+	}
 	dir, _ := os.MkdirTemp("", "kvgate-soak-")
 	defer os.RemoveAll(dir)
-	cfgPath := filepath.Join(dir, "kvgate.yaml")
-	_ = os.WriteFile(cfgPath, []byte(cfg), 0o600)
-	gw, err := start(bin, "serve", "--config", cfgPath)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "soak:", err)
-		return 2
-	}
-	defer gw.cmd.Process.Kill()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		if r, err := http.Get(base + "/readyz"); err == nil {
-			r.Body.Close()
-			if r.StatusCode == 200 {
-				break
-			}
+	var gws []*proc
+	var bases []string
+	defer func() {
+		for _, g := range gws {
+			_ = g.cmd.Process.Kill()
 		}
-		if time.Now().After(deadline) {
-			gw.mu.Lock()
-			fmt.Fprintf(os.Stderr, "soak: gateway not ready:\n%s\n", gw.out.String())
-			gw.mu.Unlock()
+	}()
+	per := (streams + ngw - 1) / ngw
+	for i := 0; i < ngw; i++ {
+		port := freePort()
+		cfg := fmt.Sprintf("listen: \"127.0.0.1:%d\"\nbackends:\n%stenants: [{name: soak, key_sha256: %q}]\n"+
+			"upstream: {max_conns: %d}\nserver: {max_conns: %d}\ncanary: {enabled: %v, secret: soak-secret}\n",
+			port, backends.String(), hex.EncodeToString(sum[:]), 2*per+100, 2*per+100, canary)
+		cfgPath := filepath.Join(dir, fmt.Sprintf("kvgate-%d.yaml", i))
+		_ = os.WriteFile(cfgPath, []byte(cfg), 0o600)
+		gw, err := start(bin, "serve", "--config", cfgPath)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "soak:", err)
 			return 2
 		}
-		time.Sleep(100 * time.Millisecond)
+		gws, bases = append(gws, gw), append(bases, fmt.Sprintf("http://127.0.0.1:%d", port))
 	}
-	before, _ := scrape(base)
+	fmt.Printf("soak: %d gateway process(es), %d streams each\n", ngw, per)
+	deadline := time.Now().Add(15 * time.Second)
+	for i, base := range bases {
+		for {
+			if r, err := http.Get(base + "/readyz"); err == nil {
+				r.Body.Close()
+				if r.StatusCode == 200 {
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				gws[i].mu.Lock()
+				fmt.Fprintf(os.Stderr, "soak: gateway not ready:\n%s\n", gws[i].out.String())
+				gws[i].mu.Unlock()
+				return 2
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	scrapeAll := func() gauges {
+		var sum gauges
+		for _, b := range bases {
+			g, _ := scrape(b)
+			sum.rss, sum.goroutines, sum.fds = sum.rss+g.rss, sum.goroutines+g.goroutines, sum.fds+g.fds
+		}
+		return sum
+	}
+	before := scrapeAll()
 
 	st := &stats{errors: map[string]int{}}
-	tr := &http.Transport{MaxIdleConns: streams + 100, MaxIdleConnsPerHost: streams + 100, IdleConnTimeout: 90 * time.Second,
+	tr := &http.Transport{MaxIdleConns: streams + 100, MaxIdleConnsPerHost: per + 100, IdleConnTimeout: 90 * time.Second,
 		DisableCompression: true, DialContext: (&net.Dialer{Timeout: 10 * time.Second}).DialContext}
 	client := &http.Client{Transport: tr, Timeout: 60*time.Second + time.Duration(tokens)*delay}
 	body := fmt.Sprintf(`{"text":"soak stream: tell me about the weather in some detail","sampling_params":{"max_new_tokens":%d},"stream":true}`, tokens)
@@ -255,11 +282,14 @@ func run(bin string, streams, nsims, tokens int, duration, delay, ramp time.Dura
 			defer wg.Done()
 			time.Sleep(time.Duration(int64(ramp) * int64(i) / int64(streams)))
 			for time.Now().Before(stopAt) {
-				one(ctx, client, base, key, body, st)
+				if !one(ctx, client, bases[i%len(bases)], key, body, st) {
+					time.Sleep(200 * time.Millisecond) // no tight retry loop on an error
+				}
 			}
 		}(i)
 	}
-	// Sample the gateway while the load runs.
+	// Sample the gateways while the load runs.
+	var peakMu sync.Mutex
 	var peak gauges
 	go func() {
 		t := time.NewTicker(2 * time.Second)
@@ -270,11 +300,12 @@ func run(bin string, streams, nsims, tokens int, duration, delay, ramp time.Dura
 				return
 			case <-t.C:
 			}
-			if g, err := scrape(base); err == nil {
-				peak.rss, peak.goroutines, peak.fds = max(peak.rss, g.rss), max(peak.goroutines, g.goroutines), max(peak.fds, g.fds)
-			}
+			g := scrapeAll()
+			peakMu.Lock()
+			peak.rss, peak.goroutines, peak.fds = max(peak.rss, g.rss), max(peak.goroutines, g.goroutines), max(peak.fds, g.fds)
+			peakMu.Unlock()
 			fmt.Printf("  t=%3.0fs open=%5d completed=%7d events=%8d gateway goroutines=%.0f rss=%.0fMiB fds=%.0f\n",
-				time.Since(loadStart).Seconds(), st.open.Load(), st.completed.Load(), st.events.Load(), peak.goroutines, peak.rss/(1<<20), peak.fds)
+				time.Since(loadStart).Seconds(), st.open.Load(), st.completed.Load(), st.events.Load(), g.goroutines, g.rss/(1<<20), g.fds)
 		}
 	}()
 	wg.Wait()
@@ -285,18 +316,24 @@ func run(bin string, streams, nsims, tokens int, duration, delay, ramp time.Dura
 	// connections for 10 s (MaxIdleWorkerDuration, MaxIdleConnDuration) and sweeps them every 10 s:
 	// a pool, not a leak.
 	time.Sleep(25 * time.Second)
-	after, _ := scrape(base)
+	after := scrapeAll()
+	peakMu.Lock()
+	defer peakMu.Unlock()
 	if after.goroutines-before.goroutines > 20 {
 		// What is still running: Go prints every goroutine's stack on SIGQUIT.
-		_ = gw.cmd.Process.Signal(syscall.SIGQUIT)
+		_ = gws[0].cmd.Process.Signal(syscall.SIGQUIT)
 		time.Sleep(time.Second)
-		gw.mu.Lock()
-		_ = os.WriteFile("kvgate-soak-goroutines.txt", gw.out.Bytes(), 0o644)
-		gw.mu.Unlock()
-		fmt.Println("soak: goroutine dump of the gateway in kvgate-soak-goroutines.txt")
+		gws[0].mu.Lock()
+		_ = os.WriteFile("kvgate-soak-goroutines.txt", gws[0].out.Bytes(), 0o644)
+		gws[0].mu.Unlock()
+		fmt.Println("soak: goroutine dump of the first gateway in kvgate-soak-goroutines.txt")
 	}
-	gw.stop()
-	code := gw.cmd.ProcessState.ExitCode()
+	code := 0
+	for _, g := range gws {
+		g.stop()
+		code = max(code, g.cmd.ProcessState.ExitCode())
+	}
+	gw := gws[0]
 
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -312,7 +349,7 @@ func run(bin string, streams, nsims, tokens int, duration, delay, ramp time.Dura
 		nerr += n
 	}
 	report := map[string]any{
-		"streams": streams, "duration_s": duration.Seconds(), "elapsed_s": elapsed.Seconds(),
+		"streams": streams, "gateways": ngw, "rlimit_nofile": limit, "duration_s": duration.Seconds(), "elapsed_s": elapsed.Seconds(),
 		"started": st.started.Load(), "completed": st.completed.Load(), "events": st.events.Load(),
 		"max_open": st.maxOpen.Load(), "errors": nerr, "errors_by_kind": st.errors,
 		"first_event_p50_ms": pct(0.5).Milliseconds(), "first_event_p99_ms": pct(0.99).Milliseconds(),
@@ -342,7 +379,7 @@ func run(bin string, streams, nsims, tokens int, duration, delay, ramp time.Dura
 }
 
 // one runs one stream to its end and records what went wrong, if anything.
-func one(ctx context.Context, client *http.Client, base, key, body string, st *stats) {
+func one(ctx context.Context, client *http.Client, base, key, body string, st *stats) bool {
 	req, _ := http.NewRequestWithContext(ctx, "POST", base+"/generate", strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+key)
 	req.Header.Set("Content-Type", "application/json")
@@ -353,13 +390,13 @@ func one(ctx context.Context, client *http.Client, base, key, body string, st *s
 		if ctx.Err() == nil {
 			st.fail("transport: " + shortErr(err))
 		}
-		return
+		return false
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
 		st.fail(fmt.Sprintf("status %d %s", resp.StatusCode, b))
-		return
+		return false
 	}
 	if n := st.open.Add(1); n > st.maxOpen.Load() {
 		st.maxOpen.Store(n)
@@ -382,19 +419,19 @@ func one(ctx context.Context, client *http.Client, base, key, body string, st *s
 				done = true
 			} else if strings.Contains(data, `"error"`) {
 				st.fail("error event: " + data[:min(len(data), 200)])
-				return
+				return false
 			}
 		}
 		if err != nil {
 			if errors.Is(err, io.EOF) && done {
 				st.completed.Add(1)
-				return
+				return true
 			}
 			if ctx.Err() != nil {
-				return // the run ended mid-stream: not an error of the gateway
+				return true // the run ended mid-stream: not an error of the gateway
 			}
 			st.fail("stream: " + shortErr(err))
-			return
+			return false
 		}
 	}
 }
