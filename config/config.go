@@ -55,7 +55,8 @@ type Server struct {
 	// IdleTimeout closes a keep-alive connection that sends no next request for this long.
 	// Default 120s.
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
-	// MaxHeaderBytes caps the request line plus headers; larger get 431. Default 16384.
+	// MaxHeaderBytes caps the request line plus headers; larger get 431. It is also each client
+	// connection's read buffer, so it costs memory per connection. Default 8192.
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
 	// MaxConns caps concurrent client connections (beyond it new ones get 503 and are closed).
 	// Default 65536.
@@ -304,7 +305,7 @@ func (c *Config) applyDefaults() {
 		c.Server.IdleTimeout = 120 * time.Second
 	}
 	if c.Server.MaxHeaderBytes == 0 {
-		c.Server.MaxHeaderBytes = 16 << 10
+		c.Server.MaxHeaderBytes = 8 << 10
 	}
 	if c.Server.MaxConns == 0 {
 		c.Server.MaxConns = 65536

@@ -139,6 +139,7 @@ func raiseNoFile(want uint64) uint64 {
 
 type gauges struct {
 	rss        float64
+	heap       float64 // Go heap in use: what RSS would shrink to once the runtime returns the rest
 	goroutines float64
 	fds        float64
 }
@@ -165,6 +166,8 @@ func scrape(base string) (gauges, error) {
 			g.goroutines = v
 		case "process_open_fds":
 			g.fds = v
+		case "go_memstats_heap_inuse_bytes":
+			g.heap = v
 		}
 	}
 	return g, sc.Err()
@@ -259,7 +262,7 @@ func run(bin string, streams, nsims, gateways, tokens int, duration, delay, ramp
 		var sum gauges
 		for _, b := range bases {
 			g, _ := scrape(b)
-			sum.rss, sum.goroutines, sum.fds = sum.rss+g.rss, sum.goroutines+g.goroutines, sum.fds+g.fds
+			sum.rss, sum.heap, sum.goroutines, sum.fds = sum.rss+g.rss, sum.heap+g.heap, sum.goroutines+g.goroutines, sum.fds+g.fds
 		}
 		return sum
 	}
@@ -302,7 +305,7 @@ func run(bin string, streams, nsims, gateways, tokens int, duration, delay, ramp
 			}
 			g := scrapeAll()
 			peakMu.Lock()
-			peak.rss, peak.goroutines, peak.fds = max(peak.rss, g.rss), max(peak.goroutines, g.goroutines), max(peak.fds, g.fds)
+			peak.rss, peak.heap, peak.goroutines, peak.fds = max(peak.rss, g.rss), max(peak.heap, g.heap), max(peak.goroutines, g.goroutines), max(peak.fds, g.fds)
 			peakMu.Unlock()
 			fmt.Printf("  t=%3.0fs open=%5d completed=%7d events=%8d gateway goroutines=%.0f rss=%.0fMiB fds=%.0f\n",
 				time.Since(loadStart).Seconds(), st.open.Load(), st.completed.Load(), st.events.Load(), g.goroutines, g.rss/(1<<20), g.fds)
@@ -353,9 +356,9 @@ func run(bin string, streams, nsims, gateways, tokens int, duration, delay, ramp
 		"started": st.started.Load(), "completed": st.completed.Load(), "events": st.events.Load(),
 		"max_open": st.maxOpen.Load(), "errors": nerr, "errors_by_kind": st.errors,
 		"first_event_p50_ms": pct(0.5).Milliseconds(), "first_event_p99_ms": pct(0.99).Milliseconds(),
-		"gateway_before": map[string]float64{"rss_mib": before.rss / (1 << 20), "goroutines": before.goroutines, "fds": before.fds},
-		"gateway_peak":   map[string]float64{"rss_mib": peak.rss / (1 << 20), "goroutines": peak.goroutines, "fds": peak.fds},
-		"gateway_after":  map[string]float64{"rss_mib": after.rss / (1 << 20), "goroutines": after.goroutines, "fds": after.fds},
+		"gateway_before": map[string]float64{"rss_mib": before.rss / (1 << 20), "heap_inuse_mib": before.heap / (1 << 20), "goroutines": before.goroutines, "fds": before.fds},
+		"gateway_peak":   map[string]float64{"rss_mib": peak.rss / (1 << 20), "heap_inuse_mib": peak.heap / (1 << 20), "goroutines": peak.goroutines, "fds": peak.fds},
+		"gateway_after":  map[string]float64{"rss_mib": after.rss / (1 << 20), "heap_inuse_mib": after.heap / (1 << 20), "goroutines": after.goroutines, "fds": after.fds},
 		"gateway_exit":   code,
 	}
 	out, _ := json.MarshalIndent(report, "", "  ")
