@@ -39,9 +39,10 @@ func main() {
 	delay := flag.Duration("token-delay", time.Second, "the simulator's delay between tokens")
 	ramp := flag.Duration("ramp", 10*time.Second, "time over which the streams are opened")
 	canary := flag.Bool("canary", true, "inject and scan canary markers")
+	settle := flag.Duration("settle", 25*time.Second, "wait after the load before the after-figures (130s: past the runtime's forced GC, so heap in use is live data only)")
 	gateways := flag.Int("gateways", 0, "gateway processes (0: as many as the fd limit needs, 2 descriptors per stream each)")
 	flag.Parse()
-	os.Exit(run(*bin, *streams, *sims, *gateways, *tokens, *duration, *delay, *ramp, *canary))
+	os.Exit(run(*bin, *streams, *sims, *gateways, *tokens, *duration, *delay, *ramp, *settle, *canary))
 }
 
 type proc struct {
@@ -187,7 +188,7 @@ func (s *stats) fail(kind string) {
 	s.mu.Unlock()
 }
 
-func run(bin string, streams, nsims, gateways, tokens int, duration, delay, ramp time.Duration, canary bool) int {
+func run(bin string, streams, nsims, gateways, tokens int, duration, delay, ramp, settle time.Duration, canary bool) int {
 	limit := raiseNoFile(uint64(4*streams + 10000))
 	fmt.Printf("soak: %d streams for %s, %d tokens each %s apart, %d simulators; RLIMIT_NOFILE %d\n", streams, duration, tokens, delay, nsims, limit)
 	var simProcs []*proc
@@ -318,7 +319,7 @@ func run(bin string, streams, nsims, gateways, tokens int, duration, delay, ramp
 	// Connections close, goroutines end: fasthttp keeps idle server workers and idle upstream
 	// connections for 10 s (MaxIdleWorkerDuration, MaxIdleConnDuration) and sweeps them every 10 s:
 	// a pool, not a leak.
-	time.Sleep(25 * time.Second)
+	time.Sleep(settle)
 	after := scrapeAll()
 	peakMu.Lock()
 	defer peakMu.Unlock()
@@ -365,7 +366,7 @@ func run(bin string, streams, nsims, gateways, tokens int, duration, delay, ramp
 	fmt.Println(string(out))
 	growth := after.goroutines - before.goroutines
 	if nerr > 0 || growth > 20 || code != 0 {
-		fmt.Printf("soak: FAIL (%d errors, %+.0f goroutines 25 s after the load, gateway exit %d)\n", nerr, growth, code)
+		fmt.Printf("soak: FAIL (%d errors, %+.0f goroutines %s after the load, gateway exit %d)\n", nerr, growth, settle, code)
 		if nerr > 0 {
 			gw.mu.Lock()
 			tail := gw.out.String()
