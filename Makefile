@@ -6,7 +6,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 # Tests share one Redis (db 15, unique key prefixes); override to point elsewhere.
 export KVGATE_TEST_REDIS ?= redis://127.0.0.1:6379/15
 
-.PHONY: build test demo bench fuzz lint docker clean
+.PHONY: build test demo bench fuzz soak lint docker clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/kvgate
@@ -22,10 +22,22 @@ demo: build
 bench: build
 	KVGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./tokenize/ ./canary/ ./policy/ ./gateway/ ./enginesim/
 
+# Every fuzz target, FUZZTIME each (make test replays their corpora under testdata/fuzz).
+FUZZTIME ?= 15s
+FUZZ_TARGETS := tokenize:FuzzCount canary:FuzzScanner canary:FuzzLoose gateway:FuzzParseRequest \
+	gateway:FuzzEventRelay internal/sse:FuzzParser backends:FuzzDecodeCapacity backends:FuzzSumField \
+	backends:FuzzSumGauge config:FuzzParse enginesim:FuzzParseGenerate enginesim:FuzzParseOpenAI
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzCount -fuzztime 20s -fuzzminimizetime 5s ./tokenize/
-	$(GO) test -run '^$$' -fuzz FuzzScanner -fuzztime 20s -fuzzminimizetime 5s ./canary/
-	$(GO) test -run '^$$' -fuzz FuzzParseRequest -fuzztime 20s -fuzzminimizetime 5s ./gateway/
+	@set -e; for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "== $$fn ($$pkg, $(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 5s ./$$pkg/; done
+
+# Not in make test: 10,000 concurrent streams for 60 s through a kvgate serve process to
+# simulator processes, then errors, RSS and goroutines before and after (cmd/soak).
+SOAK_STREAMS ?= 10000
+SOAK_DURATION ?= 60s
+soak: build
+	$(GO) run ./cmd/soak --kvgate $(CURDIR)/$(BIN) --streams $(SOAK_STREAMS) --duration $(SOAK_DURATION)
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)

@@ -232,49 +232,24 @@ func (s *Set) PollOnce(b *Backend) {
 var errNotFound = errors.New("404")
 
 func (s *Set) read(b *Backend) (*Capacity, error) {
-	var info struct {
-		PoolTokens     *int    `json:"max_total_num_tokens"`
-		MaxReqInputLen *int    `json:"max_req_input_len"`
-		PageSize       int     `json:"page_size"`
-		Mode           *string `json:"disaggregation_mode"`
-		BootstrapPort  *int    `json:"disaggregation_bootstrap_port"`
-		Served         string  `json:"served_model_name"`
-	}
 	path := b.infoPath.Load().(string)
-	err := s.getJSON(b, path, &info)
+	info, err := s.get(b, path)
 	if errors.Is(err, errNotFound) && path == "/server_info" {
 		// Older SGLang only has the deprecated name.
-		if err = s.getJSON(b, "/get_server_info", &info); err == nil {
+		if info, err = s.get(b, "/get_server_info"); err == nil {
 			b.infoPath.Store("/get_server_info")
 		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading server info: %w", err)
 	}
-	if info.PoolTokens == nil || info.MaxReqInputLen == nil {
-		return nil, fmt.Errorf("reading server info: max_total_num_tokens or max_req_input_len missing")
-	}
-	var models struct {
-		Data []struct {
-			ID          string `json:"id"`
-			MaxModelLen *int   `json:"max_model_len"`
-		} `json:"data"`
-	}
-	if err := s.getJSON(b, "/v1/models", &models); err != nil {
+	models, err := s.get(b, "/v1/models")
+	if err != nil {
 		return nil, fmt.Errorf("reading /v1/models: %w", err)
 	}
-	if len(models.Data) == 0 || models.Data[0].MaxModelLen == nil {
-		return nil, fmt.Errorf("reading /v1/models: no max_model_len")
-	}
-	c := &Capacity{
-		PoolTokens: *info.PoolTokens, MaxReqInputLen: *info.MaxReqInputLen, ContextLen: *models.Data[0].MaxModelLen,
-		PageSize: info.PageSize, Model: models.Data[0].ID, UsedTokens: -1, ReadAt: time.Now(),
-	}
-	if info.Mode != nil {
-		c.Mode = *info.Mode
-	}
-	if info.BootstrapPort != nil {
-		c.BootstrapPort = *info.BootstrapPort
+	c, err := decodeCapacity(info, models)
+	if err != nil {
+		return nil, err
 	}
 	var loads json.RawMessage
 	if err := s.getJSON(b, "/v1/loads", &loads); err == nil {
@@ -289,6 +264,49 @@ func (s *Set) read(b *Backend) (*Capacity, error) {
 				c.UsedTokens = n
 			}
 		}
+	}
+	return c, nil
+}
+
+// decodeCapacity reads a capacity from the bodies of /server_info and /v1/models, engine bytes
+// that are untrusted: a reading without the pool, the input limit or the context is an error
+// (the backend's capacity is then unknown, so it is not used).
+func decodeCapacity(infoBody, modelsBody []byte) (*Capacity, error) {
+	var info struct {
+		PoolTokens     *int    `json:"max_total_num_tokens"`
+		MaxReqInputLen *int    `json:"max_req_input_len"`
+		PageSize       int     `json:"page_size"`
+		Mode           *string `json:"disaggregation_mode"`
+		BootstrapPort  *int    `json:"disaggregation_bootstrap_port"`
+		Served         string  `json:"served_model_name"`
+	}
+	if err := json.Unmarshal(infoBody, &info); err != nil {
+		return nil, fmt.Errorf("reading server info: %w", err)
+	}
+	if info.PoolTokens == nil || info.MaxReqInputLen == nil {
+		return nil, fmt.Errorf("reading server info: max_total_num_tokens or max_req_input_len missing")
+	}
+	var models struct {
+		Data []struct {
+			ID          string `json:"id"`
+			MaxModelLen *int   `json:"max_model_len"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(modelsBody, &models); err != nil {
+		return nil, fmt.Errorf("reading /v1/models: %w", err)
+	}
+	if len(models.Data) == 0 || models.Data[0].MaxModelLen == nil {
+		return nil, fmt.Errorf("reading /v1/models: no max_model_len")
+	}
+	c := &Capacity{
+		PoolTokens: *info.PoolTokens, MaxReqInputLen: *info.MaxReqInputLen, ContextLen: *models.Data[0].MaxModelLen,
+		PageSize: info.PageSize, Model: models.Data[0].ID, UsedTokens: -1, ReadAt: time.Now(),
+	}
+	if info.Mode != nil {
+		c.Mode = *info.Mode
+	}
+	if info.BootstrapPort != nil {
+		c.BootstrapPort = *info.BootstrapPort
 	}
 	return c, nil
 }
@@ -315,14 +333,22 @@ func sumGauge(text []byte, name string) (int, bool) {
 			continue
 		}
 		v, err := strconv.ParseFloat(string(fields[0]), 64)
-		if err != nil {
+		if err != nil || !saneCount(v) {
 			continue
 		}
 		total += v
 		found = true
 	}
-	return int(total), found
+	return int(min(total, maxCount)), found
 }
+
+// maxCount bounds a used-token count read from an engine; far above any real pool.
+const maxCount = 1 << 40
+
+// saneCount: an engine's used-token count must be a finite number from 0 to maxCount. NaN,
+// infinities, negative or huge values (which int() turns into the most negative load, making a
+// lying engine the least loaded) are ignored.
+func saneCount(v float64) bool { return v >= 0 && v <= maxCount }
 
 // sumField adds up every numeric field named name anywhere in a JSON document: /v1/loads has
 // one object per DP rank, in shapes that differ between versions.
@@ -338,8 +364,10 @@ func sumField(raw json.RawMessage, name string) (int, bool) {
 		case map[string]any:
 			for k, e := range x {
 				if f, ok := e.(float64); ok && k == name {
-					total += int(f)
-					found = true
+					if saneCount(f) {
+						total = min(total+int(f), maxCount)
+						found = true
+					}
 				} else {
 					walk(e)
 				}

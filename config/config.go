@@ -39,6 +39,31 @@ type Config struct {
 	Capacity  Capacity  `yaml:"capacity"`
 	Upstream  Upstream  `yaml:"upstream"`
 	Limits    Limits    `yaml:"limits"`
+	Server    Server    `yaml:"server"`
+}
+
+// Server bounds what one client connection may cost the gateway before a request is admitted:
+// how long it may take to send its headers and body, how large its headers may be, and how many
+// connections it may hold.
+type Server struct {
+	// HeaderTimeout bounds the wait for a request's headers, from the connection's first byte
+	// (or its opening). A client that dribbles headers is cut off with 408. Default 10s.
+	HeaderTimeout time.Duration `yaml:"header_timeout"`
+	// ReadTimeout bounds reading a request body once its headers are in. Replies are not bound
+	// by it (streams may run for minutes). Default 30s.
+	ReadTimeout time.Duration `yaml:"read_timeout"`
+	// IdleTimeout closes a keep-alive connection that sends no next request for this long.
+	// Default 120s.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// MaxHeaderBytes caps the request line plus headers; larger get 431. It is also each client
+	// connection's read buffer, so it costs memory per connection. Default 8192.
+	MaxHeaderBytes int `yaml:"max_header_bytes"`
+	// MaxConns caps concurrent client connections (beyond it new ones get 503 and are closed).
+	// Default 65536.
+	MaxConns int `yaml:"max_conns"`
+	// MaxConnsPerIP caps concurrent connections from one client address; 0 (default) is no
+	// limit, since behind a load balancer every client shares its address.
+	MaxConnsPerIP int `yaml:"max_conns_per_ip"`
 }
 
 // Backend is one engine server.
@@ -304,6 +329,21 @@ func (c *Config) applyDefaults() {
 	if c.Limits.Replicas == 0 {
 		c.Limits.Replicas = 1
 	}
+	if c.Server.HeaderTimeout == 0 {
+		c.Server.HeaderTimeout = 10 * time.Second
+	}
+	if c.Server.ReadTimeout == 0 {
+		c.Server.ReadTimeout = 30 * time.Second
+	}
+	if c.Server.IdleTimeout == 0 {
+		c.Server.IdleTimeout = 120 * time.Second
+	}
+	if c.Server.MaxHeaderBytes == 0 {
+		c.Server.MaxHeaderBytes = 8 << 10
+	}
+	if c.Server.MaxConns == 0 {
+		c.Server.MaxConns = 65536
+	}
 	if c.Limits.RedisTimeout == 0 {
 		c.Limits.RedisTimeout = 100 * time.Millisecond
 	}
@@ -425,6 +465,36 @@ func (c *Config) Validate() error {
 	if c.Limits.RedisTimeout < 0 || c.Limits.RedisTimeout > 5*time.Second {
 		// A long bound would let a sick Redis hold every request; a short one only falls back.
 		bad("limits.redis_timeout", "must be between 0 and 5s, got %s", c.Limits.RedisTimeout)
+	}
+	// Zero took the default above; a negative duration would panic a ticker (poll_interval) or
+	// fail every call at once.
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"capacity.poll_interval", c.Capacity.PollInterval}, {"capacity.max_age", c.Capacity.MaxAge},
+		{"capacity.timeout", c.Capacity.Timeout}, {"upstream.response_header_timeout", c.Upstream.ResponseHeaderTimeout},
+		{"upstream.idle_timeout", c.Upstream.IdleTimeout}, {"tokenizer.exact_timeout", c.Tokenizer.ExactTimeout},
+		{"canary.epoch", c.Canary.Epoch}, {"canary.detect_window", c.Canary.DetectWindow},
+		{"canary.quarantine_ttl", c.Canary.QuarantineTTL},
+		{"server.header_timeout", c.Server.HeaderTimeout}, {"server.read_timeout", c.Server.ReadTimeout},
+		{"server.idle_timeout", c.Server.IdleTimeout},
+	} {
+		if d.v <= 0 {
+			bad(d.name, "must be positive, got %s", d.v)
+		}
+	}
+	if c.Upstream.MaxConns < 1 {
+		bad("upstream.max_conns", "must be ≥ 1, got %d", c.Upstream.MaxConns)
+	}
+	if c.Server.MaxHeaderBytes < 1024 {
+		bad("server.max_header_bytes", "must be at least 1024, got %d", c.Server.MaxHeaderBytes)
+	}
+	if c.Server.MaxConns < 1 {
+		bad("server.max_conns", "must be ≥ 1, got %d", c.Server.MaxConns)
+	}
+	if c.Server.MaxConnsPerIP < 0 {
+		bad("server.max_conns_per_ip", "must be ≥ 0 (0 = no limit), got %d", c.Server.MaxConnsPerIP)
 	}
 	return errors.Join(errs...)
 }

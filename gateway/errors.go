@@ -120,6 +120,8 @@ var (
 		Message: "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'."}
 	errNotFound = &apiError{Status: 404, Type: "invalid_request_error", Code: "not_found",
 		Message: "Unknown route."}
+	errRequestTimeout = &apiError{Status: 408, Type: "invalid_request_error", Code: "request_timeout",
+		Message: "The request was not received in time."}
 	errMethod = &apiError{Status: 405, Type: "invalid_request_error", Code: "method_not_allowed",
 		Message: "Method not allowed on this route."}
 )

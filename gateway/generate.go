@@ -2,11 +2,14 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
 	"math/rand/v2"
+	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -299,7 +302,13 @@ func readBody(ctx *fasthttp.RequestCtx, maxBytes int) ([]byte, *apiError) {
 	}
 	body, err := io.ReadAll(io.LimitReader(s, int64(maxBytes)+1))
 	if err != nil {
-		return nil, badRequest("", "Could not read the request body: "+err.Error())
+		// The read error names the connection's addresses: it goes nowhere near the client.
+		ctx.SetConnectionClose()
+		// fasthttp's ErrBrokenChunk hides the cause from errors.As; its text still says it.
+		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() || strings.HasSuffix(err.Error(), "i/o timeout") {
+			return nil, errRequestTimeout
+		}
+		return nil, badRequest("", "Could not read the request body.")
 	}
 	if len(body) > maxBytes {
 		ctx.SetConnectionClose()

@@ -136,20 +136,34 @@ func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Ga
 		// instead of fasthttp's plain 400 (field-notes.md).
 		StreamRequestBody:  true,
 		MaxRequestBodySize: cfg.MaxBodyBytes,
-		ReadTimeout:        30 * time.Second, // request headers+body; replies stream without a deadline
-		IdleTimeout:        120 * time.Second,
+		// Server.ReadTimeout is fasthttp's deadline for the request's first bytes and headers;
+		// headerReceived then gives the body a deadline of its own. Replies (streams) have none.
+		ReadTimeout: cfg.Server.HeaderTimeout,
 		// A declared Content-Length over the limit is refused from the headers: fasthttp would
-		// otherwise pre-read up to 8 KiB of body (waiting up to ReadTimeout for a client that
+		// otherwise pre-read up to 8 KiB of body (waiting up to the read timeout for a client that
 		// sends only headers) or, with "Expect: 100-continue", invite the whole upload first.
 		HeaderReceived: g.headerReceived,
 		ExpectHandler:  g.expect,
+		IdleTimeout:    cfg.Server.IdleTimeout,
+		ReadBufferSize: cfg.Server.MaxHeaderBytes, // fasthttp's bound on the request line and headers
+		Concurrency:    cfg.Server.MaxConns,
+		MaxConnsPerIP:  cfg.Server.MaxConnsPerIP,
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
-			if errors.Is(err, fasthttp.ErrBodyTooLarge) || g.takeOversized(ctx) {
+			var small *fasthttp.ErrSmallBuffer
+			var netErr net.Error
+			switch {
+			case errors.Is(err, fasthttp.ErrBodyTooLarge) || g.takeOversized(ctx):
 				ctx.SetConnectionClose()
 				writeError(ctx, tooLarge(cfg.MaxBodyBytes))
-				return
+			case errors.As(err, &small):
+				writeError(ctx, &apiError{Status: 431, Type: "invalid_request_error", Code: "request_header_too_large",
+					Message: "Request headers are larger than the gateway accepts (" + strconv.Itoa(cfg.Server.MaxHeaderBytes) + " bytes)."})
+			case errors.As(err, &netErr) && netErr.Timeout():
+				writeError(ctx, errRequestTimeout)
+			default:
+				// The parser's own text is not echoed: it may quote the client's bytes.
+				writeError(ctx, badRequest("", "Malformed HTTP request."))
 			}
-			writeError(ctx, badRequest("", "Malformed HTTP request: "+err.Error()))
 		},
 		NoDefaultServerHeader: true,
 		CloseOnShutdown:       true,
@@ -206,7 +220,7 @@ func (g *Gateway) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConf
 		g.clearOversized(h) // a mark left by an earlier request on this connection's context
 	}
 	if h.ContentLength() <= g.cfg.MaxBodyBytes {
-		return fasthttp.RequestConfig{}
+		return fasthttp.RequestConfig{ReadTimeout: g.cfg.Server.ReadTimeout}
 	}
 	if _, loaded := g.oversized.LoadOrStore(h, struct{}{}); !loaded {
 		g.nOversized.Add(1)
@@ -241,6 +255,11 @@ func (g *Gateway) clearOversized(h *fasthttp.RequestHeader) bool {
 func (g *Gateway) Handle(ctx *fasthttp.RequestCtx) {
 	if g.nOversized.Load() > 0 {
 		g.clearOversized(&ctx.Request.Header) // its first body byte was already buffered: readBody refuses it
+	}
+	if e := framingError(ctx); e != nil { // request smuggling shapes (framing.go)
+		ctx.SetConnectionClose()
+		writeError(ctx, e)
+		return
 	}
 	path := string(ctx.Path())
 	method := string(ctx.Method())

@@ -1,0 +1,74 @@
+package backends
+
+import (
+	"encoding/json"
+	"math"
+	"testing"
+)
+
+// The capacity parsers read engine bytes, which kvgate does not trust. FuzzDecodeCapacity,
+// FuzzSumField and FuzzSumGauge: no input panics; a reading is only accepted with the three
+// numbers present; used-token sums are never negative (a negative load would make a lying
+// engine the least loaded and attract every request).
+
+func FuzzDecodeCapacity(f *testing.F) {
+	f.Add([]byte(`{"max_total_num_tokens":4096,"max_req_input_len":4090,"page_size":16,"disaggregation_mode":"null"}`),
+		[]byte(`{"object":"list","data":[{"id":"sim","max_model_len":8192}]}`))
+	f.Add([]byte(`{"max_total_num_tokens":4096}`), []byte(`{"data":[]}`))
+	f.Add([]byte(`{"max_total_num_tokens":"4096","max_req_input_len":1e3}`), []byte(`{"data":[{"max_model_len":null}]}`))
+	f.Add([]byte(`<html>`), []byte(``))
+	f.Add([]byte(`{"max_total_num_tokens":-1,"max_req_input_len":-7,"disaggregation_bootstrap_port":99999999999}`),
+		[]byte(`{"data":[{"id":"","max_model_len":-1}]}`))
+	f.Fuzz(func(t *testing.T, info, models []byte) {
+		c, err := decodeCapacity(info, models)
+		if err != nil {
+			return
+		}
+		var raw struct {
+			P *json.RawMessage `json:"max_total_num_tokens"`
+			M *json.RawMessage `json:"max_req_input_len"`
+		}
+		if json.Unmarshal(info, &raw) != nil || raw.P == nil || raw.M == nil {
+			t.Fatalf("accepted a reading without its numbers: %q", info)
+		}
+		if c.UsedTokens != -1 {
+			t.Fatalf("used tokens before /v1/loads was read: %d", c.UsedTokens)
+		}
+	})
+}
+
+func FuzzSumField(f *testing.F) {
+	for _, s := range []string{
+		`{"loads":[{"num_used_tokens":3},{"num_used_tokens":4}]}`, `[{"num_used_tokens":5}]`,
+		`{"num_used_tokens":-9}`, `{"num_used_tokens":1e300}`, `{"a":{"num_used_tokens":2.5}}`,
+		`{"num_used_tokens":"7"}`, `not json`, `[[[[{"num_used_tokens":1}]]]]`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		n, ok := sumField(b, "num_used_tokens")
+		if n < 0 || !ok && n != 0 {
+			t.Fatalf("%q: %d %v", b, n, ok)
+		}
+	})
+}
+
+func FuzzSumGauge(f *testing.F) {
+	for _, s := range []string{
+		"# HELP x\nsglang:num_used_tokens{a=\"}\"} 3\nsglang_num_used_tokens 4.0\n",
+		"sglang:num_used_tokens NaN\n", "sglang:num_used_tokens +Inf\n", "sglang:num_used_tokens -5\n",
+		"sglang:num_used_tokens 1e300\nsglang:num_used_tokens 1e300\n", "sglang:num_used_tokens{dp=\"0\"} 0x10\n",
+		"sglang:num_used_tokens", "sglang:num_used_tokens{", "sglang:num_used_tokens_total 9\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		n, ok := sumGauge(b, "num_used_tokens")
+		if n < 0 || !ok && n != 0 {
+			t.Fatalf("%q: %d %v", b, n, ok)
+		}
+		if float64(n) > math.MaxInt64/2 {
+			t.Fatalf("%q: %d", b, n)
+		}
+	})
+}
