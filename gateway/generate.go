@@ -18,8 +18,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/backends"
-	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/canary"
+	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/policy"
 )
 

@@ -12,8 +12,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/backends"
-	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/canary"
+	"github.com/kvgate/kvgate/config"
 )
 
 // This file sends an admitted request along its route (one attempt per method, cleanup

@@ -186,4 +186,3 @@ var errDuplicateKey = errors.New("duplicate key in a JSON object")
 
 // maxDepth bounds nesting, so a hostile reply cannot exhaust the stack.
 const maxDepth = 256
-

@@ -54,12 +54,12 @@ type Gateway struct {
 	calib   map[string]*calibration
 
 	// Canaries and shared state. keyring is nil when canaries are disabled.
-	keyring         *canary.Keyring
-	state           *State
-	bg              sync.WaitGroup // incident writes in flight
-	bgMu            sync.Mutex     // guards bgClosed and bg.Add against Shutdown's Wait
-	bgClosed        bool
-	quarantine      *quarantine
+	keyring    *canary.Keyring
+	state      *State
+	bg         sync.WaitGroup // incident writes in flight
+	bgMu       sync.Mutex     // guards bgClosed and bg.Add against Shutdown's Wait
+	bgClosed   bool
+	quarantine *quarantine
 
 	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/limits.go)
 
