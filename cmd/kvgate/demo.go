@@ -145,6 +145,7 @@ capacity: {poll_interval: 1s}
 	if !once {
 		log = newLogger()
 	}
+	defer func() { _ = log.Sync() }()
 	gctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	gw, ln, err := startGateway(gctx, cfg, log)
