@@ -42,6 +42,8 @@ type exchange struct {
 	errMsg   string
 	logged   atomic.Bool
 	limit    *limitHold // kvgate limits: the tenant-limit reservation, settled in finish
+
+	oh overheadClock // kvgate overhead (overhead.go)
 }
 
 // generate is the pipeline for the three generation routes, top to bottom:

@@ -183,7 +183,9 @@ func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange) {
 		rids := x.ridsFor(x.engineRID)
 		l := x.buildLeg(r.Unified, x.body(rids, nil), rids)
 		l.resp = fasthttp.AcquireResponse()
+		x.ohSent() // kvgate overhead
 		l.err = r.Unified.Client.Do(l.req, l.resp)
+		x.ohHeaders() // kvgate overhead
 		g.countUpstream(l)
 		if l.err != nil {
 			releaseInflight()
@@ -192,6 +194,7 @@ func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange) {
 			return
 		}
 		x.relay(ctx, l, nil, releaseInflight)
+		x.ohReplied() // kvgate overhead
 		return
 	}
 	x.upstream = r.Prefill.Name + "+" + r.Decode.Name
@@ -232,7 +235,9 @@ func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange) {
 			}
 		}()
 		dl.resp = fasthttp.AcquireResponse()
+		x.ohSent() // kvgate overhead
 		dl.err = r.Decode.Client.Do(dl.req, dl.resp)
+		x.ohHeaders() // kvgate overhead
 		close(decodeAnswered)
 		g.countUpstream(dl)
 		if dl.err != nil {
@@ -290,6 +295,7 @@ func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange) {
 			return
 		}
 		x.relay(ctx, dl, r.Prefill, releaseInflight)
+		x.ohReplied() // kvgate overhead
 		return
 	}
 }
