@@ -75,8 +75,11 @@ const (
 
 // childRole runs the process as a child role, if the environment names one.
 func childRole() {
-	if os.Getenv(envRole) == "bare" {
+	switch os.Getenv(envRole) {
+	case "bare":
 		os.Exit(runBare(os.Getenv(envListen), os.Getenv(envUpstream)))
+	case "guard":
+		os.Exit(runGuard(os.Args[1:]))
 	}
 }
 

@@ -223,7 +223,7 @@ func startTarget(ctx context.Context, ps *procs, c config, n, set, sim, prefix s
 		if err != nil {
 			return "", err
 		}
-		pr, err = ps.start(name, nginxArgv(c.nginx, conf))
+		pr, err = ps.startGuarded(name, nginxArgv(c.nginx, conf))
 		if err != nil {
 			return "", err
 		}

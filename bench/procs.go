@@ -36,6 +36,20 @@ type proc struct {
 
 // start runs argv with env added to ours, its output to a log file in ps.dir.
 func (ps *procs) start(name string, argv []string, env ...string) (*proc, error) {
+	return ps.startSig(name, argv, syscall.SIGKILL, env...)
+}
+
+// startGuarded runs argv under a guard (this binary, guard.go) that ends argv's whole process
+// group even when the bench dies without cleaning up.
+func (ps *procs) startGuarded(name string, argv []string) (*proc, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	return ps.startSig(name, append([]string{self}, argv...), syscall.SIGTERM, envRole+"=guard")
+}
+
+func (ps *procs) startSig(name string, argv []string, deathSig syscall.Signal, env ...string) (*proc, error) {
 	log := filepath.Join(ps.dir, name+".log")
 	f, err := os.Create(log)
 	if err != nil {
@@ -46,7 +60,7 @@ func (ps *procs) start(name string, argv []string, env ...string) (*proc, error)
 	cmd.Env = append(os.Environ(), env...)
 	// A file, not a pipe: the child writes its logs (kvgate's access log) without our help.
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: deathSig}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
