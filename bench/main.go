@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -39,6 +40,7 @@ type params struct {
 	StreamDur             time.Duration
 	Warmup                time.Duration
 	MemStreams            int
+	MemGoal               int // the streams the figure is for (MemStreams may be fewer: fd limit)
 	MemLimit              time.Duration
 	FixedDelay, EventIval time.Duration
 	Events                int
@@ -93,6 +95,7 @@ func main() {
 	micro := flag.Bool("micro", true, "run the go-test micro-benchmarks (from the module root)")
 	streamsN := flag.Int("streams", 0, "slow streams for the memory figure (default 10000, 500 with -quick)")
 	roundDur := flag.Duration("round", 0, "override the duration of a throughput round")
+	phases := flag.String("phases", "throughput,rate,sweep,stream,memory,micro", "the phases to run (a partial run, while working on one)")
 	flag.Parse()
 	p := fullParams()
 	if *quick {
@@ -101,9 +104,31 @@ func main() {
 	if *streamsN > 0 {
 		p.MemStreams = *streamsN
 	}
+	p.MemGoal = p.MemStreams
 	if *roundDur > 0 {
 		p.Dur = *roundDur
 	}
+	on := map[string]bool{}
+	for _, ph := range strings.Split(*phases, ",") {
+		on[strings.TrimSpace(ph)] = true
+	}
+	// A phase left out runs zero rounds; its figures stay empty in the report.
+	if !on["throughput"] {
+		p.Rounds = 0
+	}
+	if !on["rate"] {
+		p.RateRounds = 0
+	}
+	if !on["sweep"] {
+		p.SweepRounds = 0
+	}
+	if !on["stream"] {
+		p.StreamRounds = 0
+	}
+	if !on["memory"] {
+		p.MemStreams = 0
+	}
+	*micro = *micro && on["micro"]
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	code := run(ctx, p, config{kvgate: *kvgate, nginx: findNginx(*nginx), redis: *redisURL, out: *out, micro: *micro})
