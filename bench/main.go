@@ -59,7 +59,7 @@ func fullParams() params {
 	p := quickParams()
 	p.Mode = "full"
 	p.Rounds, p.Dur = 5, 3*time.Second
-	p.RateRounds, p.RateDur = 3, 3*time.Second
+	p.RateRounds, p.RateDur = 5, 2*time.Second
 	p.SweepRounds, p.SweepDur = 3, 1500*time.Millisecond
 	p.StreamRounds, p.StreamDur = 3, 2*time.Second
 	p.Warmup = 500 * time.Millisecond

@@ -330,6 +330,15 @@ func (r *report) print(w io.Writer) {
 		fmt.Fprintf(w, "Memory: %s\n", e)
 	}
 
+	if len(r.Micro) > 0 {
+		fmt.Fprintf(w, "\nPer request and per event (go test, in-memory fast simulator; direct is the client+simulator floor)\n")
+		for _, n := range []string{"BenchmarkRequest/direct", "BenchmarkRequest/chat", "BenchmarkRequest/chat-stream", "BenchmarkRelayEvent"} {
+			if m, ok := r.Micro[n]; ok {
+				fmt.Fprintf(w, "  %-30s %10.1f µs %8.0f B %6.0f allocs\n", n, m["ns_per_op"]/1e3, m["bytes_per_op"], m["allocs_per_op"])
+			}
+		}
+	}
+
 	fmt.Fprintf(w, "\nGoals (issue 9)\n")
 	for _, g := range r.goals() {
 		fmt.Fprintf(w, "  %-9s %-58s %s\n", g.verdict(), g.name, g.measured)
