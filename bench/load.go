@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"io"
 	"slices"
 	"strconv"
 	"sync"
@@ -238,6 +239,9 @@ func streamOnce(c *fasthttp.HostClient, req *fasthttp.Request, br *bufio.Reader,
 	if !done {
 		return false
 	}
+	// Read the stream to its end so the connection is reused: a new connection per stream would
+	// put a TCP handshake into every first-event time.
+	_, _ = io.Copy(io.Discard, br)
 	s.eventLat = append(s.eventLat, lat...)
 	s.events += len(lat)
 	return true
