@@ -54,6 +54,29 @@ func (b *Backend) Tokenize(ctx context.Context, prompt string, timeout time.Dura
 	return len(out.Tokens), nil
 }
 
+// Detokenize asks the engine for the text of token ids (SGLang's /detokenize, with the engine's
+// own vocabulary): what a model reading those ids can repeat.
+func (b *Backend) Detokenize(ctx context.Context, ids []int, timeout time.Duration) (string, error) {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
+		timeout = time.Until(dl)
+	}
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	if err := b.post("/detokenize", map[string]any{"tokens": ids, "skip_special_tokens": false}, timeout, resp); err != nil {
+		return "", fmt.Errorf("detokenize on %s: %w", b.Name, err)
+	}
+	if resp.StatusCode() != fasthttp.StatusOK {
+		return "", fmt.Errorf("detokenize on %s: status %d", b.Name, resp.StatusCode())
+	}
+	var out struct {
+		Text *string `json:"text"`
+	}
+	if err := json.Unmarshal(resp.Body(), &out); err != nil || out.Text == nil {
+		return "", fmt.Errorf("detokenize on %s: no text in the reply", b.Name)
+	}
+	return *out.Text, nil
+}
+
 // Abort asks the engine to drop request rid (SGLang's /abort_request). It runs in the
 // background, bounded by timeout: an abort must never hold up the client.
 func (b *Backend) Abort(rid string, timeout time.Duration) {
@@ -62,4 +85,44 @@ func (b *Backend) Abort(rid string, timeout time.Duration) {
 		defer fasthttp.ReleaseResponse(resp)
 		_ = b.post("/abort_request", map[string]any{"rid": rid, "abort_all": false}, timeout, resp)
 	}()
+}
+
+// CallReply is a whole reply of a small engine call.
+type CallReply struct {
+	Status      int
+	ContentType []byte
+	Body        []byte
+}
+
+// maxCallReply bounds a utility reply held whole (a tokenize reply lists every token id).
+const maxCallReply = 64 << 20
+
+// Call posts a JSON body to path on the engine (the control client: utility routes such as
+// /v1/tokenize) and returns the whole reply, bounded in time and size.
+func (b *Backend) Call(path string, body []byte, timeout time.Duration) (*CallReply, error) {
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + b.Addr + path)
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType("application/json")
+	req.Header.Set("Accept-Encoding", "identity")
+	if b.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+b.APIKey)
+	}
+	req.SetBodyRaw(body)
+	resp.SkipBody = false
+	if err := b.ctl.DoTimeout(req, resp, timeout); err != nil {
+		return nil, err
+	}
+	raw, err := resp.BodyUncompressed()
+	if err != nil {
+		return nil, fmt.Errorf("decoding the reply: %w", err)
+	}
+	if len(raw) > maxCallReply {
+		return nil, fmt.Errorf("reply larger than %d bytes", maxCallReply)
+	}
+	return &CallReply{Status: resp.StatusCode(), ContentType: append([]byte(nil), resp.Header.ContentType()...),
+		Body: append([]byte(nil), raw...)}, nil
 }

@@ -44,11 +44,12 @@ func (c *Capacity) PoolBelowContext() bool { return c.PoolTokens < c.ContextLen 
 
 // Backend is one configured engine.
 type Backend struct {
-	Name, Role, APIKey string
+	Name, APIKey string
+	Role         config.Role
 	// Addr is host:port; Host is the host alone (the prefill's bootstrap_host).
 	Addr, Host string
-	// Client streams requests to the engine. Its timeouts are per read (see timedConn).
-	Client *fasthttp.HostClient
+	// client streams requests to the engine (Send). Its timeouts are per read (see timedConn).
+	client *fasthttp.HostClient
 
 	// poll reads capacity; ctl carries /tokenize and /abort_request. Apart, so that a burst of
 	// aborts or exact counts can never starve the capacity polls (which would take a healthy
@@ -132,7 +133,7 @@ func New(cfgs []config.Backend, opts Options, log *zap.Logger) (*Set, error) {
 			return nil, fmt.Errorf("backend %s: url %q needs host:port: %w", c.Name, c.URL, err)
 		}
 		b := &Backend{Name: c.Name, Role: c.Role, APIKey: c.APIKey, Addr: u.Host, Host: host}
-		b.Client = &fasthttp.HostClient{
+		b.client = &fasthttp.HostClient{
 			Addr:               u.Host,
 			Name:               "kvgate",
 			StreamResponseBody: true,
@@ -205,12 +206,12 @@ func (s *Set) PollOnce(b *Backend) {
 	if old := b.lastErr.Swap(nil); old != nil {
 		s.log.Info("backend answering again", zap.String("backend", b.Name))
 	}
-	want := map[string]string{config.RoleUnified: "null", config.RolePrefill: "prefill", config.RoleDecode: "decode"}[b.Role]
+	want := map[config.Role]string{config.RoleUnified: "null", config.RolePrefill: "prefill", config.RoleDecode: "decode"}[b.Role]
 	ok := cur.Mode == want
 	if b.roleOK.Swap(ok) != ok || (!ok && b.capacity.Load() == nil) {
 		if !ok {
 			s.log.Error("backend reports a different role than configured: taken out of rotation",
-				zap.String("backend", b.Name), zap.String("configured", b.Role), zap.String("reported_disaggregation_mode", cur.Mode))
+				zap.String("backend", b.Name), zap.String("configured", string(b.Role)), zap.String("reported_disaggregation_mode", cur.Mode))
 		}
 	}
 	old := b.capacity.Swap(cur)
@@ -390,6 +391,14 @@ func (s *Set) getJSON(b *Backend, path string, out any) error {
 type Route struct {
 	policy.Path
 	Unified, Prefill, Decode *Backend
+}
+
+// All are the route's backends (one, or prefill then decode).
+func (r *Route) All() []*Backend {
+	if r.Unified != nil {
+		return []*Backend{r.Unified}
+	}
+	return []*Backend{r.Prefill, r.Decode}
 }
 
 // Load is the route's current load in tokens: what the engines report in use plus what this

@@ -47,7 +47,7 @@ type Backend struct {
 	// URL is the engine's base URL, http://host:port.
 	URL string `yaml:"url"`
 	// Role is unified (SGLang's disaggregation_mode "null"), prefill or decode.
-	Role string `yaml:"role"`
+	Role Role `yaml:"role"`
 	// APIKey is sent to the engine as a bearer token; the client's own key never is.
 	APIKey string `yaml:"api_key"`
 }
@@ -73,17 +73,23 @@ type Tenant struct {
 // Policy is the admission policy.
 type Policy struct {
 	// Mode is enforce (default) or monitor (the token rule is logged, not enforced).
-	Mode string `yaml:"mode"`
+	Mode Mode `yaml:"mode"`
 	// Strict refuses to start when a backend's KV pool is smaller than its context.
 	Strict bool `yaml:"strict"`
 	// DefaultMaxTokens is the output reserved for OpenAI routes that name none; 0 reserves none.
 	DefaultMaxTokens int `yaml:"default_max_tokens"`
+	// AllowStoredContext lets /v1/responses requests that extend stored state the gateway cannot
+	// see (previous_response_id, conversation) through; their count is then only a lower bound.
+	AllowStoredContext bool `yaml:"allow_stored_context"`
+	// SharePrefixCache stops the gateway from setting a per-tenant cache_salt, so tenants may
+	// share prefix-cache entries (faster, and a cross-tenant timing channel).
+	SharePrefixCache bool `yaml:"share_prefix_cache"`
 }
 
 // Tokenizer selects the estimator used when the byte bound cannot decide.
 type Tokenizer struct {
 	// Library is tiktoken-go (default: github.com/tiktoken-go/tokenizer) or pkoukk.
-	Library string `yaml:"library"`
+	Library Library `yaml:"library"`
 	// Encoding is cl100k_base (default) or o200k_base.
 	Encoding string `yaml:"encoding"`
 	// SafetyRatio r: estimate×r must fit to admit without an exact count. Default 1.3, ≥ 1.
@@ -101,7 +107,7 @@ type State struct {
 	// RedisURL empty keeps all state in memory (one replica).
 	RedisURL string `yaml:"redis_url"`
 	// RedisMode is standalone (default), sentinel or cluster.
-	RedisMode string `yaml:"redis_mode"`
+	RedisMode RedisMode `yaml:"redis_mode"`
 	// KeyPrefix prefixes every Redis key. Default "kvgate:".
 	KeyPrefix string `yaml:"key_prefix"`
 }
@@ -118,7 +124,7 @@ type Canary struct {
 	// EveryBytes repeats the marker every N bytes of prompt; 0 injects once.
 	EveryBytes int `yaml:"every_bytes"`
 	// Placement is system_end (default) or prefix.
-	Placement string `yaml:"placement"`
+	Placement Placement `yaml:"placement"`
 	// QuarantineTTL is how long a backend that leaked stays out of rotation. Default 15m.
 	QuarantineTTL time.Duration `yaml:"quarantine_ttl"`
 }
@@ -161,12 +167,41 @@ type Limits struct {
 	RedisTimeout time.Duration `yaml:"redis_timeout"`
 }
 
-// Roles.
-const (
-	RoleUnified = "unified"
-	RolePrefill = "prefill"
-	RoleDecode  = "decode"
+// The enumerated values: each has its type, and code compares against these constants only.
+type (
+	// Role is a backend's place in serving: SGLang's disaggregation_mode "null" is unified.
+	Role string
+	// Mode is policy.mode.
+	Mode string
+	// Library is tokenizer.library.
+	Library string
+	// RedisMode is state.redis_mode.
+	RedisMode string
+	// Placement is canary.placement.
+	Placement string
 )
+
+const (
+	RoleUnified Role = "unified"
+	RolePrefill Role = "prefill"
+	RoleDecode  Role = "decode"
+
+	ModeEnforce Mode = "enforce"
+	ModeMonitor Mode = "monitor"
+
+	LibraryTiktokenGo Library = "tiktoken-go"
+	LibraryPkoukk     Library = "pkoukk"
+
+	RedisStandalone RedisMode = "standalone"
+	RedisSentinel   RedisMode = "sentinel"
+	RedisCluster    RedisMode = "cluster"
+
+	PlacementSystemEnd Placement = "system_end"
+	PlacementPrefix    Placement = "prefix"
+)
+
+// defaultRetries is upstream.retries when the file does not name it (0 is a valid choice).
+const defaultRetries = 1
 
 // Load reads path, applies env overrides from environ (os.Environ() form), defaults, validates.
 func Load(path string, environ []string) (*Config, error) {
@@ -180,6 +215,8 @@ func Load(path string, environ []string) (*Config, error) {
 // Parse is Load without the file: YAML bytes in, validated Config out.
 func Parse(raw []byte, environ []string) (*Config, error) {
 	var c Config
+	// Set before decoding, so that an explicit 0 in the file or the environment stands.
+	c.Upstream.Retries = defaultRetries
 	dec := yaml.NewDecoder(bytes.NewReader(raw))
 	dec.KnownFields(true) // an unknown key is an error that names it
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
@@ -203,10 +240,10 @@ func (c *Config) applyDefaults() {
 		c.MaxBodyBytes = 32 << 20
 	}
 	if c.Policy.Mode == "" {
-		c.Policy.Mode = "enforce"
+		c.Policy.Mode = ModeEnforce
 	}
 	if c.Tokenizer.Library == "" {
-		c.Tokenizer.Library = "tiktoken-go"
+		c.Tokenizer.Library = LibraryTiktokenGo
 	}
 	if c.Tokenizer.Encoding == "" {
 		c.Tokenizer.Encoding = "cl100k_base"
@@ -224,7 +261,7 @@ func (c *Config) applyDefaults() {
 		c.Tokenizer.ExactTimeout = 2 * time.Second
 	}
 	if c.State.RedisMode == "" {
-		c.State.RedisMode = "standalone"
+		c.State.RedisMode = RedisStandalone
 	}
 	if c.State.KeyPrefix == "" {
 		c.State.KeyPrefix = "kvgate:"
@@ -236,7 +273,7 @@ func (c *Config) applyDefaults() {
 		c.Canary.DetectWindow = 24 * time.Hour
 	}
 	if c.Canary.Placement == "" {
-		c.Canary.Placement = "system_end"
+		c.Canary.Placement = PlacementSystemEnd
 	}
 	if c.Canary.QuarantineTTL == 0 {
 		c.Canary.QuarantineTTL = 15 * time.Minute
@@ -260,9 +297,6 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Upstream.MaxConns == 0 {
 		c.Upstream.MaxConns = 4096
-	}
-	if c.Upstream.Retries == 0 {
-		c.Upstream.Retries = 1
 	}
 	if c.Upstream.MaxEventBytes == 0 {
 		c.Upstream.MaxEventBytes = 4 << 20
@@ -301,7 +335,7 @@ func (c *Config) Validate() error {
 		bad("backends", "at least one backend is required")
 	}
 	names := map[string]bool{}
-	roles := map[string]int{}
+	roles := map[Role]int{}
 	for i, b := range c.Backends {
 		f := fmt.Sprintf("backends[%d]", i)
 		if b.Name == "" {
@@ -315,7 +349,7 @@ func (c *Config) Validate() error {
 		if u, err := url.Parse(b.URL); err != nil || u.Scheme != "http" || u.Host == "" {
 			bad(f+".url", "must be http://host:port, got %q", b.URL)
 		}
-		if oneOf(f+".role", b.Role, RoleUnified, RolePrefill, RoleDecode) {
+		if oneOf(f+".role", string(b.Role), string(RoleUnified), string(RolePrefill), string(RoleDecode)) {
 			roles[b.Role]++
 		}
 	}
@@ -350,11 +384,11 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
-	oneOf("policy.mode", c.Policy.Mode, "enforce", "monitor")
+	oneOf("policy.mode", string(c.Policy.Mode), string(ModeEnforce), string(ModeMonitor))
 	if c.Policy.DefaultMaxTokens < 0 {
 		bad("policy.default_max_tokens", "must be ≥ 0, got %d", c.Policy.DefaultMaxTokens)
 	}
-	oneOf("tokenizer.library", c.Tokenizer.Library, "tiktoken-go", "pkoukk")
+	oneOf("tokenizer.library", string(c.Tokenizer.Library), string(LibraryTiktokenGo), string(LibraryPkoukk))
 	oneOf("tokenizer.encoding", c.Tokenizer.Encoding, "cl100k_base", "o200k_base")
 	if c.Tokenizer.SafetyRatio < 1 {
 		bad("tokenizer.safety_ratio", "must be ≥ 1, got %v", c.Tokenizer.SafetyRatio)
@@ -365,14 +399,14 @@ func (c *Config) Validate() error {
 	if c.Tokenizer.ExactConcurrency < 0 {
 		bad("tokenizer.exact_concurrency", "must be ≥ 0, got %d", c.Tokenizer.ExactConcurrency)
 	}
-	oneOf("state.redis_mode", c.State.RedisMode, "standalone", "sentinel", "cluster")
+	oneOf("state.redis_mode", string(c.State.RedisMode), string(RedisStandalone), string(RedisSentinel), string(RedisCluster))
 	if c.Canary.Enabled && c.Canary.Secret == "" {
 		bad("canary.secret", "required when canary.enabled is true (or set KVGATE_CANARY_SECRET)")
 	}
 	if c.Canary.EveryBytes < 0 {
 		bad("canary.every_bytes", "must be ≥ 0 (0 = once), got %d", c.Canary.EveryBytes)
 	}
-	oneOf("canary.placement", c.Canary.Placement, "system_end", "prefix")
+	oneOf("canary.placement", string(c.Canary.Placement), string(PlacementSystemEnd), string(PlacementPrefix))
 	if c.Canary.DetectWindow < c.Canary.Epoch {
 		bad("canary.detect_window", "must be ≥ canary.epoch (%s), got %s", c.Canary.Epoch, c.Canary.DetectWindow)
 	}

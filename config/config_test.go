@@ -129,3 +129,26 @@ func TestExampleConfigLoads(t *testing.T) {
 		t.Fatalf("example config drifted: %+v", c)
 	}
 }
+
+// A zero that means something is honoured, not replaced by the default.
+func TestRetriesZeroHonoured(t *testing.T) {
+	base := "backends: [{name: u, url: \"http://127.0.0.1:1\", role: unified}]\n"
+	for _, c := range []struct {
+		yaml string
+		env  []string
+		want int
+	}{
+		{base, nil, 1},
+		{base + "upstream: {retries: 0}\n", nil, 0},
+		{base + "upstream: {retries: 3}\n", nil, 3},
+		{base, []string{"KVGATE_UPSTREAM_RETRIES=0"}, 0},
+	} {
+		cfg, err := Parse([]byte(c.yaml), c.env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Upstream.Retries != c.want {
+			t.Fatalf("%q %v: retries %d, want %d", c.yaml, c.env, cfg.Upstream.Retries, c.want)
+		}
+	}
+}

@@ -192,12 +192,16 @@ type generateReq struct {
 	BootstrapHost  json.RawMessage `json:"bootstrap_host"`
 	BootstrapPort  json.RawMessage `json:"bootstrap_port"`
 	BootstrapRoom  json.RawMessage `json:"bootstrap_room"`
+	CacheSalt      json.RawMessage `json:"cache_salt"`
 }
 
 func (s *Server) parseGenerate(body []byte) ([]*item, bool, bool, error) {
 	var req generateReq
 	if err := json.Unmarshal(body, &req); err != nil {
 		return nil, false, false, badf("invalid JSON body: %v", err)
+	}
+	if err := s.noteSalt(req.CacheSalt); err != nil {
+		return nil, false, false, err
 	}
 	texts, batchT, err := strings1(req.Text, "text")
 	if err != nil {
@@ -524,6 +528,7 @@ type openAIReq struct {
 	BootstrapHost json.RawMessage `json:"bootstrap_host"`
 	BootstrapPort json.RawMessage `json:"bootstrap_port"`
 	BootstrapRoom json.RawMessage `json:"bootstrap_room"`
+	CacheSalt     json.RawMessage `json:"cache_salt"`
 }
 
 // RenderChatML renders messages as the simulator counts them: each message
@@ -573,6 +578,9 @@ func (s *Server) parseOpenAI(r route, body []byte) (*openAIReq, []*item, []int, 
 	var req openAIReq
 	if err := json.Unmarshal(body, &req); err != nil {
 		return nil, nil, nil, badf("invalid JSON body: %v", err)
+	}
+	if err := s.noteSalt(req.CacheSalt); err != nil {
+		return nil, nil, nil, err
 	}
 	var prompts []string
 	var idPrompts [][]uint32
@@ -832,7 +840,8 @@ func (s *Server) handleTokenize(ctx *fasthttp.RequestCtx) {
 	}
 	var body []byte
 	if !batch {
-		ids, _ := s.tok.Encode(prompts[0])
+		ids, texts := s.tok.Encode(prompts[0])
+		s.rememberPieces(ids, texts)
 		if ids == nil {
 			ids = []uint32{}
 		}
@@ -841,7 +850,9 @@ func (s *Server) handleTokenize(ctx *fasthttp.RequestCtx) {
 		all := make([][]uint32, len(prompts))
 		counts := make([]int, len(prompts))
 		for i, p := range prompts {
-			all[i], _ = s.tok.Encode(p)
+			var texts []string
+			all[i], texts = s.tok.Encode(p)
+			s.rememberPieces(all[i], texts)
 			if all[i] == nil {
 				all[i] = []uint32{}
 			}

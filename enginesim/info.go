@@ -145,7 +145,12 @@ type SimStats struct {
 	// ForeignReplies counts replies that read stale pages of other requests (the leak), the
 	// ground truth that reply headers only carry to a direct client.
 	ForeignReplies int `json:"foreign_replies"`
-	Pool           struct {
+	// RequestIDs are the X-Request-Id headers of the last 256 generation requests, oldest first.
+	RequestIDs []string `json:"request_ids"`
+	// CacheSalts counts the distinct cache_salt values seen: the simulator
+	// has no prefix cache to partition, so this is what a test can check.
+	CacheSalts int `json:"cache_salts"`
+	Pool       struct {
 		PagesTotal int `json:"pages_total"`
 		PagesFree  int `json:"pages_free"`
 	} `json:"pool"`
@@ -165,6 +170,8 @@ func (s *Server) Stats() SimStats {
 		st.Rejected[k] = v
 	}
 	st.MaxPromptTokens, st.TokenizeRequests, st.ForeignReplies = s.maxPT, s.tokReqs, s.foreign
+	st.RequestIDs = append([]string{}, s.headerIDs...)
+	st.CacheSalts = len(s.salts)
 	s.statsMu.Unlock()
 	st.Pool.PagesTotal, st.Pool.PagesFree = l.totalPages, l.freePages
 	return st

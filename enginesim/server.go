@@ -44,6 +44,15 @@ type Server struct {
 	tokReqs  int
 	rejected map[string]int
 	foreign  int
+	// headerIDs are the X-Request-Id headers of the last generation requests (ground truth for
+	// "the engine never sees the client's id").
+	headerIDs []string
+	salts     map[string]struct{} // distinct cache_salt values seen
+
+	piecesMu sync.Mutex
+	pieces   map[uint32]string // chunk4 id → piece, for /detokenize
+
+	responses *responseStore // /v1/responses by id, for previous_response_id
 
 	activeMu sync.Mutex
 	active   map[string]context.CancelFunc // rid → cancel, for /abort_request
@@ -75,18 +84,23 @@ func New(cfg Config) (*Server, error) {
 	pool.ZeroOnRelease = cfg.Fix == FixZeroOnRelease
 	ids, texts := tok.Encode(" ")
 	s := &Server{
-		cfg:      cfg,
-		tok:      tok,
-		mril:     MaxReqInputLen(cfg.PoolTokens, cfg.PageSize, cfg.ContextLength),
-		padID:    ids[0],
-		padText:  texts[0],
-		created:  time.Now().Unix(),
-		pool:     pool,
-		rng:      rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0xda942042e4dd58b5)),
-		requests: map[string]int{"/generate": 0, "/v1/chat/completions": 0, "/v1/completions": 0},
-		rejected: map[string]int{},
-		active:   map[string]context.CancelFunc{},
-		rooms:    newRoomStore(),
+		cfg:     cfg,
+		tok:     tok,
+		mril:    MaxReqInputLen(cfg.PoolTokens, cfg.PageSize, cfg.ContextLength),
+		padID:   ids[0],
+		padText: texts[0],
+		created: time.Now().Unix(),
+		pool:    pool,
+		rng:     rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0xda942042e4dd58b5)),
+		requests: map[string]int{"/generate": 0, "/v1/chat/completions": 0, "/v1/completions": 0,
+			"/v1/responses": 0, "/v1/messages": 0, "/v1/embeddings": 0, "/v1/rerank": 0, "/v1/score": 0,
+			"/v1/classify": 0, "/encode": 0, "/classify": 0},
+		rejected:  map[string]int{},
+		salts:     map[string]struct{}{},
+		pieces:    map[uint32]string{},
+		responses: &responseStore{m: map[string]conversation{}},
+		active:    map[string]context.CancelFunc{},
+		rooms:     newRoomStore(),
 		// Decode pulls rooms over loopback HTTP; the wait is bounded by the
 		// request context, not by this client.
 		pullClient: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
@@ -217,13 +231,37 @@ func (s *Server) Handler() fasthttp.RequestHandler {
 		case s.cfg.Fast && post && (path == "/generate" || path == "/v1/completions" || path == "/v1/chat/completions"):
 			s.handleFast(ctx, path)
 		case post && path == "/generate":
+			s.noteHeaders(ctx)
 			s.handleGenerate(ctx)
 		case post && path == "/v1/completions":
+			s.noteHeaders(ctx)
 			s.handleOpenAI(ctx, routeCompletions)
 		case post && path == "/v1/chat/completions":
+			s.noteHeaders(ctx)
 			s.handleOpenAI(ctx, routeChat)
 		case post && (path == "/tokenize" || path == "/v1/tokenize"):
 			s.handleTokenize(ctx)
+		case post && path == "/v1/responses":
+			s.handleResponses(ctx)
+		case post && path == "/v1/messages":
+			s.handleMessages(ctx)
+		case post && path == "/v1/messages/count_tokens":
+			s.handleCountTokens(ctx)
+		case post && path == "/v1/embeddings":
+			s.handleEmbeddings(ctx)
+		case post && path == "/v1/rerank":
+			s.handleRerank(ctx)
+		case post && path == "/v1/score":
+			s.handleScore(ctx)
+		case post && path == "/v1/classify":
+			s.handleV1Classify(ctx)
+		case post && (path == "/encode" || path == "/classify"):
+			s.handleEncode(ctx, path)
+		case post && (path == "/detokenize" || path == "/v1/detokenize"):
+			s.handleDetokenize(ctx, path)
+		case post && (path == "/flush_cache" || path == "/start_profile" || path == "/stop_profile" ||
+			strings.HasPrefix(path, "/update_weights_from_")):
+			s.handleAdmin(ctx, path)
 		case post && path == "/abort_request":
 			s.handleAbort(ctx)
 		default:
@@ -239,6 +277,20 @@ func (s *Server) Handler() fasthttp.RequestHandler {
 func (s *Server) countRequest(route string) {
 	s.statsMu.Lock()
 	s.requests[route]++
+	s.statsMu.Unlock()
+}
+
+// maxHeaderIDs bounds the X-Request-Id history kept for /sim/stats.
+const maxHeaderIDs = 256
+
+// noteHeaders remembers the request's X-Request-Id header (empty when absent).
+func (s *Server) noteHeaders(ctx *fasthttp.RequestCtx) {
+	id := string(ctx.Request.Header.Peek("X-Request-Id"))
+	s.statsMu.Lock()
+	if len(s.headerIDs) >= maxHeaderIDs {
+		s.headerIDs = append(s.headerIDs[:0], s.headerIDs[1:]...)
+	}
+	s.headerIDs = append(s.headerIDs, id)
 	s.statsMu.Unlock()
 }
 

@@ -84,3 +84,12 @@ func TestUpstreamBodyBootstrapFields(t *testing.T) {
 		}
 	}
 }
+
+// body and ridsFor are the engine layer's body as this exchange's request gets it.
+func (x *exchange) body(rids []string, prefill *backends.Backend) []byte {
+	return backends.EngineBody(x.req.fields, rids, x.req.batch, prefill)
+}
+
+func (x *exchange) ridsFor(base string) []string {
+	return backends.Rids(base, x.req.batch, len(x.req.prompts))
+}

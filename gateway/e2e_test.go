@@ -252,7 +252,9 @@ func TestBadInputsAreRefusedAndNeverReachTheEngine(t *testing.T) {
 		{"negative max_tokens", "/v1/chat/completions", tenantKey, `{"messages":[{"role":"user","content":"x"}],"max_tokens":-1}`, 400, "invalid_request", "max_tokens"},
 		{"text and ids", "/generate", tenantKey, `{"text":"x","input_ids":[1]}`, 400, "invalid_request", "input_ids"},
 		{"body too large", "/generate", tenantKey, `{"text":"` + strings.Repeat("a", 70000) + `"}`, 413, "request_too_large", ""},
-		{"unknown route", "/v1/embeddings", tenantKey, `{}`, 404, "not_found", ""},
+		{"unknown route", "/v1/frobnicate", tenantKey, `{}`, 404, "not_found", ""},
+		{"engine admin route", "/flush_cache", tenantKey, `{}`, 404, "not_found", ""},
+		{"embeddings without input", "/v1/embeddings", tenantKey, `{}`, 400, "invalid_request", "input"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
+	"math/rand/v2"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -12,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/policy"
 )
@@ -35,13 +39,20 @@ type exchange struct {
 	// estimate is the raw tiktoken count when the estimate tier ran (to learn the ratio).
 	estimate int
 	route    *backends.Route
-	// echoes are foreign markers the client's own prompt contained.
-	echoes   []string
-	status   int
-	upstream string
-	errMsg   string
-	logged   atomic.Bool
-	limit    *limitHold // kvgate limits: the tenant-limit reservation, settled in finish
+	// echoes are foreign markers the client's own prompt contained (or began).
+	echoes []string
+	// idsUnread: a token-id prompt whose text no engine on the route could give back; short
+	// marker fragments in its reply may be the client's own, so they cut the reply but
+	// quarantine nothing (a whole marker still does; see shortFragment).
+	idsUnread bool
+	status    int
+	upstream  string
+	errMsg    string
+	logged    atomic.Bool
+	limit     *limitHold // kvgate limits: the tenant-limit reservation, settled in finish
+	// holding: the route's in-flight accounting is held until close (closeOnce).
+	holding   bool
+	closeOnce sync.Once
 
 	oh overheadClock // kvgate overhead (overhead.go)
 }
@@ -59,6 +70,7 @@ func (g *Gateway) generate(ctx *fasthttp.RequestCtx, kind routeKind) {
 		x.fail(ctx, e)
 		return
 	}
+	x.coverTokenIDs()
 	g.forward(ctx, x)
 }
 
@@ -67,7 +79,7 @@ func (x *exchange) fail(ctx *fasthttp.RequestCtx, e *apiError) {
 	writeError(ctx, e)
 	ctx.Response.Header.Set("X-Request-Id", x.rid)
 	x.status, x.errMsg = e.Status, e.Code
-	x.finish()
+	x.close()
 }
 
 // admit runs everything up to the decision. A nil result means forward along x.route.
@@ -86,6 +98,9 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apiError {
 		return e
 	}
 	x.req = req
+	if req.storedContext != "" && !g.cfg.Policy.AllowStoredContext {
+		return storedContextError(req.storedContext)
+	}
 	x.inject() // before counting: the marker is part of the prompt
 	req.render()
 	output := req.output
@@ -96,23 +111,26 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apiError {
 	if err != nil {
 		return routeError(err)
 	}
+	if x.kind.unifiedOnly() {
+		if routes = unifiedRoutes(routes); len(routes) == 0 {
+			return &apiError{Status: 503, Type: "server_error", Code: "no_backend", RetryAfter: 5,
+				Message: fmt.Sprintf("No unified engine is available for %s (prefill-only routes do not run on prefill/decode pairs).", x.kind.path())}
+		}
+	}
 	paths := make([]policy.Path, len(routes))
 	for i := range routes {
 		paths[i] = routes[i].Path
 	}
 	tenantMax := x.tenant.MaxPromptTokens
 	limit := policy.Limit(paths, output, tenantMax)
-	x.decision = x.decide(limit)
+	pick := x.decidePaths(routes, output, tenantMax, limit)
 	dur := time.Since(x.start)
 	g.metrics.admitSeconds.Observe(dur.Seconds())
 	ctx.Response.Header.Set("X-Kvgate-Tier", string(x.decision.Tier))
 	ctx.Response.Header.Set("X-Kvgate-Tokens", strconv.Itoa(x.decision.Tokens))
 	if !x.decision.Admit {
-		x.reason = "context_length_exceeded"
-		if tenantMax > 0 && x.decision.Tokens <= policy.Limit(paths, output, 0) {
-			x.reason = "tenant_max_prompt_tokens"
-		}
-		if g.cfg.Policy.Mode != "monitor" {
+		x.reason = policy.Reason(paths, x.decision.Tokens, output, tenantMax)
+		if g.cfg.Policy.Mode != config.ModeMonitor {
 			g.metrics.decisions.WithLabelValues("refuse", x.reason, string(x.decision.Tier)).Inc()
 			return x.tooLong(routes, output, limit)
 		}
@@ -121,47 +139,92 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apiError {
 		ctx.Response.Header.Set("X-Kvgate-Monitor", "would-refuse: "+x.reason)
 		g.log.Warn("monitor mode: forwarding a request the admission rule refuses",
 			zap.String("request_id", x.rid), zap.String("tenant", x.tenant.Name), zap.Int("tokens", x.decision.Tokens), zap.Int("limit", limit))
-		best := 0
-		for i := range routes {
-			if policy.MaxPrompt(routes[i].Path, output, tenantMax) > policy.MaxPrompt(routes[best].Path, output, tenantMax) {
-				best = i
-			}
-		}
-		x.route = &routes[best]
+		x.route = &routes[roomiest(routes, output, tenantMax)]
 		return nil
 	}
-	x.reason = "ok"
+	x.reason = policy.ReasonOK
 	g.metrics.decisions.WithLabelValues("admit", x.reason, string(x.decision.Tier)).Inc()
-	// Least-loaded route among those that admit this prompt.
-	var pick *backends.Route
-	for _, i := range policy.Eligible(paths, x.decision.Tokens, output, tenantMax) {
-		if r := &routes[i]; pick == nil || r.Load() < pick.Load() {
-			pick = r
-		}
-	}
-	x.route = pick
+	x.route = &routes[pick]
 	return nil
 }
 
-// decide counts every prompt of the request (a batch has several) against limit. The request
-// is admitted only if all fit; the decision reported is the largest prompt's.
-func (x *exchange) decide(limit int) policy.Decision {
-	g := x.g
-	var exact policy.ExactCounter // a nil *exactCounter must stay a nil interface
-	if g.exact != nil {
-		exact = g.exact
+func roomiest(routes []backends.Route, output, tenantMax int) int {
+	best := 0
+	for i := range routes {
+		if policy.MaxPrompt(routes[i].Path, output, tenantMax) > policy.MaxPrompt(routes[best].Path, output, tenantMax) {
+			best = i
+		}
 	}
+	return best
+}
+
+// decidePaths decides the request path by path, least loaded first, and returns the first path
+// that admits it (so the least-loaded admitting one), with x.decision set. Counts are per path
+// because engines may tokenize differently: an estimate may admit only where calibration trusts
+// it, and an exact count comes from the engines of the path being decided. When no path admits,
+// x.decision is the roomiest path's refusal (with Limit = the overall limit) and -1 is returned.
+func (x *exchange) decidePaths(routes []backends.Route, output, tenantMax, limit int) int {
+	loads := make([]int64, len(routes))
+	for i := range routes {
+		loads[i] = routes[i].Load()
+	}
+	order := policy.Order(loads, rand.IntN)
+	ratio := x.g.ratio.Get()
+	// One estimate per prompt serves every path: it runs to the largest limit's stopping point.
+	stop := 0
+	if limit >= 0 {
+		stop = int(math.Floor(float64(limit)*ratio)) + 1
+	}
+	ests := make([]*cachingEstimator, len(x.req.prompts))
+	for i := range ests {
+		ests[i] = &cachingEstimator{Estimator: x.g.enc, minStop: stop}
+	}
+	cache := map[string]int{}
+	room := roomiest(routes, output, tenantMax)
+	var refusal policy.Decision
+	for _, i := range order {
+		d := x.decideOn(&routes[i], policy.MaxPrompt(routes[i].Path, output, tenantMax), ratio, ests, cache)
+		if d.Admit {
+			d.Limit = limit
+			x.decision = d
+			return i
+		}
+		if i == room {
+			refusal = d
+		}
+	}
+	refusal.Limit = limit
+	x.decision = refusal
+	return -1
+}
+
+// decideOn counts every prompt of the request (a batch has several) against one path's limit.
+// The path admits only if all fit; the decision reported is the largest prompt's.
+func (x *exchange) decideOn(r *backends.Route, limit int, ratio float64, ests []*cachingEstimator, cache map[string]int) policy.Decision {
+	g := x.g
+	var exact policy.ExactCounter // no exact counter: a nil interface, not a nil pointer
+	var pc *pathCounter
+	if g.exact != nil {
+		pc = &pathCounter{g: g, route: r, cache: cache}
+		exact = pc
+	}
+	distrust := g.distrusted(r)
 	var worst policy.Decision
 	for i, p := range x.req.prompts {
+		if pc != nil {
+			pc.prompt = i
+		}
 		pr := policy.Request{Text: p.text, Bytes: len(p.text), InputIDs: p.ids, HasInputIDs: p.hasIDs,
-			Overhead: specialTokenAllowance, DistrustEstimate: g.distrustEstimate.Load()}
-		est := &recordingEstimator{Estimator: g.enc}
-		d := policy.Decide(context.Background(), pr, limit, est, g.ratio.Get(), exact)
-		if est.n > x.estimate {
-			x.estimate = est.n
+			Overhead: specialTokenAllowance, DistrustEstimate: distrust}
+		d := policy.Decide(context.Background(), pr, limit, ests[i], ratio, exact)
+		if e := ests[i]; e.complete && e.n > x.estimate {
+			x.estimate = e.n
 		}
 		if i == 0 || !d.Admit && worst.Admit || d.Admit == worst.Admit && d.Tokens > worst.Tokens {
 			worst = d
+		}
+		if !d.Admit {
+			break // the path refuses: the other prompts need not be counted for it
 		}
 	}
 	return worst
@@ -171,18 +234,28 @@ func (x *exchange) decide(limit int) policy.Decision {
 // in the text: the byte bound is only sound with them added.
 const specialTokenAllowance = 2
 
-// recordingEstimator remembers the last estimate (to learn the safety ratio from engine reports).
-type recordingEstimator struct {
+// cachingEstimator counts one prompt once for every path: the first count runs at least to
+// minStop (the stopping point of the largest limit), and later calls reuse it. It also remembers
+// the complete estimate, to learn the safety ratio from engine reports.
+type cachingEstimator struct {
 	policy.Estimator
-	n int
+	minStop  int
+	done     bool
+	n        int
+	complete bool
 }
 
-func (r *recordingEstimator) Count(text string, stopAfter int) (int, bool) {
-	n, complete := r.Estimator.Count(text, stopAfter)
-	if complete {
-		r.n = n
+func (c *cachingEstimator) Count(text string, stopAfter int) (int, bool) {
+	if !c.done {
+		stop := stopAfter
+		if stop >= 0 && c.minStop > stop {
+			stop = c.minStop
+		}
+		c.n, c.complete = c.Estimator.Count(text, stop)
+		c.done = true
 	}
-	return n, complete
+	// An incomplete count that stopped past stopAfter still says "more than stopAfter".
+	return c.n, c.complete || stopAfter >= 0 && c.n > stopAfter
 }
 
 // tooLong is the 413: OpenAI's wording on OpenAI routes, SGLang's on /generate.
@@ -194,15 +267,8 @@ func (x *exchange) tooLong(routes []backends.Route, output, limit int) *apiError
 	limit = max(limit, 0)
 	n := x.decision.Tokens
 	e := &apiError{Status: 413, Type: "invalid_request_error", Code: "context_length_exceeded"}
-	switch x.kind {
-	case routeChat:
-		e.Param = "messages"
-	case routeCompletions:
-		e.Param = "prompt"
-	default:
-		e.Param = "text"
-	}
-	if x.reason == "tenant_max_prompt_tokens" {
+	e.Param = promptParam[x.kind]
+	if x.reason == policy.ReasonTenantMaxPrompt {
 		e.Message = fmt.Sprintf("Your prompt resulted in %d tokens, more than this API key's limit of %d prompt tokens. Please reduce the length of the prompt.", n, x.tenant.MaxPromptTokens)
 		return e
 	}
@@ -211,9 +277,11 @@ func (x *exchange) tooLong(routes []backends.Route, output, limit int) *apiError
 		reserve = fmt.Sprintf(", leaving room for the %d completion tokens requested", output)
 	}
 	switch x.kind {
-	case routeGenerate:
+	case routeGenerate, routeEncode, routeClassifyNative:
 		e.Message = fmt.Sprintf("Input length (%d tokens) exceeds the maximum allowed length (%d tokens%s). Use a shorter input.", n, limit, reserve)
-	case routeCompletions:
+	case routeMessages:
+		e.Message = fmt.Sprintf("prompt is too long: %d tokens > %d maximum (the engines' limit now%s)", n, limit, reserve)
+	case routeCompletions, routeResponses, routeEmbeddings, routeRerank, routeScore, routeClassify:
 		e.Message = fmt.Sprintf("This model's maximum context length is %d tokens. However, your prompt resulted in %d tokens. Please reduce the length of the prompt. (The engines accept at most %d prompt tokens now%s.)", ctxLen, n, limit, reserve)
 	default:
 		e.Message = fmt.Sprintf("This model's maximum context length is %d tokens. However, your messages resulted in %d tokens. Please reduce the length of the messages. (The engines accept at most %d prompt tokens now%s.)", ctxLen, n, limit, reserve)
@@ -260,4 +328,22 @@ func (x *exchange) finish() {
 			zap.Int("limit", x.decision.Limit), zap.Int("status", x.status), zap.String("upstream", x.upstream),
 			zap.String("error", x.errMsg), zap.Duration("latency", time.Since(x.start)))
 	}
+}
+
+// unifiedRoutes keeps the routes served by one unified engine.
+func unifiedRoutes(routes []backends.Route) []backends.Route {
+	var out []backends.Route
+	for _, r := range routes {
+		if r.Unified != nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// promptParam names the field a 413 points at.
+var promptParam = [routeKinds]string{
+	routeChat: "messages", routeCompletions: "prompt", routeGenerate: "text", routeResponses: "input",
+	routeMessages: "messages", routeEmbeddings: "input", routeRerank: "documents", routeScore: "items",
+	routeClassify: "input", routeEncode: "text", routeClassifyNative: "text",
 }

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/canary"
+	"github.com/kvgate/kvgate/config"
 )
 
 // This file is the canary side of the pipeline: markers go into prompts before counting, and
@@ -42,17 +43,32 @@ func (x *exchange) inject() {
 		own.WriteByte('\n')
 	}
 	own.WriteString(req.suffix)
-	x.echoes = g.keyring.FindMarkers(own.String())
+	own.WriteString(req.system)
+	for _, t := range req.turns {
+		own.WriteString("\n" + t.Content)
+	}
+	own.WriteString(req.extra)
+	// Fragments count too: a reply repeating the 8 characters of a marker that the client sent
+	// is the client's own text (FindMarkerFragments finds whole markers as well).
+	x.echoes = g.keyring.FindMarkerFragments(own.String())
+	if !req.kind.generates() {
+		return // no text comes back to carry a marker; replies are still scanned
+	}
 	if x.tenant.CanaryOptOut {
 		g.metrics.canarySkipped.WithLabelValues("opt_out").Inc()
 		return
 	}
-	if req.texts == nil && req.messages == nil {
+	if req.texts == nil && req.messages == nil && req.turns == nil {
 		g.metrics.canarySkipped.WithLabelValues("input_ids").Inc()
 		return
 	}
 	marker, _ := g.keyring.Current(x.tenant.Name, time.Now())
 	every := g.cfg.Canary.EveryBytes
+	if req.kind == routeResponses || req.kind == routeMessages {
+		req.injectSystem(marker)
+		g.metrics.canaryInjected.Inc()
+		return
+	}
 	if req.kind != routeChat {
 		texts := make([]string, len(req.texts))
 		for i, t := range req.texts {
@@ -82,7 +98,7 @@ func (x *exchange) inject() {
 		msgs = append(msgs, c)
 	}
 	switch {
-	case g.cfg.Canary.Placement == "prefix" && len(msgs) > 0:
+	case g.cfg.Canary.Placement == config.PlacementPrefix && len(msgs) > 0:
 		appendToContent(msgs[0], marker, true)
 	case sys >= 0:
 		appendToContent(msgs[sys], marker, false)
@@ -163,13 +179,18 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 	inc := canary.Incident{Time: time.Now().UTC(), Kind: kind, RequestID: x.rid, Victim: h.Victim,
 		Requester: x.tenant.Name, Backends: names, Epoch: h.Epoch, Context: h.Context}
 	g.metrics.incidents.WithLabelValues(kind).Inc()
-	if kind == canary.KindLeak {
+	// A short fragment in the reply to a token-id prompt whose text could not be read may be the
+	// client's own: the reply is cut and the incident kept, but nothing is quarantined on it.
+	quarantine := kind == canary.KindLeak && !(x.idsUnread && shortFragment(h.Marker))
+	if kind == canary.KindLeak && !quarantine {
+		g.log.Error("foreign canary marker fragment in the reply to an unreadable token-id prompt: reply cut, no quarantine",
+			zap.String("request_id", x.rid), zap.String("requester", x.tenant.Name), zap.String("victim", h.Victim), zap.Strings("backends", names))
+	} else if kind == canary.KindLeak {
 		g.log.Error("foreign canary marker in an engine reply: reply cut, backends quarantined",
 			zap.String("request_id", x.rid), zap.String("engine_rid", x.engineRID), zap.String("requester", x.tenant.Name), zap.String("victim", h.Victim),
 			zap.Strings("backends", names), zap.Uint64("epoch", h.Epoch))
-		until := time.Now().Add(g.cfg.Canary.QuarantineTTL)
 		for _, n := range names {
-			g.quarantineLocal(n, until)
+			g.quarantine.mark(n, g.cfg.Canary.QuarantineTTL, "canary leak "+x.rid)
 		}
 	} else {
 		g.log.Warn("echoed canary marker stripped (the requester's own prompt contained it)",
@@ -181,13 +202,11 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 		if err := g.state.Incidents.Record(ctx, inc); err != nil {
 			g.log.Error("incident not recorded", zap.String("request_id", x.rid), zap.Error(err))
 		}
-		if kind == canary.KindLeak {
+		if quarantine {
 			for _, n := range names {
-				if err := g.state.Quarantine.Quarantine(ctx, n, "canary leak "+x.rid, g.cfg.Canary.QuarantineTTL); err != nil {
+				if err := g.quarantine.share(ctx, n); err != nil {
 					g.log.Warn("quarantine not shared yet (kept locally, retried)", zap.String("backend", n), zap.Error(err))
-					continue
 				}
-				g.storedQuarantine(n)
 			}
 		}
 	}
@@ -206,66 +225,19 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 	}()
 }
 
-// localFlag is a quarantine this replica set. It is merged into every snapshot of the store
-// until a snapshot read after the store had it: from then on the store decides (so an
-// operator's release on any replica is not undone here, and a snapshot older than the flag
-// cannot lift it).
-type localFlag struct {
-	until, storedAt time.Time // storedAt is zero until the store has the flag
-}
-
-// quarantineLocal takes a backend out of rotation on this replica at once.
-func (g *Gateway) quarantineLocal(name string, until time.Time) {
-	g.qmu.Lock()
-	defer g.qmu.Unlock() // with the backend update, so a sync cannot apply an older snapshot over it
-	g.localQuarantine[name] = localFlag{until: until}
-	g.backends.Quarantine(name, until)
-}
-
-// storedQuarantine notes that the store now holds this replica's flag.
-func (g *Gateway) storedQuarantine(name string) {
-	g.qmu.Lock()
-	if f, ok := g.localQuarantine[name]; ok && f.storedAt.IsZero() {
-		f.storedAt = time.Now()
-		g.localQuarantine[name] = f
-	}
-	g.qmu.Unlock()
-}
-
-// syncQuarantine merges the shared quarantine flags with this replica's own and applies them.
-func (g *Gateway) syncQuarantine(ctx context.Context) {
-	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	readAt := time.Now()
-	active, err := g.state.Quarantine.Active(cctx)
-	if err != nil {
-		return // keep what we have: local state goes on while the store is away
-	}
-	now := time.Now()
-	var retry []string
-	g.qmu.Lock()
-	for name, f := range g.localQuarantine {
-		switch {
-		case !f.until.After(now):
-			delete(g.localQuarantine, name)
-		case !f.storedAt.IsZero() && f.storedAt.Before(readAt):
-			// This snapshot was read after the store had the flag: the store decides.
-			delete(g.localQuarantine, name)
-		case f.storedAt.IsZero():
-			retry = append(retry, name) // our write failed (the store was away)
-			active[name] = f.until
-		default:
-			active[name] = f.until // stored after this snapshot was read
+// shortFragment says a hit carries fewer than canary.LooseMin marker characters: only the prefix
+// scanner reports those ("KVG-" and 8 to 11 characters). A whole marker always gives at least
+// LooseMin (the folded detector cuts there, before the rest arrives), and no reply lets more than
+// 7 characters of a foreign marker reach a client, so a tenant cannot learn enough to fake one.
+func shortFragment(marker string) bool {
+	n := 0
+	for i := 0; i < len(marker); i++ {
+		if c := marker[i] | 0x20; c >= 'a' && c <= 'z' || marker[i] >= '2' && marker[i] <= '7' {
+			n++
 		}
 	}
-	g.backends.SetQuarantine(active)
-	g.qmu.Unlock()
-	for _, name := range retry {
-		g.qmu.Lock()
-		f, ok := g.localQuarantine[name]
-		g.qmu.Unlock()
-		if ok && g.state.Quarantine.Quarantine(cctx, name, "canary leak (retry)", time.Until(f.until)) == nil {
-			g.storedQuarantine(name)
-		}
+	if len(marker) >= len(canary.MarkerPrefix) && strings.EqualFold(marker[:len(canary.MarkerPrefix)], canary.MarkerPrefix) {
+		n -= 3 // "KVG"
 	}
+	return n < canary.LooseMin
 }

@@ -251,9 +251,9 @@ func TestInjectionSkips(t *testing.T) {
 		x := &exchange{g: g, tenant: c.tn, kind: c.kind, req: req, rid: "r"}
 		x.inject()
 		req.render()
-		got := strings.Contains(string(encodeObject(req.fields)), "KVG-") || (len(req.prompts) > 0 && strings.Contains(req.prompts[0].text, "KVG-"))
+		got := strings.Contains(string(mustJSON(req.fields)), "KVG-") || (len(req.prompts) > 0 && strings.Contains(req.prompts[0].text, "KVG-"))
 		if got != c.marked {
-			t.Fatalf("%s: marked=%v, want %v: %s", c.body, got, c.marked, encodeObject(req.fields))
+			t.Fatalf("%s: marked=%v, want %v: %s", c.body, got, c.marked, mustJSON(req.fields))
 		}
 	}
 	m := string(mustGather(t, g))

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
-	"github.com/valyala/fasthttp/fasthttputil"
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/backends"
@@ -17,8 +16,8 @@ import (
 )
 
 // inmemGateway is a gateway (tenant "alice", key "k", canaries on) whose one unified backend is
-// a fast-mode simulator on an in-memory listener: the whole request path runs, network included
-// as fasthttp sees it, without sockets or processes. The backend's capacity is fixed.
+// a fast-mode simulator served in this process on loopback: the whole request path runs without
+// other processes. The backend's capacity is fixed (no polling).
 func inmemGateway(tb testing.TB, sim enginesim.Config) *Gateway {
 	tb.Helper()
 	sim.Fast = true
@@ -26,12 +25,15 @@ func inmemGateway(tb testing.TB, sim enginesim.Config) *Gateway {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	ln := fasthttputil.NewInmemoryListener()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
 	srv := &fasthttp.Server{Handler: s.Handler(), CloseOnShutdown: true}
 	go func() { _ = srv.Serve(ln) }()
 	tb.Cleanup(func() { _ = srv.Shutdown() })
 	cfg, err := config.Parse([]byte(`
-backends: [{name: sim, url: "http://127.0.0.1:1", role: unified}]
+backends: [{name: sim, url: "http://`+ln.Addr().String()+`", role: unified}]
 tenants: [{name: alice, key_sha256: "`+config.SHA256Hex("k")+`"}]
 canary: {enabled: true, secret: "inmem test secret"}
 capacity: {poll_interval: 1h}
@@ -43,9 +45,7 @@ capacity: {poll_interval: 1h}
 	if err != nil {
 		tb.Fatal(err)
 	}
-	b := set.Get("sim")
-	b.Client.Dial = func(string) (net.Conn, error) { return ln.Dial() }
-	backends.SetCapacityForTest(b, &backends.Capacity{PoolTokens: 65536, MaxReqInputLen: 32000, ContextLen: 32768, ReadAt: time.Now().Add(time.Hour)})
+	backends.SetCapacityForTest(set.Get("sim"), &backends.Capacity{PoolTokens: 65536, MaxReqInputLen: 32000, ContextLen: 32768, ReadAt: time.Now().Add(time.Hour)})
 	g, err := New(cfg, set, nil, zap.NewNop())
 	if err != nil {
 		tb.Fatal(err)

@@ -95,9 +95,9 @@ func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, b := range c.set.All() {
 		st := describeBackend(c.set, b, time.Now())
 		if cp := b.Capacity(); cp != nil {
-			ch <- prometheus.MustNewConstMetric(capDesc, prometheus.GaugeValue, float64(cp.PoolTokens), b.Name, b.Role, "pool")
-			ch <- prometheus.MustNewConstMetric(capDesc, prometheus.GaugeValue, float64(cp.MaxReqInputLen), b.Name, b.Role, "max_req_input_len")
-			ch <- prometheus.MustNewConstMetric(capDesc, prometheus.GaugeValue, float64(cp.ContextLen), b.Name, b.Role, "context")
+			ch <- prometheus.MustNewConstMetric(capDesc, prometheus.GaugeValue, float64(cp.PoolTokens), b.Name, string(b.Role), "pool")
+			ch <- prometheus.MustNewConstMetric(capDesc, prometheus.GaugeValue, float64(cp.MaxReqInputLen), b.Name, string(b.Role), "max_req_input_len")
+			ch <- prometheus.MustNewConstMetric(capDesc, prometheus.GaugeValue, float64(cp.ContextLen), b.Name, string(b.Role), "context")
 			ch <- prometheus.MustNewConstMetric(mismatchDesc, prometheus.GaugeValue, b01(cp.PoolBelowContext()), b.Name)
 			ch <- prometheus.MustNewConstMetric(roleDesc, prometheus.GaugeValue, b01(!b.RoleMatches()), b.Name)
 		}

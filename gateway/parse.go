@@ -19,9 +19,7 @@ const (
 	routeGenerate
 )
 
-func (r routeKind) path() string {
-	return [...]string{"/v1/chat/completions", "/v1/completions", "/generate"}[r]
-}
+func (r routeKind) path() string { return routePaths[r] }
 
 // Engine-control fields a client must never set: they steer the engine's KV transfer, identity,
 // or code execution. They are refused by name so the client knows why.
@@ -66,9 +64,11 @@ func set(names ...string) map[string]bool {
 type prompt struct {
 	// text is what the engine tokenizes (the chat template applied) when the prompt is text.
 	text string
-	// ids is the token count when the client sent token ids.
+	// ids is the token count when the client sent token ids, tokens the ids themselves (read
+	// back into text for echo detection).
 	ids    int
 	hasIDs bool
+	tokens []int
 }
 
 // request is a parsed, sanitized generation request.
@@ -76,12 +76,13 @@ type request struct {
 	kind   routeKind
 	fields map[string]json.RawMessage
 	stream bool
-	// output is the requested output tokens for the admission rule (× n).
+	// output is the requested output tokens for the admission rule: × n, × best_of (completions),
+	// × sampling_params.n (/generate).
 	output int
 	// outputGiven says the client named an output length (the rule reserves output only then,
 	// or from policy.default_max_tokens).
 	outputGiven bool
-	// n is the number of completions asked for (OpenAI's n).
+	// n is the number of sequences generated per prompt (n, best_of, sampling_params.n).
 	n       int
 	prompts []prompt
 	batch   bool
@@ -96,6 +97,16 @@ type request struct {
 	texts []string
 	// suffix: completions' fill-in-the-middle suffix, counted with every prompt
 	suffix string
+
+	// Responses and Messages: the system text (instructions / system) and the turns, rendered
+	// with the chat template; storedContext names a field that extends the prompt from state
+	// the gateway cannot see.
+	system        string
+	hasSystem     bool
+	turns         []tokenize.Message
+	storedContext string
+	// rerank / score: the query+document texts, one prompt each
+	pairTexts []string
 }
 
 // parseRequest validates body for kind. Errors are client errors (400) naming the field.
@@ -110,6 +121,9 @@ func parseRequest(kind routeKind, body []byte) (*request, *apiError) {
 	}
 	if dec.More() {
 		return nil, badRequest("", "Request body has data after the JSON object.")
+	}
+	if e := checkKeys(body); e != nil {
+		return nil, e
 	}
 	names := make([]string, 0, len(fields))
 	for k := range fields {
@@ -145,6 +159,8 @@ func parseRequest(kind routeKind, body []byte) (*request, *apiError) {
 		err = r.parseCompletions()
 	case routeGenerate:
 		err = r.parseGenerate()
+	default:
+		err = r.parseMore()
 	}
 	if err != nil {
 		return nil, err
@@ -204,6 +220,18 @@ func (r *request) openAIOutput() *apiError {
 	}
 	if !hasN {
 		n = 1
+	}
+	// Completions' best_of generates best_of sequences and returns n of them: the engine
+	// reserves output for every one generated.
+	if r.kind == routeCompletions {
+		bestOf, has, err := intField(r.fields, "best_of")
+		if err != nil {
+			return err
+		}
+		if has && bestOf == 0 {
+			return badRequest("best_of", "'best_of' must be at least 1.")
+		}
+		n = max(n, bestOf)
 	}
 	r.output, r.outputGiven, r.n = out*n, given, n
 	return nil
@@ -279,12 +307,38 @@ func messageText(raw json.RawMessage) (string, error) {
 	if json.Unmarshal(raw, &s) == nil {
 		return s, nil
 	}
-	var parts []struct {
-		Type string  `json:"type"`
-		Text *string `json:"text"`
-	}
-	if err := json.Unmarshal(raw, &parts); err != nil {
+	// Parts are read as maps, not structs: struct decoding matches keys case-insensitively
+	// ("TEXT" would fill Text), and the engine reads only the exact names.
+	var raws []map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &raws); err != nil {
 		return "", fmt.Errorf("'content' must be a string or an array of text parts")
+	}
+	parts := make([]struct {
+		Type string
+		Text *string
+	}, len(raws))
+	for i, m := range raws {
+		if m == nil {
+			return "", fmt.Errorf("content part %d must be an object", i)
+		}
+		if json.Unmarshal(m["type"], &parts[i].Type) != nil {
+			return "", fmt.Errorf("content part %d needs a string 'type'", i)
+		}
+		if parts[i].Type != "text" {
+			continue // refused below by type
+		}
+		for k := range m {
+			if k != "type" && k != "text" {
+				return "", fmt.Errorf("content part %d: unsupported key %q (a text part has exactly 'type' and 'text', case-sensitive)", i, k)
+			}
+		}
+		if t, ok := m["text"]; ok && !isNull(t) {
+			var s string
+			if json.Unmarshal(t, &s) != nil {
+				return "", fmt.Errorf("content part %d: 'text' must be a string", i)
+			}
+			parts[i].Text = &s
+		}
 	}
 	var b strings.Builder
 	for i, p := range parts {
@@ -321,14 +375,14 @@ func (r *request) idsOrTexts(name string, raw json.RawMessage) *apiError {
 	}
 	var ids []int
 	if json.Unmarshal(raw, &ids) == nil && len(ids) > 0 {
-		r.prompts = []prompt{{ids: len(ids), hasIDs: true}}
+		r.prompts = []prompt{{ids: len(ids), hasIDs: true, tokens: ids}}
 		return nil
 	}
 	var batch [][]int
 	if json.Unmarshal(raw, &batch) == nil && len(batch) > 0 {
 		r.batch = true
 		for _, b := range batch {
-			r.prompts = append(r.prompts, prompt{ids: len(b), hasIDs: true})
+			r.prompts = append(r.prompts, prompt{ids: len(b), hasIDs: true, tokens: b})
 		}
 		return nil
 	}
@@ -377,6 +431,9 @@ func (r *request) parseGenerate() *apiError {
 		if err := json.Unmarshal(raw, &sp); err != nil {
 			return badRequest("sampling_params", "'sampling_params' must be an object.")
 		}
+		if err := checkSamplingKeys(sp); err != nil {
+			return err
+		}
 		n, given, err := intField(sp, "max_new_tokens")
 		if err != nil {
 			return badRequest("sampling_params.max_new_tokens", "'sampling_params.max_new_tokens' must be a non-negative integer.")
@@ -390,6 +447,34 @@ func (r *request) parseGenerate() *apiError {
 				return badRequest("sampling_params.n", "'sampling_params.n' must be a positive integer.")
 			}
 			r.output *= k
+			r.n = k
+		}
+	}
+	return nil
+}
+
+// samplingKeys are the fields of SGLang's SamplingParams that callers set (sglang
+// python/sglang/srt/sampling/sampling_params.py), matched exactly as the engine matches them.
+// custom_params is left out: it feeds custom logit processors, engine-side code this gateway
+// refuses (like custom_logit_processor).
+var samplingKeys = set("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "stop_regex",
+	"temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+	"repetition_penalty", "n", "json_schema", "regex", "ebnf", "structural_tag", "ignore_eos",
+	"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "stream_interval",
+	"logit_bias", "sampling_seed")
+
+func checkSamplingKeys(sp map[string]json.RawMessage) *apiError {
+	names := make([]string, 0, len(sp))
+	for k := range sp {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		switch {
+		case k == "custom_params":
+			return badRequest("sampling_params.custom_params", "Field 'sampling_params.custom_params' feeds custom logit processors and may not be set by clients.")
+		case !samplingKeys[k]:
+			return badRequest("sampling_params."+k, fmt.Sprintf("Unsupported sampling parameter %q (names are case-sensitive).", k))
 		}
 	}
 	return nil
@@ -410,6 +495,8 @@ func (r *request) render() {
 			msgs[i] = tokenize.Message{Role: role, Name: name, Content: r.msgText[i]}
 		}
 		r.prompts = []prompt{{text: tokenize.RenderChatML(msgs, r.extra)}}
+	case routeResponses, routeMessages:
+		r.prompts = []prompt{{text: r.renderTurns()}}
 	default:
 		if r.texts != nil {
 			r.prompts = r.prompts[:0]

@@ -1,380 +1,223 @@
 package gateway
 
 import (
-	"bytes"
-	"crypto/rand"
-	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"strconv"
 	"time"
 
+	json "github.com/goccy/go-json"
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/canary"
 )
 
-// maxBufferedReply caps a non-streaming engine reply held for scanning and pass-through.
+// This file sends an admitted request along its route (one attempt per method, cleanup
+// deferred) and writes the engine's whole replies; relay.go streams. Everything that speaks
+// SGLang's wire protocol (bodies with rids and bootstrap fields, legs, aborts) is in backends.
+
+// maxBufferedReply caps a non-streaming engine reply held for scanning.
 const maxBufferedReply = 64 << 20
-
-// abortTimeout bounds one /abort_request call.
-const abortTimeout = 2 * time.Second
-
-// A decode leg whose prefill failed is aborted every abortRepeat, at most abortRepeats times.
-const (
-	abortRepeat       = 200 * time.Millisecond
-	abortRepeats      = 50
-	maxRepeatedAborts = 200 // calls per failed try, all batch items together
-)
-
-// leg is one upstream request of an exchange (one for unified, two for PD).
-type leg struct {
-	b *backends.Backend
-	// rids are the engine request ids this leg carries (one per batch item).
-	rids []string
-	req  *fasthttp.Request
-	resp *fasthttp.Response
-	err  error
-}
-
-// abort asks b to drop every request of one try (in the background, bounded).
-func abort(b *backends.Backend, rids []string) {
-	for _, r := range rids {
-		b.Abort(r, abortTimeout)
-	}
-}
-
-// bodyReader is a response's body as a stream: fasthttp gives none for replies that cannot carry
-// a body (1xx, 204, 304).
-func bodyReader(resp *fasthttp.Response) io.Reader {
-	if s := resp.BodyStream(); s != nil {
-		return s
-	}
-	return bytes.NewReader(resp.Body())
-}
-
-func (l *leg) release() {
-	if l.resp != nil {
-		_ = l.resp.CloseBodyStream()
-		fasthttp.ReleaseResponse(l.resp)
-		l.resp = nil
-	}
-	if l.req != nil {
-		fasthttp.ReleaseRequest(l.req)
-		l.req = nil
-	}
-}
-
-func newRoom() uint64 {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return binary.BigEndian.Uint64(b[:]) >> 1 // [0, 2^63−1]
-}
-
-// buildLeg prepares the upstream request: a fresh request, so no client header (credentials,
-// cookies, hop-by-hop) can reach the engine; only ours and the backend's own key.
-func (x *exchange) buildLeg(b *backends.Backend, body []byte, rids []string) *leg {
-	req := fasthttp.AcquireRequest()
-	req.SetRequestURI("http://" + b.Addr + x.kind.path())
-	req.Header.SetMethod(fasthttp.MethodPost)
-	req.Header.SetContentType("application/json")
-	req.Header.Set("X-Request-Id", x.rid)
-	if x.req.stream {
-		req.Header.Set("Accept", "text/event-stream")
-	}
-	if b.APIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+b.APIKey)
-	}
-	req.SetBodyRaw(body)
-	return &leg{b: b, rids: rids, req: req}
-}
-
-// ridsFor are the engine request ids of one try: the engine rid is always ours (never the
-// client's X-Request-Id, which would let a client collide with or abort another's request), with
-// one id per batch item.
-func (x *exchange) ridsFor(base string) []string {
-	if !x.req.batch {
-		return []string{base}
-	}
-	out := make([]string, len(x.req.prompts))
-	for i := range out {
-		out[i] = base + "-" + strconv.Itoa(i)
-	}
-	return out
-}
-
-// body serializes the sanitized request with our rids and, for PD, the bootstrap fields.
-func (x *exchange) body(rids []string, prefill *backends.Backend) []byte {
-	f := make(map[string]json.RawMessage, len(x.req.fields)+4)
-	for k, v := range x.req.fields {
-		f[k] = v
-	}
-	items := len(x.req.prompts)
-	if x.req.batch {
-		f["rid"] = mustJSON(rids)
-	} else {
-		f["rid"] = mustJSON(rids[0])
-	}
-	if prefill != nil {
-		port := prefill.Capacity().BootstrapPort
-		if x.req.batch {
-			hosts, ports, rooms := make([]string, items), make([]int, items), make([]uint64, items)
-			seen := map[uint64]bool{}
-			for i := range rooms {
-				hosts[i], ports[i] = prefill.Host, port
-				for rooms[i] = newRoom(); seen[rooms[i]]; rooms[i] = newRoom() {
-				}
-				seen[rooms[i]] = true
-			}
-			f["bootstrap_host"], f["bootstrap_port"], f["bootstrap_room"] = mustJSON(hosts), mustJSON(ports), mustJSON(rooms)
-		} else {
-			f["bootstrap_host"], f["bootstrap_port"], f["bootstrap_room"] = mustJSON(prefill.Host), mustJSON(port), mustJSON(newRoom())
-		}
-	}
-	return encodeObject(f)
-}
-
-// encodeObject writes fields as a JSON object. The values came from the decoder (or from
-// json.Marshal), so they are valid JSON already: json.Marshal would re-scan every one of them.
-func encodeObject(f map[string]json.RawMessage) []byte {
-	n := 2
-	for k, v := range f {
-		n += len(k) + len(v) + 4
-	}
-	b := make([]byte, 0, n)
-	b = append(b, '{')
-	first := true
-	for k, v := range f {
-		if !first {
-			b = append(b, ',')
-		}
-		first = false
-		b = strconv.AppendQuote(b, k) // keys are allow-listed ASCII names
-		b = append(b, ':')
-		b = append(b, v...)
-	}
-	return append(b, '}')
-}
 
 func retryable(code int) bool { return code == 408 || code == 429 || code >= 500 }
 
-// forward sends the admitted request along x.route and relays the reply.
+// engineFields are the request fields as an engine gets them, our cache salt included.
+func (x *exchange) engineFields() map[string]json.RawMessage {
+	f := x.req.fields
+	if x.kind.generates() && x.kind != routeGenerate && !x.g.cfg.Policy.SharePrefixCache {
+		// Tenants never share prefix-cache entries: whatever the client sent is replaced. (The
+		// native /generate has no such field in every SGLang version; its text prompts begin
+		// with the tenant's marker, which makes their cached prefixes per tenant already.)
+		f = make(map[string]json.RawMessage, len(x.req.fields)+1)
+		for k, v := range x.req.fields {
+			f[k] = v
+		}
+		f["cache_salt"] = mustJSON(x.tenant.cacheSalt())
+	}
+	return f
+}
+
+// hold accounts the request's tokens as in flight on every backend of its route, until close.
+func (x *exchange) hold() {
+	for _, b := range x.route.All() {
+		b.AddInflight(x.decision.Tokens)
+	}
+	x.holding = true
+}
+
+// close ends the exchange once: the in-flight accounting is released and the access log line
+// (with the limits' settlement) is written. Every path out of forward ends here.
+func (x *exchange) close() {
+	x.closeOnce.Do(func() {
+		if x.holding {
+			for _, b := range x.route.All() {
+				b.AddInflight(-x.decision.Tokens)
+			}
+		}
+		x.finish()
+	})
+}
+
+// forward sends the admitted request along x.route and relays the reply: one attempt on a
+// unified engine; on a PD pair, attempts until one is final (retries only before any byte
+// reached the client).
 func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange) {
-	r := x.route
-	tokens := x.decision.Tokens
-	for _, b := range []*backends.Backend{r.Unified, r.Prefill, r.Decode} {
-		if b != nil {
-			b.AddInflight(tokens)
-		}
-	}
-	releaseInflight := func() {
-		for _, b := range []*backends.Backend{r.Unified, r.Prefill, r.Decode} {
-			if b != nil {
-				b.AddInflight(-tokens)
-			}
-		}
-	}
-	if r.Unified != nil {
-		x.upstream = r.Unified.Name
-		rids := x.ridsFor(x.engineRID)
-		l := x.buildLeg(r.Unified, x.body(rids, nil), rids)
-		l.resp = fasthttp.AcquireResponse()
-		x.ohSent() // kvgate overhead
-		l.err = r.Unified.Client.Do(l.req, l.resp)
-		x.ohHeaders() // kvgate overhead
-		g.countUpstream(l)
-		if l.err != nil {
-			releaseInflight()
-			l.release()
-			x.fail(ctx, upstreamFailed("The engine could not be reached: "+l.err.Error()))
-			return
-		}
-		x.relay(ctx, l, nil, releaseInflight)
-		x.ohReplied() // kvgate overhead
+	x.hold()
+	if x.route.Unified != nil {
+		x.upstream = x.route.Unified.Name
+		x.attemptUnified(ctx)
 		return
 	}
-	x.upstream = r.Prefill.Name + "+" + r.Decode.Name
-	for attempt := 0; ; attempt++ {
-		last := attempt >= g.cfg.Upstream.Retries
-		base := x.engineRID
-		if attempt > 0 {
-			base += "-r" + strconv.Itoa(attempt)
-		}
-		rids := x.ridsFor(base)
-		body := x.body(rids, r.Prefill) // a new room on every try
-		dl := x.buildLeg(r.Decode, body, rids)
-		pf := x.startPrefill(g, x.buildLeg(r.Prefill, body, rids))
-		// A prefill that fails while decode still waits for its KV cancels decode: the
-		// request has failed, and decode would otherwise wait out its transfer timeout.
-		decodeAnswered := make(chan struct{})
-		go func() {
-			select {
-			case <-pf.done:
-			case <-decodeAnswered:
-				return
-			}
-			if pf.ok() {
-				return
-			}
-			// The abort may reach decode before decode has registered the request (the
-			// prefill failed at once), so it is repeated until decode answers (bounded).
-			t := time.NewTicker(abortRepeat)
-			defer t.Stop()
-			// A large batch would multiply the calls: keep the total bounded.
-			for i := 0; i < max(1, min(abortRepeats, maxRepeatedAborts/len(rids))); i++ {
-				abort(r.Decode, rids)
-				select {
-				case <-decodeAnswered:
-					return
-				case <-t.C:
-				}
-			}
-		}()
-		dl.resp = fasthttp.AcquireResponse()
-		x.ohSent() // kvgate overhead
-		dl.err = r.Decode.Client.Do(dl.req, dl.resp)
-		x.ohHeaders() // kvgate overhead
-		close(decodeAnswered)
-		g.countUpstream(dl)
-		if dl.err != nil {
-			// A transport error on one leg cancels the other.
-			abort(r.Prefill, rids)
-			dl.release()
-			if !last {
-				continue
-			}
-			releaseInflight()
-			x.fail(ctx, upstreamFailed("The decode engine could not be reached: "+dl.err.Error()))
-			return
-		}
-		if code := dl.resp.StatusCode(); code < 200 || code > 299 {
-			abort(r.Prefill, rids)
-			if retryable(code) && !last {
-				dl.release()
-				continue
-			}
-			// Decode's error first: pass it through.
-			x.relay(ctx, dl, nil, releaseInflight)
-			return
-		}
-		// Decode accepted. The request only succeeded if prefill did too.
-		select {
-		case <-pf.done:
-		case <-time.After(g.cfg.Upstream.ResponseHeaderTimeout):
-			abort(r.Prefill, rids)
-			abort(r.Decode, rids)
-			dl.release()
-			if !last {
-				continue
-			}
-			releaseInflight()
-			x.fail(ctx, upstreamFailed("The prefill engine did not answer within upstream.response_header_timeout."))
-			return
-		}
-		if !pf.ok() {
-			abort(r.Decode, rids)
-			dl.release()
-			if (pf.err != nil || retryable(pf.status)) && !last {
-				continue
-			}
-			releaseInflight()
-			if pf.err != nil {
-				x.fail(ctx, upstreamFailed("The prefill engine failed: "+pf.err.Error()))
-				return
-			}
-			// The engine's own error, with its status (scanned like any reply).
-			x.errMsg = "prefill_failed"
-			if !x.writeEngineReply(ctx, pf.status, []byte(pf.contentType), pf.body, r.Prefill) {
-				x.cut(x.lastLeak, r.Prefill, rids, r.Decode)
-			}
-			x.finish()
-			return
-		}
-		x.relay(ctx, dl, r.Prefill, releaseInflight)
-		x.ohReplied() // kvgate overhead
-		return
+	x.upstream = x.route.Prefill.Name + "+" + x.route.Decode.Name
+	for attempt := 0; !x.attemptPD(ctx, attempt, attempt >= g.cfg.Upstream.Retries); attempt++ {
 	}
 }
 
-// prefillLeg is the outcome of a prefill request, owned by its goroutine until done is closed
-// and read-only after.
-type prefillLeg struct {
-	done        chan struct{}
-	status      int
-	contentType string
-	body        []byte // bounded copy, for the error case
-	err         error
+// failUpstream answers a failed upstream call through the one error mapping; the detail goes to
+// the log only.
+func (x *exchange) failUpstream(ctx *fasthttp.RequestCtx, b *backends.Backend, err error) {
+	x.g.log.Warn("engine call failed", zap.String("request_id", x.rid), zap.String("backend", b.Name), zap.Error(err))
+	x.fail(ctx, mapUpstreamError(err))
 }
 
-func (p *prefillLeg) ok() bool { return p.err == nil && p.status >= 200 && p.status <= 299 }
+func (x *exchange) attemptUnified(ctx *fasthttp.RequestCtx) {
+	b := x.route.Unified
+	rids := backends.Rids(x.engineRID, x.req.batch, len(x.req.prompts))
+	body := backends.EngineBody(x.engineFields(), rids, x.req.batch, nil)
+	x.ohSent() // kvgate overhead
+	l, err := b.Send(x.kind.path(), body, rids, x.engineRID, x.req.stream)
+	x.ohHeaders() // kvgate overhead
+	x.g.countUpstream(b, l, err)
+	if err != nil {
+		x.failUpstream(ctx, b, err)
+		return
+	}
+	x.relay(ctx, l, nil)
+	x.ohReplied() // kvgate overhead
+}
 
-// startPrefill sends the prefill leg. Its reply is drained and discarded (its output is one
-// token); the leg's buffers are released by the goroutine itself, so nothing else touches them.
-func (x *exchange) startPrefill(g *Gateway, l *leg) *prefillLeg {
-	p := &prefillLeg{done: make(chan struct{})}
-	go func() {
-		defer close(p.done)
-		defer l.release()
-		l.resp = fasthttp.AcquireResponse()
-		if l.err = l.b.Client.Do(l.req, l.resp); l.err != nil {
-			p.err = l.err
-			g.countUpstream(l)
-			return
+// attemptPD is one try on a PD pair: the same body to both legs, decode's reply relayed once
+// prefill succeeded too. It returns false when another try should follow; every leg it does not
+// hand to the relay is released (and its engines told to abort) on the way out.
+func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (final bool) {
+	p, d := x.route.Prefill, x.route.Decode
+	base := x.engineRID
+	if attempt > 0 {
+		base += "-r" + strconv.Itoa(attempt)
+	}
+	rids := backends.Rids(base, x.req.batch, len(x.req.prompts))
+	body := backends.EngineBody(x.engineFields(), rids, x.req.batch, p) // a new room on every try
+	pf := p.StartPrefill(x.kind.path(), body, rids, base, x.g.observeUpstream)
+	decodeAnswered := make(chan struct{})
+	backends.AbortWhenPrefillFails(d, rids, pf, decodeAnswered)
+	x.ohSent() // kvgate overhead
+	dl, err := d.Send(x.kind.path(), body, rids, base, x.req.stream)
+	x.ohHeaders() // kvgate overhead
+	close(decodeAnswered)
+	x.g.countUpstream(d, dl, err)
+	handed := false
+	defer func() {
+		if dl != nil && !handed {
+			dl.Release()
 		}
-		g.countUpstream(l)
-		p.status, p.contentType = l.resp.StatusCode(), string(l.resp.Header.ContentType())
-		var buf bytes.Buffer
-		src := bodyReader(l.resp)
-		if _, err := io.Copy(&buf, io.LimitReader(src, 1<<20)); err != nil {
-			p.err = fmt.Errorf("reading the prefill reply: %w", err)
-			return
-		}
-		_, _ = io.Copy(io.Discard, src)
-		p.body = buf.Bytes()
 	}()
-	return p
+	if err != nil {
+		p.AbortAll(rids) // a transport error on one leg cancels the other
+		if !last {
+			return false
+		}
+		x.failUpstream(ctx, d, err)
+		return true
+	}
+	if code := dl.Status(); code < 200 || code > 299 {
+		p.AbortAll(rids)
+		if retryable(code) && !last {
+			return false
+		}
+		handed = true
+		x.relay(ctx, dl, nil) // decode's error first: passed on, scanned
+		return true
+	}
+	// Decode accepted. The request only succeeded if prefill did too.
+	select {
+	case <-pf.Done:
+	case <-time.After(x.g.cfg.Upstream.ResponseHeaderTimeout):
+		p.AbortAll(rids)
+		d.AbortAll(rids)
+		if !last {
+			return false
+		}
+		x.failUpstream(ctx, p, errPrefillTimeout)
+		return true
+	}
+	if !pf.OK() {
+		d.AbortAll(rids)
+		if (pf.Err != nil || retryable(pf.Status)) && !last {
+			return false
+		}
+		if pf.Err != nil {
+			x.failUpstream(ctx, p, pf.Err)
+			return true
+		}
+		// The engine's own error, with its status (scanned like any reply).
+		x.errMsg = "prefill_failed"
+		if !x.writeEngineReply(ctx, pf.Status, pf.ContentType, pf.Body, p) {
+			x.cut(x.lastLeak, p, rids, d)
+		}
+		x.close()
+		return true
+	}
+	handed = true
+	x.ohHeaders() // kvgate overhead: prefill's answer was engine time too
+	x.relay(ctx, dl, p)
+	x.ohReplied() // kvgate overhead
+	return true
 }
 
-func (g *Gateway) countUpstream(l *leg) {
-	code := "0"
-	if l.err == nil && l.resp != nil {
-		code = strconv.Itoa(l.resp.StatusCode())
+func (g *Gateway) observeUpstream(b *backends.Backend, status int) {
+	g.metrics.upstream.WithLabelValues(b.Name, strconv.Itoa(status)).Inc()
+}
+
+func (g *Gateway) countUpstream(b *backends.Backend, l *backends.Leg, err error) {
+	status := 0
+	if err == nil {
+		status = l.Status()
 	}
-	g.metrics.upstream.WithLabelValues(l.b.Name, code).Inc()
+	g.observeUpstream(b, status)
 }
 
 // relay writes the engine's reply to the client, normalised and scanned (reply.go): a 2xx reply
 // to a streaming request is read as an event stream whatever its content type, event by event;
-// anything else is read whole (bounded) as one JSON value. other is the PD peer leg's backend,
-// aborted too if the reply is cut or the client goes away mid-stream.
-func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *leg, other *backends.Backend, done func()) {
-	resp := l.resp
-	code := resp.StatusCode()
-	if h := x.scanHeaders(resp); h != nil {
+// anything else is read whole (bounded) as one JSON value. The relay owns l from here. other is
+// the PD peer's backend, aborted too if the reply is cut or the client goes away mid-stream.
+func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *backends.Leg, other *backends.Backend) {
+	code := l.Status()
+	if h := x.scanHeaders(l); h != nil {
 		// A marker in a header is a leak like one in the body, though no header is passed on.
-		defer func() {
-			l.release()
-			done()
-			x.finish()
-		}()
+		defer x.closeLeg(l)
 		x.lastLeak = h
 		x.integrityError(ctx)
-		x.cut(h, l.b, l.rids, other)
+		x.cut(h, l.B, l.Rids, other)
 		return
 	}
-	copyReplyHeaders(ctx, resp)
+	copyReplyHeaders(ctx, l)
 	ctx.Response.Header.Set("X-Request-Id", x.rid)
 	if code >= 200 && code <= 299 && code != 204 && x.req.stream {
-		src, err := decodedBody(resp)
-		if cs := charsetOf(resp.Header.ContentType()); err == nil && cs != "" && cs != "utf-8" && cs != "utf8" {
+		src, err := decodedBody(l)
+		if cs := charsetOf(l.ContentType()); err == nil && cs != "" && cs != "utf-8" && cs != "utf8" {
 			err = fmt.Errorf("%w %q on an event stream (the format is UTF-8 only)", errCharset, cs)
 		}
 		if err != nil {
-			x.refuseReply(ctx, l, other, done, err)
+			defer x.closeLeg(l)
+			l.B.AbortAll(l.Rids)
+			if other != nil {
+				other.AbortAll(l.Rids)
+			}
+			x.upstreamError(ctx, "upstream_unreadable", fmt.Errorf("engine %s: %w", l.B.Name, err))
 			return
 		}
 		ctx.SetStatusCode(code)
@@ -382,71 +225,58 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *leg, other *backends.Backe
 		ctx.Response.Header.SetContentType("text/event-stream")
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		x.status = code
-		ctx.SetBodyStream(x.newRelayReader(l, other, done, src), -1)
+		ctx.SetBodyStream(x.newRelayReader(l, other, src), -1)
 		return
 	}
-	defer func() {
-		l.release()
-		done()
-		x.finish()
-	}()
+	defer x.closeLeg(l)
 	if code < 200 || code == 204 || code == 304 {
 		// An engine never answers a generation request like this: something else is there.
-		abort(l.b, l.rids)
-		x.upstreamError(ctx, "upstream_error", fmt.Errorf("engine %s answered %d with no reply body", l.b.Name, code))
+		l.B.AbortAll(l.Rids)
+		x.upstreamError(ctx, "upstream_error", fmt.Errorf("engine %s answered %d with no reply body", l.B.Name, code))
 		return
 	}
-	src, err := decodedBody(resp)
+	src, err := decodedBody(l)
 	if err != nil {
-		abort(l.b, l.rids)
-		x.upstreamError(ctx, "upstream_error", fmt.Errorf("engine %s: %w", l.b.Name, err))
+		l.B.AbortAll(l.Rids)
+		x.upstreamError(ctx, "upstream_unreadable", fmt.Errorf("engine %s: %w", l.B.Name, err))
 		return
 	}
 	body, err := io.ReadAll(io.LimitReader(src, maxBufferedReply+1))
 	if err != nil || len(body) > maxBufferedReply {
-		abort(l.b, l.rids)
+		l.B.AbortAll(l.Rids)
 		if err == nil {
 			err = fmt.Errorf("reply larger than %d bytes", maxBufferedReply)
 		}
-		x.upstreamError(ctx, "upstream_error", fmt.Errorf("engine %s: reading the reply: %w", l.b.Name, err))
+		x.upstreamError(ctx, "upstream_error", fmt.Errorf("engine %s: reading the reply: %w", l.B.Name, err))
 		return
 	}
 	if code >= 200 && code <= 299 {
 		x.noteUsage(body) // kvgate limits
 	}
-	if !x.writeEngineReply(ctx, code, resp.Header.ContentType(), body, l.b) {
-		x.cut(x.lastLeak, l.b, l.rids, other)
+	if !x.writeEngineReply(ctx, code, l.ContentType(), body, l.B) {
+		x.cut(x.lastLeak, l.B, l.Rids, other)
 	}
+}
+
+// closeLeg releases a leg the relay owns and closes the exchange.
+func (x *exchange) closeLeg(l *backends.Leg) {
+	l.Release()
+	x.close()
 }
 
 // scanHeaders looks for foreign markers in every header of an engine's reply (names and
 // values): headers are text an engine sends, whether or not they are passed on.
-func (x *exchange) scanHeaders(resp *fasthttp.Response) *canary.Hit {
+func (x *exchange) scanHeaders(l *backends.Leg) *canary.Hit {
 	gd := x.newGuard()
 	if gd == nil {
 		return nil
 	}
-	resp.Header.VisitAll(func(k, v []byte) {
+	l.VisitHeaders(func(k, v []byte) {
 		if gd.leak == nil {
 			gd.scanString(string(k) + ": " + string(v))
 		}
 	})
 	return gd.leak
-}
-
-// refuseReply answers a reply the gateway cannot read (an encoding or charset it does not
-// decode) with a 502 instead of passing bytes the scanner could not see.
-func (x *exchange) refuseReply(ctx *fasthttp.RequestCtx, l *leg, other *backends.Backend, done func(), err error) {
-	defer func() {
-		l.release()
-		done()
-		x.finish()
-	}()
-	abort(l.b, l.rids)
-	if other != nil {
-		abort(other, l.rids)
-	}
-	x.upstreamError(ctx, "upstream_unreadable", fmt.Errorf("engine %s: %w", l.b.Name, err))
 }
 
 // upstreamError answers 502 with a generic message; the detail (backend names, addresses,
@@ -534,38 +364,17 @@ func (x *exchange) integrityError(ctx *fasthttp.RequestCtx) {
 func (x *exchange) cut(h *canary.Hit, b *backends.Backend, rids []string, other *backends.Backend) {
 	x.errMsg = "upstream_integrity"
 	x.g.recordIncident(x, canary.KindLeak, *h)
-	abort(b, rids)
+	b.AbortAll(rids)
 	if other != nil {
-		abort(other, rids)
+		other.AbortAll(rids)
 	}
 }
 
 // learn raises the safety ratio from the prompt count a unified or decode engine reported for a
 // prompt that was estimated (never from prefill, which reports 1 for a stubbed prompt).
 func (x *exchange) learn(reply any, b *backends.Backend) {
-	if x.estimate <= 0 || b.Role == "prefill" || len(x.req.prompts) != 1 {
+	if x.estimate <= 0 || b.Role == config.RolePrefill || len(x.req.prompts) != 1 {
 		return
 	}
-	x.g.ratio.Observe(x.estimate, max(promptTokens(reply, "usage"), promptTokens(reply, "meta_info")))
-}
-
-// promptTokens reads reply[section].prompt_tokens from a decoded reply (0 when absent).
-func promptTokens(reply any, section string) int {
-	m, _ := reply.(map[string]any)
-	s, _ := m[section].(map[string]any)
-	n, _ := s["prompt_tokens"].(json.Number)
-	v, err := strconv.Atoi(n.String())
-	if err != nil {
-		return 0
-	}
-	return v
-}
-
-// sseError is an error event in OpenAI's envelope followed by [DONE].
-func sseError(e *apiError) []byte {
-	var b bytes.Buffer
-	b.WriteString("data: ")
-	b.Write(e.body())
-	b.WriteString("\n\ndata: [DONE]\n\n")
-	return b.Bytes()
+	x.g.ratio.Observe(x.estimate, backends.PromptTokens(reply))
 }

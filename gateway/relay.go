@@ -75,7 +75,7 @@ func (e *eventRelay) fail(code string, err error) {
 	e.x.errMsg = code
 	e.x.g.log.Warn("engine stream ended by the gateway", zap.String("request_id", e.x.rid), zap.String("upstream", e.x.upstream),
 		zap.String("error_code", code), zap.Error(err))
-	e.out = append(e.out, sseError(upstreamFailed("The engine's stream failed."))...)
+	e.out = append(e.out, errorEvent(e.x.kind, upstreamFailed("The engine's stream failed."))...)
 }
 
 // cut ends the reply on a foreign marker: nothing more of the engine's text is sent, an error
@@ -85,7 +85,7 @@ func (e *eventRelay) cut() {
 	if e.onLeak != nil {
 		e.onLeak()
 	}
-	e.out = append(e.out, sseError(upstreamIntegrity())...)
+	e.out = append(e.out, errorEvent(e.x.kind, upstreamIntegrity())...)
 }
 
 // emit scans one event and queues what the client gets: "[DONE]" as it is, anything else as a
@@ -110,6 +110,12 @@ func (e *eventRelay) emit(ev sse.Event) {
 		return
 	}
 	name := ev.Name
+	if blockEnd[name] || blockEnd[eventType(v)] {
+		e.flushGuard() // text held in a block goes out before the event that closes it
+		if e.ended {
+			return
+		}
+	}
 	if e.guard != nil {
 		var ok bool
 		if name != "" {
@@ -135,8 +141,11 @@ func (e *eventRelay) flushGuard() {
 	if e.guard == nil || e.ended {
 		return
 	}
-	for _, data := range e.guard.flush() {
-		e.out = append(append(append(e.out, "data: "...), data...), "\n\n"...)
+	for _, h := range e.guard.flush() {
+		if h.name != "" {
+			e.out = append(append(append(e.out, "event: "...), h.name...), '\n')
+		}
+		e.out = append(append(append(e.out, "data: "...), h.data...), "\n\n"...)
 	}
 	if e.guard.leak != nil {
 		e.cut()
@@ -148,9 +157,8 @@ func (e *eventRelay) flushGuard() {
 // the upstream response from the moment it is set as the body stream.
 type relayReader struct {
 	x     *exchange
-	l     *leg
+	l     *backends.Leg
 	other *backends.Backend
-	done  func()
 	src   io.Reader
 	ev    *eventRelay
 
@@ -160,9 +168,9 @@ type relayReader struct {
 	once    sync.Once
 }
 
-func (x *exchange) newRelayReader(l *leg, other *backends.Backend, done func(), src io.Reader) *relayReader {
-	r := &relayReader{x: x, l: l, other: other, done: done, src: src}
-	r.ev = x.newEventRelay(func() { x.cut(r.ev.guard.leak, l.b, l.rids, other) })
+func (x *exchange) newRelayReader(l *backends.Leg, other *backends.Backend, src io.Reader) *relayReader {
+	r := &relayReader{x: x, l: l, other: other, src: src}
+	r.ev = x.newEventRelay(func() { x.cut(r.ev.guard.leak, l.B, l.Rids, other) })
 	return r
 }
 
@@ -202,17 +210,32 @@ func (r *relayReader) Read(p []byte) (int, error) {
 func (r *relayReader) Close() error {
 	r.once.Do(func() {
 		if !r.clean {
-			abort(r.l.b, r.l.rids)
+			r.l.B.AbortAll(r.l.Rids)
 			if r.other != nil {
-				abort(r.other, r.l.rids)
+				r.other.AbortAll(r.l.Rids)
 			}
 			if r.x.errMsg == "" {
-				r.x.errMsg = "client_gone"
+				// The client left mid-stream: logged as nginx's 499 (the status line it
+				// got said 200, but the reply it read is not complete).
+				r.x.errMsg, r.x.status = "client_gone", 499
 			}
 		}
-		r.l.release()
-		r.done()
-		r.x.finish()
+		r.x.closeLeg(r.l)
 	})
 	return nil
+}
+
+// blockEnd are the events (by SSE name or "type") after which no more text of the block comes:
+// Anthropic's content_block_stop, message_delta and message_stop; the Responses API's done and
+// completed events.
+var blockEnd = map[string]bool{
+	"content_block_stop": true, "message_delta": true, "message_stop": true,
+	"response.output_text.done": true, "response.content_part.done": true, "response.output_item.done": true,
+	"response.completed": true, "response.incomplete": true, "response.failed": true,
+}
+
+func eventType(v any) string {
+	m, _ := v.(map[string]any)
+	t, _ := m["type"].(string)
+	return t
 }

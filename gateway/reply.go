@@ -15,6 +15,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvgate/kvgate/backends"
 )
 
 // This file normalises what an engine sends into the one form the scanner reads and the client
@@ -30,9 +32,9 @@ var errCharset = errors.New("unsupported charset")
 
 // decodedBody is the reply body with its Content-Encoding undone (gzip, deflate, layered in
 // the order given). Anything else (br, zstd, compress) is refused rather than passed unread.
-func decodedBody(resp *fasthttp.Response) (io.Reader, error) {
-	r := bodyReader(resp)
-	enc := strings.TrimSpace(string(resp.Header.Peek(fasthttp.HeaderContentEncoding)))
+func decodedBody(l *backends.Leg) (io.Reader, error) {
+	r := l.Body()
+	enc := strings.TrimSpace(string(l.Header(fasthttp.HeaderContentEncoding)))
 	if enc == "" {
 		return r, nil
 	}
@@ -176,8 +178,8 @@ func canonicalJSON(v any) []byte {
 // replyHeaders are the engine reply headers a client may see. Everything else an engine sets
 // (its own diagnostics, cookies, a simulator's ground truth) stays behind: headers are text a
 // client reads, and only these carry nothing a tenant could learn another's data from.
-func copyReplyHeaders(ctx *fasthttp.RequestCtx, resp *fasthttp.Response) {
-	if ra := resp.Header.Peek(fasthttp.HeaderRetryAfter); len(ra) > 0 && len(ra) <= 6 && allDigits(ra) {
+func copyReplyHeaders(ctx *fasthttp.RequestCtx, l *backends.Leg) {
+	if ra := l.Header(fasthttp.HeaderRetryAfter); len(ra) > 0 && len(ra) <= 6 && allDigits(ra) {
 		ctx.Response.Header.SetBytesV(fasthttp.HeaderRetryAfter, ra)
 	}
 }

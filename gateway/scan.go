@@ -26,6 +26,8 @@ type guard struct {
 	buf, buf2      []byte
 	// whole: a non-streaming body, whose strings are complete values.
 	whole bool
+	// lastBlock: the index of the last Anthropic content block seen in a stream
+	lastBlock json.Number
 }
 
 // fieldScan is the stateful scan of one field path: the folded-text detector first (it sees the
@@ -39,7 +41,7 @@ func (x *exchange) newGuard() *guard {
 	if x.g.keyring == nil {
 		return nil
 	}
-	return &guard{x: x, fields: map[string]*fieldScan{}, rawCum: map[string]string{}, outCum: map[string]string{}}
+	return &guard{x: x, fields: map[string]*fieldScan{}, rawCum: map[string]string{}, outCum: map[string]string{}, lastBlock: "0"}
 }
 
 func (gd *guard) field(key string) *fieldScan {
@@ -351,6 +353,9 @@ func (gd *guard) event(v any) (any, bool) {
 	if !isObj {
 		return gd.walk(v, "", false, &changed)
 	}
+	if idx, ok := obj["index"].(json.Number); ok && gd.x.kind == routeMessages {
+		gd.lastBlock = idx // where held text of a content block goes back
+	}
 	var restore func()
 	if gd.x.kind == routeGenerate {
 		if t, ok := obj["text"].(string); ok {
@@ -381,11 +386,17 @@ func (gd *guard) event(v any) (any, bool) {
 	return obj, true
 }
 
+// heldEvent is text the scanners held, released as an event of the reply's own shape.
+type heldEvent struct {
+	name string // SSE event name, "" for none
+	data []byte
+}
+
 // flush releases text the scanners held back at the end of the stream, as events of the reply's
 // own shape for its main text fields; what other fields held (at most a few characters) is
 // dropped. Any leak settled here is recorded in gd.leak.
-func (gd *guard) flush() [][]byte {
-	var out [][]byte
+func (gd *guard) flush() []heldEvent {
+	var out []heldEvent
 	for _, key := range gd.order {
 		f := gd.fields[key]
 		mid, h := f.loose.Flush(nil)
@@ -405,7 +416,17 @@ func (gd *guard) flush() [][]byte {
 		}
 		if idx, ok := strings.CutPrefix(key, "gen:"); ok {
 			gd.outCum[idx] += string(rest)
-			out = append(out, canonicalJSON(map[string]any{"text": gd.outCum[idx], "meta_info": map[string]any{"id": gd.x.engineRID}}))
+			out = append(out, heldEvent{data: canonicalJSON(map[string]any{"text": gd.outCum[idx], "meta_info": map[string]any{"id": gd.x.engineRID}})})
+			continue
+		}
+		switch key {
+		case ".delta": // Responses API: response.output_text.delta
+			out = append(out, heldEvent{name: "response.output_text.delta",
+				data: canonicalJSON(map[string]any{"type": "response.output_text.delta", "delta": string(rest)})})
+			continue
+		case ".delta.text": // Anthropic: content_block_delta
+			out = append(out, heldEvent{name: "content_block_delta", data: canonicalJSON(map[string]any{"type": "content_block_delta",
+				"index": gd.lastBlock, "delta": map[string]any{"type": "text_delta", "text": string(rest)}})})
 			continue
 		}
 		// ".choices.i<N>.delta.<field>" (chat) or ".choices.i<N>.text" (completions)
@@ -419,11 +440,11 @@ func (gd *guard) flush() [][]byte {
 		}
 		switch {
 		case len(parts) == 5 && parts[3] == "delta" && (parts[4] == "content" || parts[4] == "reasoning_content"):
-			out = append(out, canonicalJSON(map[string]any{"object": "chat.completion.chunk", "choices": []any{
-				map[string]any{"index": n, "delta": map[string]any{parts[4]: string(rest)}, "finish_reason": nil}}}))
+			out = append(out, heldEvent{data: canonicalJSON(map[string]any{"object": "chat.completion.chunk", "choices": []any{
+				map[string]any{"index": n, "delta": map[string]any{parts[4]: string(rest)}, "finish_reason": nil}}})})
 		case len(parts) == 4 && parts[3] == "text":
-			out = append(out, canonicalJSON(map[string]any{"object": "text_completion", "choices": []any{
-				map[string]any{"index": n, "text": string(rest), "finish_reason": nil}}}))
+			out = append(out, heldEvent{data: canonicalJSON(map[string]any{"object": "text_completion", "choices": []any{
+				map[string]any{"index": n, "text": string(rest), "finish_reason": nil}}})})
 		}
 	}
 	return out

@@ -7,6 +7,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -48,9 +49,9 @@ type Gateway struct {
 	server   *fasthttp.Server
 	metricsH fasthttp.RequestHandler
 	draining atomic.Bool
-	// distrustEstimate is set when calibration finds an engine whose tokenizer counts more than
-	// estimate × ratio: estimates may then refuse, never admit.
-	distrustEstimate atomic.Bool
+	// calib is per backend what tokenizer calibration found (see calibrate).
+	calibMu sync.RWMutex
+	calib   map[string]*calibration
 
 	// Canaries and shared state. keyring is nil when canaries are disabled.
 	keyring         *canary.Keyring
@@ -58,15 +59,28 @@ type Gateway struct {
 	bg              sync.WaitGroup // incident writes in flight
 	bgMu            sync.Mutex     // guards bgClosed and bg.Add against Shutdown's Wait
 	bgClosed        bool
-	qmu             sync.Mutex
-	localQuarantine map[string]localFlag
+	quarantine      *quarantine
 
 	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/limits.go)
+
+	// oversized marks requests (by their header, which lives as long as the connection's
+	// RequestCtx) whose declared Content-Length is over max_body_bytes; nOversized counts the
+	// marks so that ordinary requests skip the map.
+	oversized  sync.Map
+	nOversized atomic.Int64
 }
 
 type tenant struct {
 	config.Tenant
 	hash []byte
+}
+
+// cacheSalt is the tenant's prefix-cache partition: an HMAC of its key hash, so it is stable
+// across replicas and restarts, secret to other tenants, and never the key itself.
+func (t *tenant) cacheSalt() string {
+	m := hmac.New(sha256.New, t.hash)
+	m.Write([]byte("kvgate cache_salt v1"))
+	return hex.EncodeToString(m.Sum(nil)[:16])
 }
 
 // New builds a gateway from cfg with shared state st (nil: in memory); it starts nothing until
@@ -78,7 +92,7 @@ func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Ga
 			return nil, err
 		}
 	}
-	enc, err := tokenize.NewEncoder(cfg.Tokenizer.Library, cfg.Tokenizer.Encoding)
+	enc, err := tokenize.NewEncoder(string(cfg.Tokenizer.Library), cfg.Tokenizer.Encoding)
 	if err != nil {
 		return nil, fmt.Errorf("building tokenizer: %w", err)
 	}
@@ -86,7 +100,8 @@ func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Ga
 		cfg: cfg, log: log.Named("gateway"), access: log.Named("access"), backends: set, enc: enc,
 		ratio: tokenize.NewSafetyRatio(cfg.Tokenizer.SafetyRatio, cfg.Tokenizer.SafetyRatioMax),
 	}
-	g.state, g.localQuarantine = st, map[string]localFlag{}
+	g.state, g.calib = st, map[string]*calibration{}
+	g.quarantine = newQuarantine(st.Quarantine, set.SetQuarantine)
 	if cfg.Canary.Enabled {
 		names := make([]string, len(cfg.Tenants))
 		for i, t := range cfg.Tenants {
@@ -123,8 +138,14 @@ func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Ga
 		MaxRequestBodySize: cfg.MaxBodyBytes,
 		ReadTimeout:        30 * time.Second, // request headers+body; replies stream without a deadline
 		IdleTimeout:        120 * time.Second,
+		// A declared Content-Length over the limit is refused from the headers: fasthttp would
+		// otherwise pre-read up to 8 KiB of body (waiting up to ReadTimeout for a client that
+		// sends only headers) or, with "Expect: 100-continue", invite the whole upload first.
+		HeaderReceived: g.headerReceived,
+		ExpectHandler:  g.expect,
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
-			if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+			if errors.Is(err, fasthttp.ErrBodyTooLarge) || g.takeOversized(ctx) {
+				ctx.SetConnectionClose()
 				writeError(ctx, tooLarge(cfg.MaxBodyBytes))
 				return
 			}
@@ -147,7 +168,9 @@ func (g *Gateway) Run(ctx context.Context) {
 	t := time.NewTicker(g.cfg.Capacity.PollInterval)
 	defer t.Stop()
 	for {
-		g.syncQuarantine(ctx)
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		g.quarantine.sync(sctx)
+		cancel()
 		if g.keyring != nil {
 			g.keyring.Refresh(time.Now())
 		}
@@ -175,8 +198,50 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 	return err
 }
 
+// headerReceived runs as soon as a request's headers are parsed. For a declared body over the
+// limit it makes the body pre-read fail at once (a 1 ns read deadline, at most 1 byte), so the
+// error handler answers 413 without waiting for the body; the mark tells it why the read failed.
+func (g *Gateway) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	if g.nOversized.Load() > 0 {
+		g.clearOversized(h) // a mark left by an earlier request on this connection's context
+	}
+	if h.ContentLength() <= g.cfg.MaxBodyBytes {
+		return fasthttp.RequestConfig{}
+	}
+	if _, loaded := g.oversized.LoadOrStore(h, struct{}{}); !loaded {
+		g.nOversized.Add(1)
+	}
+	return fasthttp.RequestConfig{ReadTimeout: time.Nanosecond, MaxRequestBodySize: 1}
+}
+
+// expect answers "Expect: 100-continue" with the 413 instead of inviting an oversized upload.
+func (g *Gateway) expect(ctx *fasthttp.RequestCtx) int {
+	if ctx.Request.Header.ContentLength() > g.cfg.MaxBodyBytes {
+		g.clearOversized(&ctx.Request.Header)
+		writeError(ctx, tooLarge(g.cfg.MaxBodyBytes))
+		return fasthttp.StatusRequestEntityTooLarge
+	}
+	return fasthttp.StatusContinue
+}
+
+// takeOversized reports (and clears) the oversized mark of ctx's request.
+func (g *Gateway) takeOversized(ctx *fasthttp.RequestCtx) bool {
+	return g.nOversized.Load() > 0 && g.clearOversized(&ctx.Request.Header)
+}
+
+func (g *Gateway) clearOversized(h *fasthttp.RequestHeader) bool {
+	if _, ok := g.oversized.LoadAndDelete(h); ok {
+		g.nOversized.Add(-1)
+		return true
+	}
+	return false
+}
+
 // Handle routes one request.
 func (g *Gateway) Handle(ctx *fasthttp.RequestCtx) {
+	if g.nOversized.Load() > 0 {
+		g.clearOversized(&ctx.Request.Header) // its first body byte was already buffered: readBody refuses it
+	}
 	path := string(ctx.Path())
 	method := string(ctx.Method())
 	switch path {
@@ -186,6 +251,28 @@ func (g *Gateway) Handle(ctx *fasthttp.RequestCtx) {
 		g.onlyPost(ctx, method, routeCompletions)
 	case "/generate":
 		g.onlyPost(ctx, method, routeGenerate)
+	case "/v1/responses":
+		g.onlyPost(ctx, method, routeResponses)
+	case "/v1/messages":
+		g.onlyPost(ctx, method, routeMessages)
+	case "/v1/embeddings":
+		g.onlyPost(ctx, method, routeEmbeddings)
+	case "/v1/rerank":
+		g.onlyPost(ctx, method, routeRerank)
+	case "/v1/score":
+		g.onlyPost(ctx, method, routeScore)
+	case "/v1/classify":
+		g.onlyPost(ctx, method, routeClassify)
+	case "/encode":
+		g.onlyPost(ctx, method, routeEncode)
+	case "/classify":
+		g.onlyPost(ctx, method, routeClassifyNative)
+	case "/v1/tokenize", "/tokenize", "/v1/detokenize", "/detokenize", "/v1/messages/count_tokens":
+		if method != fasthttp.MethodPost {
+			writeError(ctx, errMethod)
+			return
+		}
+		g.utility(ctx, path)
 	case "/healthz":
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"status":"ok"}`)
@@ -253,7 +340,14 @@ func (g *Gateway) authenticate(ctx *fasthttp.RequestCtx) *tenant {
 	return found
 }
 
+// bearer is the client's key: "Authorization: Bearer KEY", or on Anthropic's routes the
+// "x-api-key" header its SDKs send.
 func bearer(ctx *fasthttp.RequestCtx) ([]byte, bool) {
+	if anthropicPath(ctx.Path()) {
+		if k := ctx.Request.Header.Peek("X-Api-Key"); len(k) > 0 {
+			return k, true
+		}
+	}
 	h := ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)
 	const p = "Bearer "
 	if len(h) <= len(p) || !strings.EqualFold(string(h[:len(p)]), p) {
@@ -346,7 +440,7 @@ type backendStatus struct {
 }
 
 func describeBackend(set *backends.Set, b *backends.Backend, now time.Time) backendStatus {
-	st := backendStatus{Name: b.Name, ConfiguredRole: b.Role, RoleMatches: b.RoleMatches(), Usable: set.Usable(b, now),
+	st := backendStatus{Name: b.Name, ConfiguredRole: string(b.Role), RoleMatches: b.RoleMatches(), Usable: set.Usable(b, now),
 		Capacity: b.Capacity(), LastError: b.LastError()}
 	if st.Capacity != nil {
 		st.ReportedMode = st.Capacity.Mode
@@ -426,15 +520,11 @@ func (g *Gateway) adminRelease(ctx *fasthttp.RequestCtx, name string) {
 	}
 	rctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	if err := g.state.Quarantine.Release(rctx, name); err != nil {
+	if err := g.quarantine.release(rctx, name); err != nil {
 		writeError(ctx, &apiError{Status: 503, Type: "server_error", Code: "state_unavailable", RetryAfter: 5,
 			Message: "The quarantine store is unreachable; the backend stays quarantined: " + err.Error()})
 		return
 	}
-	g.qmu.Lock()
-	delete(g.localQuarantine, name)
-	g.qmu.Unlock()
-	g.backends.Quarantine(name, time.Time{})
 	g.log.Warn("backend released from quarantine by an operator", zap.String("backend", name))
 	body, _ := json.Marshal(map[string]any{"released": name})
 	ctx.SetContentType("application/json")

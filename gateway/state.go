@@ -31,7 +31,7 @@ func OpenState(cfg *config.Config, log *zap.Logger) (*State, error) {
 	if cfg.State.RedisURL == "" {
 		return &State{Incidents: canary.NewMemoryIncidents(10000), Quarantine: canary.NewMemoryQuarantine()}, nil
 	}
-	client, err := redisstate.NewClient(cfg.State.RedisURL, cfg.State.RedisMode)
+	client, err := redisstate.NewClient(cfg.State.RedisURL, string(cfg.State.RedisMode))
 	if err != nil {
 		return nil, err
 	}

@@ -297,3 +297,31 @@ func TestInvalidUTF8CountedAsReplacement(t *testing.T) {
 		}
 	}
 }
+
+func TestDecodeRoundTrip(t *testing.T) {
+	for _, lib := range []string{LibraryTiktokenGo, LibraryPkoukk} {
+		enc, err := NewEncoder(lib, EncodingCl100k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := enc.(Decoder)
+		want := "KVG-abcdefgh says hello, 世界"
+		var ids []int
+		if lib == LibraryTiktokenGo {
+			c, _ := tiktokenGoCodecs.Load(EncodingCl100k)
+			u, _, _ := c.(*onceCodec).codec.Encode(want)
+			for _, id := range u {
+				ids = append(ids, int(id))
+			}
+		} else {
+			c, _ := pkoukkEncodings.Load(EncodingCl100k)
+			ids = c.(*oncePkoukk).tk.Encode(want, nil, nil)
+		}
+		if got, ok := d.Decode(ids); !ok || got != want {
+			t.Fatalf("%s: %q %v", lib, got, ok)
+		}
+		if _, ok := d.Decode([]int{ids[0], 1 << 30}); ok {
+			t.Fatalf("%s: an id outside the vocabulary must fail", lib)
+		}
+	}
+}

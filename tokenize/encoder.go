@@ -25,6 +25,14 @@ type Encoder interface {
 	Count(text string, stopAfter int) (n int, complete bool)
 }
 
+// Decoder is implemented by the encoders NewEncoder returns: it turns token ids of the local
+// vocabulary back into text (the gateway's best effort at reading a token-id prompt when the
+// engine cannot detokenize it).
+type Decoder interface {
+	// Decode returns the text of ids, or false when some id is not in the vocabulary.
+	Decode(ids []int) (string, bool)
+}
+
 // Library and encoding names accepted by NewEncoder.
 const (
 	LibraryTiktokenGo = "tiktoken-go" // github.com/tiktoken-go/tokenizer (default)
@@ -65,9 +73,17 @@ type chunked struct {
 	// safe boundary (pkoukk needs it small: its merge is quadratic in the pre-token's length).
 	pieceTarget, maxRun int
 	countPiece          func(string) int
+	decode              func([]int) (string, bool)
 }
 
 func (c *chunked) Name() string { return c.name }
+
+func (c *chunked) Decode(ids []int) (string, bool) {
+	if c.decode == nil {
+		return "", false
+	}
+	return c.decode(ids)
+}
 
 func (c *chunked) Count(text string, stopAfter int) (int, bool) {
 	if !utf8.ValidString(text) {

@@ -2,6 +2,7 @@ package tokenize
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 
 	tiktoken "github.com/pkoukk/tiktoken-go"
@@ -49,7 +50,26 @@ func pkoukkEncoder(encoding string) (Encoder, error) {
 		pieceTarget: pkoukkPieceSize,
 		maxRun:      pkoukkPieceSize,
 		countPiece:  func(s string) int { return pkoukkCount(tk, s) },
+		decode:      func(ids []int) (string, bool) { return pkoukkDecode(tk, ids) },
 	}, nil
+}
+
+// pkoukkDecode decodes token by token: the library silently drops ids it does not know.
+func pkoukkDecode(tk *tiktoken.Tiktoken, ids []int) (s string, ok bool) {
+	defer func() {
+		if recover() != nil {
+			s, ok = "", false
+		}
+	}()
+	var b strings.Builder
+	for _, id := range ids {
+		t := tk.Decode([]int{id})
+		if t == "" {
+			return "", false
+		}
+		b.WriteString(t)
+	}
+	return b.String(), true
 }
 
 // pkoukkCount counts s with no special token allowed and none disallowed, so special-token text

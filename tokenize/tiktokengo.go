@@ -43,5 +43,16 @@ func tiktokenGoEncoder(encoding string) (Encoder, error) {
 			}
 			return n
 		},
+		decode: func(ids []int) (string, bool) {
+			u := make([]uint, len(ids))
+			for i, id := range ids {
+				if id < 0 {
+					return "", false
+				}
+				u[i] = uint(id)
+			}
+			s, err := codec.Decode(u)
+			return s, err == nil
+		},
 	}, nil
 }

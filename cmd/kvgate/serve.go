@@ -38,7 +38,7 @@ func runServe(args []string) int {
 		log.Error("cannot start", zap.Error(err))
 		return 1
 	}
-	log.Info("kvgate serving", zap.String("listen", ln.Addr().String()), zap.String("mode", cfg.Policy.Mode),
+	log.Info("kvgate serving", zap.String("listen", ln.Addr().String()), zap.String("mode", string(cfg.Policy.Mode)),
 		zap.Int("backends", len(cfg.Backends)), zap.Int("tenants", len(cfg.Tenants)))
 	<-ctx.Done()
 	return drain(gw, log)

@@ -1,0 +1,275 @@
+package backends
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// This file is the engine layer's request side: everything that speaks SGLang's protocol for a
+// generation request. Building the engine body (our rids, PD bootstrap host/port/room), sending
+// one leg and handing its reply out as status, headers and a body stream, the prefill leg of a
+// PD pair, aborts. The gateway never sees the HTTP client.
+
+// DefaultMaxNewTokens is SGLang's output length for /generate when sampling_params names none.
+const DefaultMaxNewTokens = 128
+
+// abortTimeout bounds one /abort_request call.
+const abortTimeout = 2 * time.Second
+
+// Rids are the engine request ids of one try: one per batch item (base-0, base-1, …) or base.
+func Rids(base string, batch bool, items int) []string {
+	if !batch {
+		return []string{base}
+	}
+	out := make([]string, items)
+	for i := range out {
+		out[i] = base + "-" + strconv.Itoa(i)
+	}
+	return out
+}
+
+// EngineBody is the body an engine gets: the sanitized client fields plus our rids and, for a
+// PD pair (prefill non-nil), the bootstrap fields with a new room per item (SGLang's PD
+// protocol: the same body to both legs). fields is not modified.
+func EngineBody(fields map[string]json.RawMessage, rids []string, batch bool, prefill *Backend) []byte {
+	f := make(map[string]json.RawMessage, len(fields)+4)
+	for k, v := range fields {
+		f[k] = v
+	}
+	if batch {
+		f["rid"] = mustJSON(rids)
+	} else {
+		f["rid"] = mustJSON(rids[0])
+	}
+	if prefill != nil {
+		port := prefill.Capacity().BootstrapPort
+		if batch {
+			hosts, ports, rooms := make([]string, len(rids)), make([]int, len(rids)), make([]uint64, len(rids))
+			seen := map[uint64]bool{}
+			for i := range rooms {
+				hosts[i], ports[i] = prefill.Host, port
+				for rooms[i] = newRoom(); seen[rooms[i]]; rooms[i] = newRoom() {
+				}
+				seen[rooms[i]] = true
+			}
+			f["bootstrap_host"], f["bootstrap_port"], f["bootstrap_room"] = mustJSON(hosts), mustJSON(ports), mustJSON(rooms)
+		} else {
+			f["bootstrap_host"], f["bootstrap_port"], f["bootstrap_room"] = mustJSON(prefill.Host), mustJSON(port), mustJSON(newRoom())
+		}
+	}
+	return encodeObject(f)
+}
+
+func mustJSON(v any) json.RawMessage {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // strings, ints and raw JSON only
+	}
+	return b
+}
+
+// encodeObject writes fields as a JSON object. The values are valid JSON already (from the
+// decoder or json.Marshal): json.Marshal would re-scan every one of them.
+func encodeObject(f map[string]json.RawMessage) []byte {
+	n := 2
+	for k, v := range f {
+		n += len(k) + len(v) + 4
+	}
+	b := make([]byte, 0, n)
+	b = append(b, '{')
+	first := true
+	for k, v := range f {
+		if !first {
+			b = append(b, ',')
+		}
+		first = false
+		b = strconv.AppendQuote(b, k) // keys are allow-listed ASCII names
+		b = append(b, ':')
+		b = append(b, v...)
+	}
+	return append(b, '}')
+}
+
+func newRoom() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.BigEndian.Uint64(b[:]) >> 1 // [0, 2^63−1]
+}
+
+// Leg is one upstream request whose reply headers have arrived. Whoever holds it calls Release
+// once (the gateway's relay, when the client's body is done).
+type Leg struct {
+	B    *Backend
+	Rids []string
+	req  *fasthttp.Request
+	resp *fasthttp.Response
+}
+
+// Send posts body to path on the engine and waits for the reply's headers (the body streams).
+// A fresh request, so no client header (credentials, cookies, hop-by-hop) can reach the engine:
+// only our request id, the backend's own key and a request for unencoded replies.
+func (b *Backend) Send(path string, body []byte, rids []string, requestID string, stream bool) (*Leg, error) {
+	req := fasthttp.AcquireRequest()
+	req.SetRequestURI("http://" + b.Addr + path)
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType("application/json")
+	req.Header.Set("X-Request-Id", requestID)
+	req.Header.Set("Accept-Encoding", "identity")
+	if stream {
+		req.Header.Set("Accept", "text/event-stream")
+	}
+	if b.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+b.APIKey)
+	}
+	req.SetBodyRaw(body)
+	l := &Leg{B: b, Rids: rids, req: req, resp: fasthttp.AcquireResponse()}
+	if err := b.client.Do(req, l.resp); err != nil {
+		l.Release()
+		return nil, err
+	}
+	return l, nil
+}
+
+// Status is the reply's HTTP status.
+func (l *Leg) Status() int { return l.resp.StatusCode() }
+
+// ContentType is the reply's Content-Type.
+func (l *Leg) ContentType() []byte { return l.resp.Header.ContentType() }
+
+// Header is one reply header's value.
+func (l *Leg) Header(name string) []byte { return l.resp.Header.Peek(name) }
+
+// VisitHeaders calls f for every reply header.
+func (l *Leg) VisitHeaders(f func(k, v []byte)) { l.resp.Header.VisitAll(f) }
+
+// Body is the reply body as a stream (fasthttp has none for 1xx, 204, 304 replies).
+func (l *Leg) Body() io.Reader {
+	if s := l.resp.BodyStream(); s != nil {
+		return s
+	}
+	return bytes.NewReader(l.resp.Body())
+}
+
+// Release returns the leg's buffers and closes its body stream; later calls do nothing.
+func (l *Leg) Release() {
+	if l.resp != nil {
+		_ = l.resp.CloseBodyStream()
+		fasthttp.ReleaseResponse(l.resp)
+		l.resp = nil
+	}
+	if l.req != nil {
+		fasthttp.ReleaseRequest(l.req)
+		l.req = nil
+	}
+}
+
+// AbortAll asks b to drop every request of one try (in the background, bounded).
+func (b *Backend) AbortAll(rids []string) {
+	for _, r := range rids {
+		b.Abort(r, abortTimeout)
+	}
+}
+
+// PrefillLeg is the outcome of a PD pair's prefill request, owned by its goroutine until Done is
+// closed and read-only after.
+type PrefillLeg struct {
+	Done        chan struct{}
+	Status      int
+	ContentType []byte
+	Body        []byte // a bounded copy, for the error case
+	Err         error
+}
+
+// OK says the prefill succeeded.
+func (p *PrefillLeg) OK() bool { return p.Err == nil && p.Status >= 200 && p.Status <= 299 }
+
+// maxPrefillError bounds the prefill reply kept (it is only passed on when it is an error).
+const maxPrefillError = 1 << 20
+
+// StartPrefill sends the prefill leg of a PD pair. Its reply is drained and discarded (its
+// output is one token); observe is called with the status (0: transport error) for metrics.
+func (b *Backend) StartPrefill(path string, body []byte, rids []string, requestID string, observe func(b *Backend, status int)) *PrefillLeg {
+	p := &PrefillLeg{Done: make(chan struct{})}
+	go func() {
+		defer close(p.Done)
+		l, err := b.Send(path, body, rids, requestID, false)
+		if err != nil {
+			p.Err = err
+			observe(b, 0)
+			return
+		}
+		defer l.Release()
+		observe(b, l.Status())
+		p.Status, p.ContentType = l.Status(), append([]byte(nil), l.ContentType()...)
+		var buf bytes.Buffer
+		src := l.Body()
+		if _, err := io.Copy(&buf, io.LimitReader(src, maxPrefillError)); err != nil {
+			p.Err = fmt.Errorf("reading the prefill reply: %w", err)
+			return
+		}
+		_, _ = io.Copy(io.Discard, src)
+		p.Body = buf.Bytes()
+	}()
+	return p
+}
+
+// A decode leg whose prefill failed is aborted every abortRepeat, at most abortRepeats times.
+const (
+	abortRepeat       = 200 * time.Millisecond
+	abortRepeats      = 50
+	maxRepeatedAborts = 200 // calls per failed try, all batch items together
+)
+
+// AbortWhenPrefillFails cancels decode's request once the prefill failed while decode still
+// waits for its KV (decode would otherwise wait out its transfer timeout). The abort may reach
+// decode before decode registered the request (the prefill failed at once), so it is repeated
+// until decodeAnswered closes, bounded in count.
+func AbortWhenPrefillFails(decode *Backend, rids []string, pf *PrefillLeg, decodeAnswered <-chan struct{}) {
+	go func() {
+		select {
+		case <-pf.Done:
+		case <-decodeAnswered:
+			return
+		}
+		if pf.OK() {
+			return
+		}
+		t := time.NewTicker(abortRepeat)
+		defer t.Stop()
+		for i := 0; i < max(1, min(abortRepeats, maxRepeatedAborts/len(rids))); i++ {
+			decode.AbortAll(rids)
+			select {
+			case <-decodeAnswered:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+}
+
+// PromptTokens is the prompt count an engine reported in a decoded reply: usage.prompt_tokens
+// (OpenAI), usage.input_tokens (Responses, Anthropic) or meta_info.prompt_tokens (native);
+// 0 when absent.
+func PromptTokens(reply any) int {
+	m, _ := reply.(map[string]any)
+	n := 0
+	for _, sec := range []string{"usage", "meta_info"} {
+		s, _ := m[sec].(map[string]any)
+		for _, k := range []string{"prompt_tokens", "input_tokens"} {
+			if v, ok := s[k].(json.Number); ok {
+				if i, err := strconv.Atoi(v.String()); err == nil {
+					n = max(n, i)
+				}
+			}
+		}
+	}
+	return n
+}

@@ -1,0 +1,120 @@
+package gateway
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/kvgate/kvgate/canary"
+)
+
+// quarantine is the one owner of backend quarantine on this replica: the flags this replica set
+// (applied at once, kept until the shared store has them), the shared store every replica reads,
+// and the backend set's routing flags, which it alone writes.
+type quarantine struct {
+	store canary.Quarantine
+	// apply sets the routing flags: backends named are out of rotation until then, the others
+	// are released (backends.Set.SetQuarantine).
+	apply func(until map[string]time.Time)
+	now   func() time.Time
+
+	mu      sync.Mutex // held across apply, so a sync cannot apply an older snapshot over a flag
+	local   map[string]localFlag
+	current map[string]time.Time // what apply was last given
+}
+
+// localFlag is a quarantine this replica set. It is merged into every snapshot of the store
+// until a snapshot read after the store had it: from then on the store decides (so an
+// operator's release on any replica is not undone here, and a snapshot older than the flag
+// cannot lift it).
+type localFlag struct {
+	until, storedAt time.Time // storedAt is zero until the store has the flag
+	reason          string
+}
+
+func newQuarantine(store canary.Quarantine, apply func(map[string]time.Time)) *quarantine {
+	return &quarantine{store: store, apply: apply, now: time.Now, local: map[string]localFlag{}, current: map[string]time.Time{}}
+}
+
+// mark takes a backend out of rotation on this replica at once; share writes it to the store.
+func (q *quarantine) mark(name string, ttl time.Duration, reason string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.local[name] = localFlag{until: q.now().Add(ttl), reason: reason}
+	q.current[name] = q.local[name].until
+	q.apply(copyFlags(q.current))
+}
+
+// share writes a local flag to the store; on failure it stays local and sync retries it.
+func (q *quarantine) share(ctx context.Context, name string) error {
+	q.mu.Lock()
+	f, ok := q.local[name]
+	q.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	if err := q.store.Quarantine(ctx, name, f.reason, f.until.Sub(q.now())); err != nil {
+		return err
+	}
+	q.mu.Lock()
+	if f, ok := q.local[name]; ok && f.storedAt.IsZero() {
+		f.storedAt = q.now()
+		q.local[name] = f
+	}
+	q.mu.Unlock()
+	return nil
+}
+
+// sync merges the store's flags with this replica's own and applies them; with the store away,
+// what this replica has stays in force.
+func (q *quarantine) sync(ctx context.Context) {
+	readAt := q.now()
+	active, err := q.store.Active(ctx)
+	if err != nil {
+		return
+	}
+	now := q.now()
+	var retry []string
+	q.mu.Lock()
+	for name, f := range q.local {
+		switch {
+		case !f.until.After(now):
+			delete(q.local, name)
+		case !f.storedAt.IsZero() && f.storedAt.Before(readAt):
+			delete(q.local, name) // this snapshot was read after the store had the flag
+		case f.storedAt.IsZero():
+			retry = append(retry, name) // our write failed (the store was away)
+			active[name] = f.until
+		default:
+			active[name] = f.until // stored after this snapshot was read
+		}
+	}
+	q.current = active
+	q.apply(copyFlags(active))
+	q.mu.Unlock()
+	for _, name := range retry {
+		_ = q.share(ctx, name)
+	}
+}
+
+// release lifts a quarantine for every replica: the store first (so a failure leaves it in
+// force everywhere), then this replica's own flag.
+func (q *quarantine) release(ctx context.Context, name string) error {
+	if err := q.store.Release(ctx, name); err != nil {
+		return err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	delete(q.local, name)
+	delete(q.current, name)
+	q.apply(copyFlags(q.current))
+	return nil
+}
+
+func copyFlags(m map[string]time.Time) map[string]time.Time {
+	out := make(map[string]time.Time, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}

@@ -1,0 +1,359 @@
+package gateway
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+
+	json "github.com/goccy/go-json"
+
+	"github.com/kvgate/kvgate/canary"
+	"github.com/kvgate/kvgate/tokenize"
+)
+
+// The routes beyond chat, completions and /generate: OpenAI's Responses API, Anthropic's
+// Messages API, and the prefill-only routes (embeddings, rerank, score, classify and SGLang's
+// native /encode and /classify). Each is parsed into the same request value (prompts to count,
+// output to reserve, where the marker goes) and goes through the same admission and relay.
+
+const (
+	routeResponses routeKind = iota + routeGenerate + 1
+	routeMessages
+	routeEmbeddings
+	routeRerank
+	routeScore
+	routeClassify
+	routeEncode
+	routeClassifyNative
+	routeKinds // number of kinds
+)
+
+var routePaths = [routeKinds]string{
+	routeChat: "/v1/chat/completions", routeCompletions: "/v1/completions", routeGenerate: "/generate",
+	routeResponses: "/v1/responses", routeMessages: "/v1/messages", routeEmbeddings: "/v1/embeddings",
+	routeRerank: "/v1/rerank", routeScore: "/v1/score", routeClassify: "/v1/classify",
+	routeEncode: "/encode", routeClassifyNative: "/classify",
+}
+
+// generates says whether the route produces text (reserves output, gets a canary marker and a
+// cache salt); the others only prefill.
+func (r routeKind) generates() bool { return r <= routeMessages }
+
+// unifiedOnly: prefill-only routes run on unified engines (a PD pair has nothing to decode).
+func (r routeKind) unifiedOnly() bool { return !r.generates() }
+
+// chatLike: the prompt is rendered from messages with the chat template.
+func (r routeKind) chatLike() bool {
+	return r == routeChat || r == routeResponses || r == routeMessages
+}
+
+func init() {
+	allowed[routeResponses] = set("model", "input", "instructions", "max_output_tokens", "temperature", "top_p",
+		"stream", "stream_options", "tools", "tool_choice", "parallel_tool_calls", "text", "reasoning", "metadata",
+		"store", "user", "truncation", "include", "top_logprobs", "service_tier", "previous_response_id",
+		"conversation", "cache_salt")
+	allowed[routeMessages] = set("model", "messages", "system", "max_tokens", "stop_sequences", "stream",
+		"temperature", "top_p", "top_k", "metadata", "tools", "tool_choice", "thinking", "service_tier", "cache_salt")
+	allowed[routeEmbeddings] = set("model", "input", "encoding_format", "dimensions", "user")
+	allowed[routeRerank] = set("model", "query", "documents", "top_n", "return_documents")
+	allowed[routeScore] = set("model", "query", "items", "label_token_ids", "apply_softmax", "item_first")
+	allowed[routeClassify] = set("model", "input", "user")
+	allowed[routeEncode] = set("text", "input_ids")
+	allowed[routeClassifyNative] = set("text", "input_ids")
+	for _, k := range []routeKind{routeChat, routeCompletions} {
+		allowed[k]["cache_salt"] = true // accepted, and always replaced by the tenant's own
+	}
+}
+
+// parseMore parses the routes of this file.
+func (r *request) parseMore() *apiError {
+	if !r.kind.generates() {
+		r.outputGiven, r.n = true, 1 // nothing to generate: no output reservation
+		defer func() {
+			if r.kind != routeEncode && r.kind != routeClassifyNative {
+				r.batch = false // OpenAI-shaped routes carry one rid for all their inputs
+			}
+		}()
+	}
+	switch r.kind {
+	case routeResponses:
+		return r.parseResponses()
+	case routeMessages:
+		return r.parseMessages()
+	case routeEmbeddings, routeClassify:
+		raw, ok := r.fields["input"]
+		if !ok || isNull(raw) {
+			return badRequest("input", "'input' is required.")
+		}
+		return r.idsOrTexts("input", raw)
+	case routeEncode, routeClassifyNative:
+		text, hasText := r.fields["text"]
+		ids, hasIDs := r.fields["input_ids"]
+		switch {
+		case hasText && !isNull(text) && hasIDs && !isNull(ids):
+			return badRequest("input_ids", "Give either 'text' or 'input_ids', not both.")
+		case hasText && !isNull(text):
+			return r.idsOrTexts("text", text)
+		case hasIDs && !isNull(ids):
+			return r.idsOrTexts("input_ids", ids)
+		}
+		return badRequest("text", "'text' or 'input_ids' is required.")
+	case routeRerank, routeScore:
+		return r.parsePairs()
+	}
+	return badRequest("", "Unsupported route.")
+}
+
+// parsePairs: rerank and score run the query with every document (item) as one prompt each.
+func (r *request) parsePairs() *apiError {
+	docsField := "documents"
+	if r.kind == routeScore {
+		docsField = "items"
+	}
+	var query string
+	if err := json.Unmarshal(r.fields["query"], &query); err != nil || query == "" {
+		return badRequest("query", "'query' must be a non-empty string.")
+	}
+	var docs []string
+	if err := json.Unmarshal(r.fields[docsField], &docs); err != nil || len(docs) == 0 {
+		return badRequest(docsField, fmt.Sprintf("'%s' must be a non-empty list of strings.", docsField))
+	}
+	// Counted as the engine's pair template would render them; the separators are in the text.
+	for _, d := range docs {
+		r.pairTexts = append(r.pairTexts, query+"\n\n"+d+"\n\n")
+	}
+	r.texts = r.pairTexts
+	return nil
+}
+
+// parseResponses reads OpenAI's Responses API request: instructions and input items become chat
+// messages for the count; the marker goes into the instructions.
+func (r *request) parseResponses() *apiError {
+	for _, k := range []string{"previous_response_id", "conversation"} {
+		if raw, ok := r.fields[k]; ok && !isNull(raw) {
+			r.storedContext = k // refused at admission unless policy.allow_stored_context
+		}
+	}
+	if raw, ok := r.fields["instructions"]; ok && !isNull(raw) {
+		if json.Unmarshal(raw, &r.system) != nil {
+			return badRequest("instructions", "'instructions' must be a string.")
+		}
+		r.hasSystem = true
+	}
+	raw, ok := r.fields["input"]
+	if !ok || isNull(raw) {
+		return badRequest("input", "'input' is required.")
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		r.turns = []tokenize.Message{{Role: "user", Content: s}}
+	} else {
+		var items []map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &items); err != nil || len(items) == 0 {
+			return badRequest("input", "'input' must be a string or a non-empty list of input items.")
+		}
+		for i, it := range items {
+			m, e := responsesItem(it)
+			if e != "" {
+				return badRequest(fmt.Sprintf("input[%d]", i), e)
+			}
+			r.turns = append(r.turns, m)
+		}
+	}
+	r.extra = extraJSON(r.fields, "tools", "text", "reasoning")
+	out, given, err := intField(r.fields, "max_output_tokens")
+	if err != nil {
+		return err
+	}
+	r.output, r.outputGiven, r.n = out, given, 1
+	return nil
+}
+
+// responsesItem renders one input item: a message (string or text parts), or a tool call, its
+// output or a reasoning item, counted as its JSON (at least as long as what a template renders).
+func responsesItem(it map[string]json.RawMessage) (tokenize.Message, string) {
+	var typ, role string
+	_ = json.Unmarshal(it["type"], &typ)
+	_ = json.Unmarshal(it["role"], &role)
+	switch typ {
+	case "", "message":
+		if role == "" {
+			return tokenize.Message{}, "A message item needs a 'role'."
+		}
+		for k, v := range it {
+			if k != "type" && k != "role" && k != "content" && k != "id" && k != "status" && !emptyJSON(v) {
+				return tokenize.Message{}, fmt.Sprintf("Unsupported message item field %q.", k)
+			}
+		}
+		text, err := partsText(it["content"], "input_text", "output_text", "text")
+		if err != nil {
+			return tokenize.Message{}, err.Error()
+		}
+		return tokenize.Message{Role: role, Content: text}, ""
+	case "function_call", "function_call_output", "reasoning", "custom_tool_call", "custom_tool_call_output":
+		raw, _ := json.Marshal(it)
+		return tokenize.Message{Role: "tool", Content: string(raw)}, ""
+	}
+	return tokenize.Message{}, fmt.Sprintf("Input items of type %q are not supported: this gateway accepts text only.", typ)
+}
+
+// partsText is the text of a content that is a string, null, or a list of text parts of the
+// given types (each part only with the keys type, text and empty annotations).
+func partsText(raw json.RawMessage, textTypes ...string) (string, error) {
+	if len(raw) == 0 || isNull(raw) {
+		return "", nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, nil
+	}
+	var parts []map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", fmt.Errorf("'content' must be a string or a list of text parts")
+	}
+	var b strings.Builder
+	for i, p := range parts {
+		var typ string
+		_ = json.Unmarshal(p["type"], &typ)
+		ok := false
+		for _, t := range textTypes {
+			ok = ok || typ == t
+		}
+		if !ok {
+			return "", fmt.Errorf("content parts of type %q are not supported: this gateway accepts text only", typ)
+		}
+		for k, v := range p {
+			if k != "type" && k != "text" && k != "cache_control" && k != "annotations" && k != "logprobs" && !emptyJSON(v) {
+				return "", fmt.Errorf("unsupported content part field %q", k)
+			}
+		}
+		var text string
+		if err := json.Unmarshal(p["text"], &text); err != nil {
+			return "", fmt.Errorf("a text part needs a string 'text'")
+		}
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(text)
+	}
+	return b.String(), nil
+}
+
+// parseMessages reads Anthropic's Messages API request.
+func (r *request) parseMessages() *apiError {
+	if raw, ok := r.fields["system"]; ok && !isNull(raw) {
+		text, err := partsText(raw, "text")
+		if err != nil {
+			return badRequest("system", "'system' must be a string or a list of text blocks.")
+		}
+		r.system, r.hasSystem = text, true
+	}
+	var msgs []map[string]json.RawMessage
+	if err := json.Unmarshal(r.fields["messages"], &msgs); err != nil || len(msgs) == 0 {
+		return badRequest("messages", "'messages' must be a non-empty array of message objects.")
+	}
+	for i, m := range msgs {
+		var role string
+		if json.Unmarshal(m["role"], &role) != nil || (role != "user" && role != "assistant") {
+			return badRequest(fmt.Sprintf("messages.%d.role", i), "Each message needs 'role' user or assistant.")
+		}
+		for k, v := range m {
+			if k != "role" && k != "content" && !emptyJSON(v) {
+				return badRequest(fmt.Sprintf("messages.%d.%s", i, k), fmt.Sprintf("Unsupported message field %q.", k))
+			}
+		}
+		text, e := anthropicContent(m["content"])
+		if e != "" {
+			return badRequest(fmt.Sprintf("messages.%d.content", i), e)
+		}
+		r.turns = append(r.turns, tokenize.Message{Role: role, Content: text})
+	}
+	r.extra = extraJSON(r.fields, "tools", "tool_choice", "thinking")
+	out, given, err := intField(r.fields, "max_tokens")
+	if err != nil {
+		return err
+	}
+	if !given {
+		return badRequest("max_tokens", "'max_tokens' is required.")
+	}
+	r.output, r.outputGiven, r.n = out, true, 1
+	return nil
+}
+
+// anthropicContent is a message's text: a string, or blocks of text, tool use, tool results and
+// thinking (the last three counted as their JSON). Images and documents are refused.
+func anthropicContent(raw json.RawMessage) (string, string) {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, ""
+	}
+	var blocks []map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &blocks); err != nil {
+		return "", "'content' must be a string or a list of content blocks."
+	}
+	var b strings.Builder
+	for _, bl := range blocks {
+		var typ string
+		_ = json.Unmarshal(bl["type"], &typ)
+		switch typ {
+		case "text":
+			t, err := partsText(mustJSON([]map[string]json.RawMessage{bl}), "text")
+			if err != nil {
+				return "", err.Error()
+			}
+			b.WriteString(t)
+		case "tool_use", "tool_result", "thinking", "redacted_thinking":
+			raw, _ := json.Marshal(bl)
+			b.Write(raw)
+		default:
+			return "", fmt.Sprintf("content blocks of type %q are not supported: this gateway accepts text only.", typ)
+		}
+		b.WriteByte('\n')
+	}
+	return b.String(), ""
+}
+
+// extraJSON joins the raw JSON of fields that templates render into the prompt.
+func extraJSON(fields map[string]json.RawMessage, names ...string) string {
+	var parts []string
+	for _, k := range names {
+		if raw, ok := fields[k]; ok && !isNull(raw) {
+			parts = append(parts, string(raw))
+		}
+	}
+	return strings.Join(parts, "\n")
+}
+
+// renderTurns is the prompt of a Responses or Messages request: the system text first.
+func (r *request) renderTurns() string {
+	msgs := r.turns
+	if r.hasSystem {
+		msgs = append([]tokenize.Message{{Role: "system", Content: r.system}}, msgs...)
+	}
+	return tokenize.RenderChatML(msgs, r.extra)
+}
+
+// injectSystem puts the marker at the end of the system text, in the route's own field:
+// Responses' instructions, or Anthropic's system (a text block of its own when it is blocks).
+func (r *request) injectSystem(marker string) {
+	raw := bytes.TrimSpace(r.fields["system"])
+	if r.kind == routeMessages && len(raw) > 0 && raw[0] == '[' {
+		var blocks []json.RawMessage
+		_ = json.Unmarshal(raw, &blocks) // validated at parse time
+		blocks = append(blocks, mustJSON(map[string]string{"type": "text", "text": marker}))
+		r.fields["system"] = mustJSON(blocks)
+		r.system += " " + marker // partsText joins blocks with a space
+		return
+	}
+	r.system, r.hasSystem = canary.InjectSystemEnd(r.system, marker), true
+	field := "instructions"
+	if r.kind == routeMessages {
+		field = "system"
+	}
+	r.fields[field] = mustJSON(r.system)
+}
+
+// storedContextError refuses a Responses request that the engine would extend from stored state.
+func storedContextError(field string) *apiError {
+	return badRequest(field, fmt.Sprintf("'%s' makes the engine extend the prompt from stored state this gateway cannot count, so the size limit could not be enforced. Send the whole conversation in 'input' instead (or set policy.allow_stored_context).", field))
+}
