@@ -73,7 +73,7 @@ func TestSmokeRunWritesTheReport(t *testing.T) {
 	p.StreamRounds, p.StreamDur = 1, 50*time.Millisecond
 	p.Warmup, p.MemStreams = 20*time.Millisecond, 20
 	out := filepath.Join(t.TempDir(), "latest.json")
-	if code := run(context.Background(), p, config{kvgate: bin, nginx: findNginx(""), redis: "redis://127.0.0.1:6379/15", out: out}); code != 0 {
+	if code := run(context.Background(), p, config{kvgate: bin, nginx: findNginx(""), redis: "redis://127.0.0.1:6379/15", out: out, canary: true, limits: true}); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
 	raw, err := os.ReadFile(out)

@@ -95,6 +95,8 @@ func main() {
 	micro := flag.Bool("micro", true, "run the go-test micro-benchmarks (from the module root)")
 	streamsN := flag.Int("streams", 0, "slow streams for the memory figure (default 10000, 500 with -quick)")
 	roundDur := flag.Duration("round", 0, "override the duration of a throughput round")
+	canaryOn := flag.Bool("kvgate-canary", true, "kvgate targets inject and scan canaries (the full pipeline)")
+	limitsOn := flag.Bool("kvgate-limits", true, "kvgate targets check and charge tenant rpm/tpm limits (set far above the load)")
 	phases := flag.String("phases", "throughput,rate,sweep,stream,memory,micro", "the phases to run (a partial run, while working on one)")
 	flag.Parse()
 	p := fullParams()
@@ -131,13 +133,14 @@ func main() {
 	*micro = *micro && on["micro"]
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	code := run(ctx, p, config{kvgate: *kvgate, nginx: findNginx(*nginx), redis: *redisURL, out: *out, micro: *micro})
+	code := run(ctx, p, config{kvgate: *kvgate, nginx: findNginx(*nginx), redis: *redisURL, out: *out, micro: *micro,
+		canary: *canaryOn, limits: *limitsOn})
 	os.Exit(code)
 }
 
 type config struct {
 	kvgate, nginx, redis, out string
-	micro                     bool
+	micro, canary, limits     bool
 }
 
 func run(ctx context.Context, p params, c config) int {

@@ -271,14 +271,18 @@ func startKvgate(ps *procs, c config, name, addr, sim, redisURL, prefix string) 
 	if redisURL != "" {
 		state = fmt.Sprintf("{redis_url: %q, key_prefix: %q}", redisURL, prefix)
 	}
+	limits := ", rpm: 1000000000, tpm: 1000000000"
+	if !c.limits {
+		limits = ""
+	}
 	yaml := fmt.Sprintf(`listen: %s
 backends: [{name: sim, url: "http://%s", role: unified}]
-tenants: [{name: bench, key_sha256: %q, rpm: 1000000000, tpm: 1000000000}]
-canary: {enabled: true, secret: "kvgate bench secret"}
+tenants: [{name: bench, key_sha256: %q%s}]
+canary: {enabled: %v, secret: "kvgate bench secret"}
 state: %s
 capacity: {poll_interval: 2s}
 upstream: {max_conns: 60000}
-`, addr, sim, hexSHA256(benchKey), state)
+`, addr, sim, hexSHA256(benchKey), limits, c.canary, state)
 	conf := filepath.Join(ps.dir, name+".yaml")
 	if err := os.WriteFile(conf, []byte(yaml), 0o644); err != nil {
 		return nil, err
