@@ -89,7 +89,7 @@ func main() {
 	childRole()
 	quick := flag.Bool("quick", false, "bench-quick: short rounds, 500 streams, a few micro-benchmarks (< 60 s)")
 	kvgate := flag.String("kvgate", "bin/kvgate", "the kvgate binary (simulator and gateway)")
-	nginx := flag.String("nginx", "", "nginx binary (default: nginx on PATH, else /usr/sbin/nginx)")
+	nginx := flag.String("nginx", "", "nginx binary (default: nginx on PATH, else /usr/sbin/nginx; none: skip it)")
 	redisURL := flag.String("redis", "redis://127.0.0.1:6379/15", "Redis for the kvgate_redis target (db 15, a unique key prefix)")
 	out := flag.String("out", "bench/results/latest.json", "where the JSON goes")
 	micro := flag.Bool("micro", true, "run the go-test micro-benchmarks (from the module root)")

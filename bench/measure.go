@@ -77,7 +77,7 @@ func measure(ctx context.Context, p params, c config, ps *procs) (*report, error
 		targets[n] = &target{name: n}
 	}
 	if c.nginx == "" {
-		targets[tNginx].skip = "nginx not found: skipped (apt-get install nginx to compare; kvgate is still compared with the bare proxy)"
+		targets[tNginx].skip = "nginx not available: skipped (apt-get install nginx to compare; kvgate is still compared with the bare proxy)"
 	} else {
 		v, _ := exec.Command(c.nginx, "-v").CombinedOutput()
 		rep.Machine.Nginx = strings.TrimSpace(string(v))

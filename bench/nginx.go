@@ -8,8 +8,11 @@ import (
 )
 
 // findNginx is the nginx binary to compare with: -nginx, else nginx on PATH, else Debian's
-// /usr/sbin/nginx (not on every user's PATH). "" when there is none.
+// /usr/sbin/nginx (not on every user's PATH). "" when there is none or -nginx is "none".
 func findNginx(flag string) string {
+	if flag == "none" {
+		return ""
+	}
 	if flag != "" {
 		return flag
 	}
