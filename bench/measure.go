@@ -147,6 +147,16 @@ func measure(ctx context.Context, p params, c config, ps *procs) (*report, error
 		}
 	}
 	rep.finishRate()
+	for _, t := range live {
+		if t.name != tMemory && t.name != tRedis {
+			continue
+		}
+		if o, err := scrapeOverhead(t.addr[0]); err != nil {
+			log("  %s: reading kvgate_overhead_seconds: %v", t.name, err)
+		} else {
+			rep.Targets[t.name].Overhead = o
+		}
+	}
 
 	if p.SweepRounds > 0 {
 		log("[3/5] sweep: backend +%v, connections %v, %d rounds × %v", p.FixedDelay, p.Sweep, p.SweepRounds, p.SweepDur)

@@ -10,8 +10,11 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // report is latest.json: exactly targets, ratios, micro and machine.
@@ -63,6 +66,9 @@ type targetResult struct {
 	Sweep []sweepPoint `json:"sweep,omitempty"`
 	// Streams against the backend with a fixed latency.
 	Stream *streamResult `json:"stream,omitempty"`
+	// kvgate targets: kvgate_overhead_seconds as the gateway itself reports it, over the
+	// zero-latency phases (warm-up, throughput, rate).
+	Overhead map[string]overheadStat `json:"overhead,omitempty"`
 	// kvgate_memory only: a kvgate serve process holding many slow streams.
 	Memory      *memResult `json:"memory,omitempty"`
 	MemoryError string     `json:"memory_error,omitempty"`
@@ -332,6 +338,18 @@ func (r *report) print(w io.Writer) {
 		fmt.Fprintf(w, "Memory: %s\n", e)
 	}
 
+	for _, n := range []string{tMemory, tRedis} {
+		if o := r.Targets[n].Overhead; len(o) > 0 {
+			fmt.Fprintf(w, "\n%s: kvgate_overhead_seconds (its own /metrics, zero-latency phases):", n)
+			for _, ph := range []string{"before_upstream", "after_headers", "stream_read"} {
+				if st, ok := o[ph]; ok {
+					fmt.Fprintf(w, " %s %.1f µs (n=%.0f)", ph, st.MeanUs, st.Count)
+				}
+			}
+			fmt.Fprintln(w)
+		}
+	}
+
 	if len(r.Micro) > 0 {
 		fmt.Fprintf(w, "\nPer request and per event (go test, in-memory fast simulator; direct is the client+simulator floor)\n")
 		for _, n := range []string{"BenchmarkRequest/direct", "BenchmarkRequest/chat", "BenchmarkRequest/chat-stream", "BenchmarkRelayEvent"} {
@@ -477,4 +495,53 @@ func loadAvg() string {
 func readTrim(p string) string {
 	b, _ := os.ReadFile(p)
 	return strings.TrimSpace(string(b))
+}
+
+// overheadStat is kvgate's own kvgate_overhead_seconds for one phase, read from /metrics.
+type overheadStat struct {
+	Count  float64 `json:"count"`
+	MeanUs float64 `json:"mean_us"`
+}
+
+// scrapeOverhead reads the gateway's kvgate_overhead_seconds sums and counts by phase.
+func scrapeOverhead(addr string) (map[string]overheadStat, error) {
+	code, body, err := fasthttp.GetTimeout(nil, "http://"+addr+"/metrics", 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	if code != 200 {
+		return nil, fmt.Errorf("/metrics: status %d", code)
+	}
+	sum, cnt := map[string]float64{}, map[string]float64{}
+	for _, line := range strings.Split(string(body), "\n") {
+		rest, ok := strings.CutPrefix(line, "kvgate_overhead_seconds_")
+		if !ok {
+			continue
+		}
+		kind, rest, ok := strings.Cut(rest, `{phase="`)
+		if !ok {
+			continue
+		}
+		phase, rest, ok := strings.Cut(rest, `"}`)
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+		if err != nil {
+			continue
+		}
+		switch kind {
+		case "sum":
+			sum[phase] = v
+		case "count":
+			cnt[phase] = v
+		}
+	}
+	out := map[string]overheadStat{}
+	for p, n := range cnt {
+		if n > 0 {
+			out[p] = overheadStat{Count: n, MeanUs: round1(sum[p] / n * 1e6)}
+		}
+	}
+	return out, nil
 }
