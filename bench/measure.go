@@ -89,7 +89,8 @@ func measure(ctx context.Context, p params, c config, ps *procs) (*report, error
 		var b [6]byte
 		_, _ = rand.Read(b[:])
 		prefix = fmt.Sprintf("kvgate-bench:%d-%s:", os.Getpid(), hex.EncodeToString(b[:]))
-		defer redisClean(c.redis, prefix)
+		// The gateways first, so none writes a key after the cleanup.
+		defer func() { ps.stopAll(); redisClean(c.redis, prefix) }()
 	}
 	// Start every proxy in front of each simulator; they wait idle until their turn.
 	for i := range 2 {
