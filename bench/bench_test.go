@@ -126,3 +126,16 @@ func TestSmokeRunWritesTheReport(t *testing.T) {
 		}
 	}
 }
+
+func TestParseOverhead(t *testing.T) {
+	o := parseOverhead(`# HELP kvgate_overhead_seconds Time spent in kvgate
+kvgate_overhead_seconds_bucket{phase="before_upstream",le="1e-06"} 0
+kvgate_overhead_seconds_sum{phase="before_upstream"} 0.5
+kvgate_overhead_seconds_count{phase="before_upstream"} 10000
+kvgate_overhead_seconds_sum{phase="stream_read"} 0
+kvgate_overhead_seconds_count{phase="stream_read"} 0
+`)
+	if len(o) != 1 || o["before_upstream"].MeanUs != 50 || o["before_upstream"].Count != 10000 {
+		t.Fatalf("%+v", o)
+	}
+}

@@ -512,8 +512,13 @@ func scrapeOverhead(addr string) (map[string]overheadStat, error) {
 	if code != 200 {
 		return nil, fmt.Errorf("/metrics: status %d", code)
 	}
+	return parseOverhead(string(body)), nil
+}
+
+// parseOverhead reads kvgate_overhead_seconds_sum and _count by phase from Prometheus text.
+func parseOverhead(text string) map[string]overheadStat {
 	sum, cnt := map[string]float64{}, map[string]float64{}
-	for _, line := range strings.Split(string(body), "\n") {
+	for _, line := range strings.Split(text, "\n") {
 		rest, ok := strings.CutPrefix(line, "kvgate_overhead_seconds_")
 		if !ok {
 			continue
@@ -543,5 +548,5 @@ func scrapeOverhead(addr string) (map[string]overheadStat, error) {
 			out[p] = overheadStat{Count: n, MeanUs: round1(sum[p] / n * 1e6)}
 		}
 	}
-	return out, nil
+	return out
 }
