@@ -6,7 +6,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 # Tests share one Redis (db 15, unique key prefixes); override to point elsewhere.
 export KVGATE_TEST_REDIS ?= redis://127.0.0.1:6379/15
 
-.PHONY: build test demo bench fuzz soak lint docker clean
+.PHONY: build test demo bench bench-quick bench-micro fuzz soak lint docker clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/kvgate
@@ -19,7 +19,22 @@ test: build
 demo: build
 	$(BIN) demo
 
+# Issue 9: kvgate side by side with the simulator direct, nginx (if installed) and a bare fasthttp
+# proxy, rounds interleaved, then a concurrency sweep, streams, the RSS of 10,000 slow streams and
+# the micro-benchmarks; a table on stdout and bench/results/latest.json (see BENCHMARKS.md).
+# Run nothing else heavy at the same time. bench-quick is the same in under a minute.
+BENCH_BIN ?= bin/kvgate-bench
+
 bench: build
+	$(GO) build -o $(BENCH_BIN) ./bench
+	KVGATE_BIN=$(CURDIR)/$(BIN) $(BENCH_BIN) -kvgate $(BIN)
+
+bench-quick: build
+	$(GO) build -o $(BENCH_BIN) ./bench
+	KVGATE_BIN=$(CURDIR)/$(BIN) $(BENCH_BIN) -quick -kvgate $(BIN)
+
+# Every go-test benchmark of the packages, at their default benchtime (long: tens of minutes).
+bench-micro: build
 	KVGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./tokenize/ ./canary/ ./policy/ ./gateway/ ./enginesim/
 
 # Every fuzz target, FUZZTIME each (make test replays their corpora under testdata/fuzz).

@@ -51,6 +51,18 @@ type Config struct {
 	// Default: 2 × TransferTimeout, at least 10 s.
 	RoomTTL time.Duration
 	Log     io.Writer // request and error log lines; nil = discard
+
+	// Fast answers the generation routes with a tiny fixed reply, without parsing the prompt,
+	// tokenizing or touching the KV pool: a backend that costs almost nothing, so a benchmark
+	// measures what sits in front of it (fast.go).
+	Fast bool
+	// FixedDelay (fast mode) is slept before every generation reply: a backend with a fixed
+	// latency. Default 0.
+	FixedDelay time.Duration
+	// EventInterval (fast mode) is slept before each content event of a stream. Default 0.
+	EventInterval time.Duration
+	// FastEvents (fast mode) is how many content events a stream carries. Default 8.
+	FastEvents int
 }
 
 // Defaults fills zero fields with the documented defaults.
@@ -93,6 +105,9 @@ func (c *Config) Defaults() {
 	}
 	if c.Log == nil {
 		c.Log = io.Discard
+	}
+	if c.FastEvents == 0 {
+		c.FastEvents = 8
 	}
 }
 
@@ -137,6 +152,9 @@ func (c *Config) Validate() error {
 	}
 	if c.TokenDelay < 0 || c.TransferTimeout < 0 {
 		return fmt.Errorf("token-delay and transfer-timeout must not be negative")
+	}
+	if c.FixedDelay < 0 || c.EventInterval < 0 || c.FastEvents < 0 {
+		return fmt.Errorf("fixed-delay, event-interval and fast-events must not be negative")
 	}
 	return nil
 }

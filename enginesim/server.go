@@ -228,6 +228,8 @@ func (s *Server) Handler() fasthttp.RequestHandler {
 			s.metrics(ctx)
 		case get && path == "/sim/stats":
 			s.simStats(ctx)
+		case s.cfg.Fast && post && (path == "/generate" || path == "/v1/completions" || path == "/v1/chat/completions"):
+			s.handleFast(ctx, path)
 		case post && path == "/generate":
 			s.noteHeaders(ctx)
 			s.handleGenerate(ctx)

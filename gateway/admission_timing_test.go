@@ -51,7 +51,9 @@ func prose(bytes int) string {
 
 // BenchmarkAdmission runs the whole admission path (auth, read, parse, render, count, decide) on
 // chat requests of ~8k, ~128k and ~1M tokens of normal and adversarial text, each once against a
-// limit it fits under the byte bound and once against a limit it exceeds (the estimate decides).
+// limit it fits under the byte bound (fits: the bound tier decides), once against a limit under
+// its bytes but above its tokens (estimated: the whole prompt is counted, the estimate admits) and
+// once against a limit it exceeds (over: the estimate refuses, stopping early).
 func BenchmarkAdmission(b *testing.B) {
 	sizes := []struct {
 		name   string
@@ -68,7 +70,7 @@ func BenchmarkAdmission(b *testing.B) {
 	for _, lib := range []string{"tiktoken-go", "pkoukk"} {
 		for _, sz := range sizes {
 			for _, tx := range texts {
-				for _, lim := range []string{"fits", "over"} {
+				for _, lim := range []string{"fits", "estimated", "over"} {
 					name := fmt.Sprintf("%s/%s/%s/%s", lib, sz.name, tx.name, lim)
 					b.Run(name, func(b *testing.B) {
 						if lib == "pkoukk" && sz.tokens > 128<<10 && tx.name != "prose" {
@@ -77,7 +79,10 @@ func BenchmarkAdmission(b *testing.B) {
 						// ~4.5 bytes per token of prose; adversarial text is sized in bytes alike.
 						body := []byte(fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, tx.make(sz.tokens*9/2)))
 						mril := len(body) + 1000 // the byte bound admits
-						if lim == "over" {
+						switch lim {
+						case "estimated":
+							mril = len(body) / 2 // under the bytes, above every text's tokens × r
+						case "over":
 							mril = sz.tokens / 8 // the estimate refuses, after counting ~limit×r tokens
 						}
 						g := benchGateway(b, lib, mril, mril*4)
@@ -91,6 +96,9 @@ func BenchmarkAdmission(b *testing.B) {
 							x := &exchange{g: g, kind: routeChat, start: time.Now()}
 							if e := x.admit(&ctx); e != nil && e.Status != 413 {
 								b.Fatalf("unexpected %+v", e)
+							}
+							if want := map[string]string{"fits": "bound", "estimated": "estimate", "over": "estimate"}[lim]; i == 0 && string(x.decision.Tier) != want {
+								b.Fatalf("decided by %s, want %s", x.decision.Tier, want)
 							}
 						}
 					})

@@ -56,6 +56,8 @@ type exchange struct {
 	// holding: the route's in-flight accounting is held until close (closeOnce).
 	holding   bool
 	closeOnce sync.Once
+
+	oh overheadClock // kvgate overhead (overhead.go)
 }
 
 // generate is the pipeline for the three generation routes, top to bottom:

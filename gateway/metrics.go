@@ -25,6 +25,10 @@ type metrics struct {
 	canarySkipped  *prometheus.CounterVec
 	incidents      *prometheus.CounterVec
 	degraded       prometheus.GaugeFunc
+
+	// kvgate overhead (overhead.go): the vector and its three children, resolved once.
+	overhead                                      *prometheus.HistogramVec
+	overheadBefore, overheadAfter, overheadStream prometheus.Observer
 }
 
 func newMetrics(set *backends.Set, ratio func() float64, degraded func() bool) *metrics {
@@ -51,6 +55,11 @@ func newMetrics(set *backends.Set, ratio func() float64, degraded func() bool) *
 		Help: "Foreign markers seen in replies: leak (cut, quarantined) or echo (the requester's own prompt had it). A rising echo rate is an alarm too."}, []string{"kind"})
 	m.degraded = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_state_degraded",
 		Help: "1 while the shared store (Redis) is unreachable and incident writes queue in memory."}, func() float64 { return b01(degraded()) })
+	m.overhead = newOverheadHistogram() // kvgate overhead
+	m.overheadBefore = m.overhead.WithLabelValues(phaseBeforeUpstream)
+	m.overheadAfter = m.overhead.WithLabelValues(phaseAfterHeaders)
+	m.overheadStream = m.overhead.WithLabelValues(phaseStreamRead)
+	m.reg.MustRegister(m.overhead)
 	m.reg.MustRegister(m.canaryInjected, m.canarySkipped, m.incidents, m.degraded)
 	m.reg.MustRegister(m.decisions, m.admitSeconds, m.upstream, m.requests, m.capChanges, m.exactCalls, m.ratio,
 		&backendCollector{set: set}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

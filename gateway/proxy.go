@@ -87,13 +87,17 @@ func (x *exchange) failUpstream(ctx *fasthttp.RequestCtx, b *backends.Backend, e
 func (x *exchange) attemptUnified(ctx *fasthttp.RequestCtx) {
 	b := x.route.Unified
 	rids := backends.Rids(x.engineRID, x.req.batch, len(x.req.prompts))
-	l, err := b.Send(x.kind.path(), backends.EngineBody(x.engineFields(), rids, x.req.batch, nil), rids, x.engineRID, x.req.stream)
+	body := backends.EngineBody(x.engineFields(), rids, x.req.batch, nil)
+	x.ohSent() // kvgate overhead
+	l, err := b.Send(x.kind.path(), body, rids, x.engineRID, x.req.stream)
+	x.ohHeaders() // kvgate overhead
 	x.g.countUpstream(b, l, err)
 	if err != nil {
 		x.failUpstream(ctx, b, err)
 		return
 	}
 	x.relay(ctx, l, nil)
+	x.ohReplied() // kvgate overhead
 }
 
 // attemptPD is one try on a PD pair: the same body to both legs, decode's reply relayed once
@@ -110,7 +114,9 @@ func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (
 	pf := p.StartPrefill(x.kind.path(), body, rids, base, x.g.observeUpstream)
 	decodeAnswered := make(chan struct{})
 	backends.AbortWhenPrefillFails(d, rids, pf, decodeAnswered)
+	x.ohSent() // kvgate overhead
 	dl, err := d.Send(x.kind.path(), body, rids, base, x.req.stream)
+	x.ohHeaders() // kvgate overhead
 	close(decodeAnswered)
 	x.g.countUpstream(d, dl, err)
 	handed := false
@@ -166,7 +172,9 @@ func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (
 		return true
 	}
 	handed = true
+	x.ohHeaders() // kvgate overhead: prefill's answer was engine time too
 	x.relay(ctx, dl, p)
+	x.ohReplied() // kvgate overhead
 	return true
 }
 

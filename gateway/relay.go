@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -183,7 +184,9 @@ func (r *relayReader) Read(p []byte) (int, error) {
 		}
 		n, err := r.src.Read(r.readBuf[:])
 		if n > 0 {
+			t := time.Now() // kvgate overhead
 			r.ev.write(r.readBuf[:n])
+			r.x.ohStreamRead(t) // kvgate overhead
 		}
 		if r.ev.ended || err == nil {
 			continue

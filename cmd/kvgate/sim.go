@@ -34,6 +34,10 @@ func runSim(args []string) int {
 	fs.DurationVar(&cfg.TransferTimeout, "transfer-timeout", 5*time.Second, "decode: how long to wait for a room's KV")
 	fs.StringVar(&cfg.Model, "model", "sim", "served model name (any requested name is accepted)")
 	fs.StringVar(&cfg.APIKey, "api-key", "", "require Authorization: Bearer KEY on every call")
+	fs.BoolVar(&cfg.Fast, "fast", false, "answer generation routes with tiny fixed replies: no prompt parsing, tokenizing or KV pool (for benchmarks)")
+	fs.DurationVar(&cfg.FixedDelay, "fixed-delay", 0, "fast mode: sleep before every generation reply (a fixed backend latency)")
+	fs.DurationVar(&cfg.EventInterval, "event-interval", 0, "fast mode: sleep before each content event of a stream")
+	fs.IntVar(&cfg.FastEvents, "fast-events", 8, "fast mode: content events per stream")
 	quiet := fs.Bool("quiet", false, "do not log leaks and aborts on stderr")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -63,6 +67,9 @@ func runSim(args []string) int {
 	fmt.Fprintf(os.Stderr, "kvgate sim: mode=%s pool=%d tokens (%d pages of %d) context=%d max_req_input_len=%d allocator=%s tokenizer=%s bug=%s fix=%s\n",
 		c.Mode, c.PoolTokens/c.PageSize*c.PageSize, c.PoolTokens/c.PageSize, c.PageSize, c.ContextLength, srv.MaxReqInputLen(),
 		c.Allocator, c.Tokenizer, c.Bug, c.Fix)
+	if c.Fast {
+		fmt.Fprintf(os.Stderr, "kvgate sim: fast mode: fixed replies, fixed-delay=%v event-interval=%v fast-events=%d\n", c.FixedDelay, c.EventInterval, c.FastEvents)
+	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	go func() {

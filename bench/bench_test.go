@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMain lets the smoke run re-execute this test binary as the bare proxy.
+func TestMain(m *testing.M) {
+	childRole()
+	os.Exit(m.Run())
+}
+
+func TestParseBench(t *testing.T) {
+	out := parseBench(strings.NewReader(`goos: linux
+BenchmarkScanThroughput/markers=100-2         	       5	   2186004 ns/op	1921.84 MB/s	       0 B/op	       0 allocs/op	       104.0 live-markers
+BenchmarkRequest/chat-2           	    2000	     62733 ns/op	   15687 B/op	     427 allocs/op
+PASS
+`))
+	m := out["BenchmarkScanThroughput/markers=100"]
+	if m["ns_per_op"] != 2186004 || m["mb_per_s"] != 1921.84 || m["allocs_per_op"] != 0 || m["live-markers"] != 104 || m["iterations"] != 5 {
+		t.Fatalf("%v", out)
+	}
+	if r := out["BenchmarkRequest/chat"]; r["bytes_per_op"] != 15687 || r["allocs_per_op"] != 427 {
+		t.Fatalf("%v", out)
+	}
+}
+
+func TestStamp(t *testing.T) {
+	ts, ok := stamp([]byte(`{"choices":[{"delta":{"content":"t1796000000123456789 "}}],"model":"t1"}`))
+	if !ok || ts != 1796000000123456789 {
+		t.Fatalf("%d %v", ts, ok)
+	}
+	if _, ok := stamp([]byte(`{"text":"t12 no"}`)); ok {
+		t.Fatal("a short number is not a stamp")
+	}
+}
+
+func TestPctAndRotate(t *testing.T) {
+	d := []time.Duration{5, 1, 4, 2, 3, 6, 7, 8, 9, 10}
+	if pct(d, 0.5) != 5 || pct(d, 0.99) != 10 || pct(nil, 0.5) != 0 {
+		t.Fatal(d)
+	}
+	ts := []*target{{name: "a"}, {name: "b"}, {name: "c"}}
+	var names []string
+	for _, x := range rotate(ts, 4) {
+		names = append(names, x.name)
+	}
+	if !slices.Equal(names, []string{"b", "c", "a"}) {
+		t.Fatal(names)
+	}
+}
+
+// TestSmokeRunWritesTheReport runs the whole harness at a tiny size (rounds of a few tens of
+// ms, 20 streams, no micro-benchmarks) and checks the JSON's shape only: no figure is judged
+// here, timing belongs to `make bench`.
+func TestSmokeRunWritesTheReport(t *testing.T) {
+	bin := os.Getenv("KVGATE_BIN")
+	if bin == "" {
+		t.Skip("KVGATE_BIN not set (make test sets it)")
+	}
+	p := quickParams()
+	p.Mode = "smoke"
+	p.Rounds, p.Dur = 2, 50*time.Millisecond
+	p.RateRounds, p.RateDur, p.Rate = 1, 50*time.Millisecond, 200
+	p.SweepRounds, p.SweepDur, p.Sweep = 1, 30*time.Millisecond, []int{1, 4}
+	p.StreamRounds, p.StreamDur = 1, 50*time.Millisecond
+	p.Warmup, p.MemStreams = 20*time.Millisecond, 20
+	out := filepath.Join(t.TempDir(), "latest.json")
+	if code := run(context.Background(), p, config{kvgate: bin, nginx: findNginx(""), redis: "redis://127.0.0.1:6379/15", out: out, canary: true, limits: true}); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &top); err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for k := range top {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	if !slices.Equal(keys, []string{"machine", "micro", "ratios", "targets"}) {
+		t.Fatalf("top-level keys %v", keys)
+	}
+	var r struct {
+		Targets map[string]map[string]any `json:"targets"`
+		Ratios  map[string]*float64       `json:"ratios"`
+		Machine map[string]any            `json:"machine"`
+	}
+	if err := json.Unmarshal(raw, &r); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range targetOrder {
+		tr, ok := r.Targets[n]
+		if !ok {
+			t.Fatalf("no target %s", n)
+		}
+		if _, skipped := tr["skipped"]; skipped {
+			continue
+		}
+		for _, k := range []string{"rps", "p50_ms", "p99_ms", "rate", "sweep", "stream"} {
+			if _, ok := tr[k]; !ok {
+				t.Errorf("%s: no %s", n, k)
+			}
+		}
+	}
+	if _, ok := r.Targets[tMemory]["memory"]; !ok {
+		t.Error("kvgate_memory: no memory figure")
+	}
+	if len(r.Ratios) != 2 || r.Ratios["kvgate_vs_bare"] == nil {
+		t.Errorf("ratios %v", r.Ratios)
+	}
+	for _, k := range []string{"cores", "cpu_model", "go_version", "kernel"} {
+		if _, ok := r.Machine[k]; !ok {
+			t.Errorf("machine: no %s", k)
+		}
+	}
+}
+
+func TestParseOverhead(t *testing.T) {
+	o := parseOverhead(`# HELP kvgate_overhead_seconds Time spent in kvgate
+kvgate_overhead_seconds_bucket{phase="before_upstream",le="1e-06"} 0
+kvgate_overhead_seconds_sum{phase="before_upstream"} 0.5
+kvgate_overhead_seconds_count{phase="before_upstream"} 10000
+kvgate_overhead_seconds_sum{phase="stream_read"} 0
+kvgate_overhead_seconds_count{phase="stream_read"} 0
+`)
+	if len(o) != 1 || o["before_upstream"].MeanUs != 50 || o["before_upstream"].Count != 10000 {
+		t.Fatalf("%+v", o)
+	}
+}
