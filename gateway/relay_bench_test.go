@@ -11,7 +11,6 @@ import (
 
 var (
 	benchReply = []byte(`{"id":"chatcmpl-5c2d","object":"chat.completion","created":1772580196,"model":"sim","choices":[{"index":0,"message":{"role":"assistant","content":"Paris is the capital of France, and it is known for the Eiffel Tower."},"finish_reason":"stop"}],"usage":{"prompt_tokens":27,"completion_tokens":18,"total_tokens":45}}`)
-	benchEvent = []byte("data: {\"id\":\"chatcmpl-5c2d\",\"object\":\"chat.completion.chunk\",\"created\":1772580196,\"model\":\"sim\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" Paris\"},\"finish_reason\":null}]}\n\n")
 )
 
 func benchExchange(b *testing.B) *exchange {
@@ -29,23 +28,6 @@ func BenchmarkNormaliseBody(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-}
-
-// One streamed chat event through the parser, decoder, scanner and serialiser (per event).
-func BenchmarkRelayEvent(b *testing.B) {
-	x := benchExchange(b)
-	e := x.newEventRelay(nil)
-	b.SetBytes(int64(len(benchEvent)))
-	b.ReportAllocs()
-	start := time.Now()
-	for i := 0; i < b.N; i++ {
-		e.write(benchEvent)
-		if e.ended {
-			b.Fatal("stream ended")
-		}
-		e.out = e.out[:0]
-	}
-	_ = start
 }
 
 // Admission of one small chat request (auth, read, key check, parse, inject, render, count,
