@@ -212,20 +212,30 @@ func poolUsage(outs []*outcome) map[string]any {
 	return map[string]any{"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0}
 }
 
-func (s *Server) handleEmbeddings(ctx *fasthttp.RequestCtx) {
+// runInputs parses an OpenAI-shaped prefill-only request whose prompts are its "input", and runs
+// them through the pool; false means the error reply was written.
+func (s *Server) runInputs(ctx *fasthttp.RequestCtx, path string) (*poolReq, []poolInput, []*outcome, bool) {
 	fail := func(o *outcome) { writeOpenAIError(ctx, o) }
-	req, ok := s.parsePool(ctx, "/v1/embeddings", fail)
+	req, ok := s.parsePool(ctx, path, fail)
 	if !ok {
-		return
+		return nil, nil, nil, false
 	}
 	ins, _, err := s.inputsOf(req.Input, "input")
 	if err != nil {
 		s.poolBad(fail, err)
-		return
+		return nil, nil, nil, false
 	}
 	outs, f := s.runPool(ins)
 	if f != nil {
 		fail(f)
+		return nil, nil, nil, false
+	}
+	return req, ins, outs, true
+}
+
+func (s *Server) handleEmbeddings(ctx *fasthttp.RequestCtx) {
+	req, ins, outs, ok := s.runInputs(ctx, "/v1/embeddings")
+	if !ok {
 		return
 	}
 	data := make([]map[string]any, len(ins))
@@ -347,19 +357,8 @@ func (s *Server) handleScore(ctx *fasthttp.RequestCtx) {
 var classifyLabels = []string{"LABEL_0", "LABEL_1"}
 
 func (s *Server) handleV1Classify(ctx *fasthttp.RequestCtx) {
-	fail := func(o *outcome) { writeOpenAIError(ctx, o) }
-	req, ok := s.parsePool(ctx, "/v1/classify", fail)
+	req, ins, outs, ok := s.runInputs(ctx, "/v1/classify")
 	if !ok {
-		return
-	}
-	ins, _, err := s.inputsOf(req.Input, "input")
-	if err != nil {
-		s.poolBad(fail, err)
-		return
-	}
-	outs, f := s.runPool(ins)
-	if f != nil {
-		fail(f)
 		return
 	}
 	data := make([]map[string]any, len(ins))
