@@ -35,6 +35,15 @@ var routePaths = [routeKinds]string{
 	routeEncode: "/encode", routeClassifyNative: "/classify",
 }
 
+// routeByPath maps each admitted route's path to its kind.
+var routeByPath = func() map[string]routeKind {
+	m := make(map[string]routeKind, routeKinds)
+	for k := routeKind(0); k < routeKinds; k++ {
+		m[routePaths[k]] = k
+	}
+	return m
+}()
+
 // generates says whether the route produces text (reserves output, gets a canary marker and a
 // cache salt); the others only prefill.
 func (r routeKind) generates() bool { return r <= routeMessages }

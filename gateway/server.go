@@ -263,29 +263,11 @@ func (g *Gateway) Handle(ctx *fasthttp.RequestCtx) {
 	}
 	path := string(ctx.Path())
 	method := string(ctx.Method())
+	if kind, ok := routeByPath[path]; ok {
+		g.onlyPost(ctx, method, kind)
+		return
+	}
 	switch path {
-	case "/v1/chat/completions":
-		g.onlyPost(ctx, method, routeChat)
-	case "/v1/completions":
-		g.onlyPost(ctx, method, routeCompletions)
-	case "/generate":
-		g.onlyPost(ctx, method, routeGenerate)
-	case "/v1/responses":
-		g.onlyPost(ctx, method, routeResponses)
-	case "/v1/messages":
-		g.onlyPost(ctx, method, routeMessages)
-	case "/v1/embeddings":
-		g.onlyPost(ctx, method, routeEmbeddings)
-	case "/v1/rerank":
-		g.onlyPost(ctx, method, routeRerank)
-	case "/v1/score":
-		g.onlyPost(ctx, method, routeScore)
-	case "/v1/classify":
-		g.onlyPost(ctx, method, routeClassify)
-	case "/encode":
-		g.onlyPost(ctx, method, routeEncode)
-	case "/classify":
-		g.onlyPost(ctx, method, routeClassifyNative)
 	case "/v1/tokenize", "/tokenize", "/v1/detokenize", "/detokenize", "/v1/messages/count_tokens":
 		if method != fasthttp.MethodPost {
 			writeError(ctx, errMethod)
