@@ -90,9 +90,7 @@ func (x *exchange) inject() {
 				c["content"] = mustJSON(canary.InjectEvery(s, marker, every))
 			}
 		}
-		var role string
-		_ = json.Unmarshal(c["role"], &role)
-		if sys < 0 && (role == "system" || role == "developer") {
+		if role := req.roles[i]; sys < 0 && (role == "system" || role == "developer") {
 			sys = i
 		}
 		msgs = append(msgs, c)
@@ -104,6 +102,7 @@ func (x *exchange) inject() {
 		appendToContent(msgs[sys], marker, false)
 	default:
 		msgs = append([]map[string]json.RawMessage{{"role": mustJSON("system"), "content": mustJSON(marker)}}, msgs...)
+		req.roles, req.names = append([]string{"system"}, req.roles...), append([]string{""}, req.names...)
 	}
 	req.setMessages(msgs)
 	g.metrics.canaryInjected.Inc()

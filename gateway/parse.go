@@ -92,6 +92,8 @@ type request struct {
 	// their decoded text (content, plus tool calls), so rendering does not decode them again.
 	messages []map[string]json.RawMessage
 	msgText  []string
+	// roles and names of the messages, decoded once at parse time
+	roles, names []string
 	extra    string // tools / functions / response_format JSON, rendered into the prompt
 	// texts for completions / generate: the prompt strings (nil when ids)
 	texts []string
@@ -262,12 +264,13 @@ func (r *request) parseChat() *apiError {
 			return badRequest(fmt.Sprintf("messages[%d].content", i), err.Error())
 		}
 		r.msgText = append(r.msgText, text+renderedExtras(m))
+		var name string
 		if raw, ok := m["name"]; ok && !isNull(raw) {
-			var s string
-			if json.Unmarshal(raw, &s) != nil {
+			if json.Unmarshal(raw, &name) != nil {
 				return badRequest(fmt.Sprintf("messages[%d].name", i), "'name' must be a string.")
 			}
 		}
+		r.roles, r.names = append(r.roles, role), append(r.names, name)
 	}
 	// Tool definitions, schemas and template arguments reach the engine's template: count them.
 	var extra []string
@@ -486,13 +489,8 @@ func (r *request) render() {
 	switch r.kind {
 	case routeChat:
 		msgs := make([]tokenize.Message, len(r.messages))
-		for i, m := range r.messages {
-			var role, name string
-			_ = json.Unmarshal(m["role"], &role)
-			if raw, ok := m["name"]; ok {
-				_ = json.Unmarshal(raw, &name)
-			}
-			msgs[i] = tokenize.Message{Role: role, Name: name, Content: r.msgText[i]}
+		for i := range r.messages {
+			msgs[i] = tokenize.Message{Role: r.roles[i], Name: r.names[i], Content: r.msgText[i]}
 		}
 		r.prompts = []prompt{{text: tokenize.RenderChatML(msgs, r.extra)}}
 	case routeResponses, routeMessages:
