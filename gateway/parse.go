@@ -94,7 +94,7 @@ type request struct {
 	msgText  []string
 	// roles and names of the messages, decoded once at parse time
 	roles, names []string
-	extra    string // tools / functions / response_format JSON, rendered into the prompt
+	extra        string // tools / functions / response_format JSON, rendered into the prompt
 	// texts for completions / generate: the prompt strings (nil when ids)
 	texts []string
 	// suffix: completions' fill-in-the-middle suffix, counted with every prompt
