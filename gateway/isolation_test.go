@@ -2,11 +2,9 @@ package gateway_test
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -18,10 +16,8 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
-	"github.com/kvgate/kvgate/gateway"
 	"github.com/kvgate/kvgate/internal/testkit"
 )
 
@@ -183,37 +179,7 @@ func TestIsolationAdminRoutesNeedTheAdminKey(t *testing.T) {
 func observedGateway(t *testing.T, cfg *config.Config) (*testkit.Gateway, *observer.ObservedLogs) {
 	t.Helper()
 	core, logs := observer.New(zapcore.DebugLevel)
-	log := zap.New(core)
-	set, err := backends.New(cfg.Backends, backends.OptionsFrom(cfg), log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := gateway.OpenState(cfg, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw, err := gateway.New(cfg, set, st, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	go set.Run(ctx)
-	go gw.Run(ctx)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = gw.Serve(ln) }()
-	t.Cleanup(func() {
-		sctx, c := context.WithTimeout(context.Background(), 5*time.Second)
-		defer c()
-		_ = gw.Shutdown(sctx)
-		cancel()
-		_ = st.Close()
-	})
-	g := &testkit.Gateway{URL: "http://" + ln.Addr().String(), Addr: ln.Addr().String(), Config: cfg, Set: set, GW: gw}
-	eventually(t, 10*time.Second, "ready", func() bool { return get(t, g.URL+"/readyz", "").status == 200 })
-	return g, logs
+	return testkit.StartGatewayWithLogger(t, cfg, zap.New(core)), logs
 }
 
 // Keys and markers never appear in an error body or a log line: wrong keys, right keys, an

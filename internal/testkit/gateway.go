@@ -47,7 +47,12 @@ func ParseConfig(t testing.TB, yaml string) *config.Config {
 // waits until /readyz answers 200. Everything stops at test cleanup.
 func StartGateway(t testing.TB, cfg *config.Config) *Gateway {
 	t.Helper()
-	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	return StartGatewayWithLogger(t, cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+}
+
+// StartGatewayWithLogger is StartGateway logging to log (a test that inspects log lines).
+func StartGatewayWithLogger(t testing.TB, cfg *config.Config, log *zap.Logger) *Gateway {
+	t.Helper()
 	set, err := backends.New(cfg.Backends, backends.OptionsFrom(cfg), log)
 	if err != nil {
 		t.Fatal(err)
