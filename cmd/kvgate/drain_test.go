@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
@@ -38,27 +37,8 @@ tenants: [{name: alice, key_sha256: %q}]
 capacity: {poll_interval: 200ms}
 `, port, sim.URL, config.SHA256Hex("sk-drain")))
 	logs := &syncBuf{}
-	cmd := exec.Command(testkit.Binary(t), "serve", "--config", cfg)
-	cmd.Stdout, cmd.Stderr = logs, logs
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, base := startServe(t, cfg, port, logs)
 	defer cmd.Process.Kill()
-	base := fmt.Sprintf("http://127.0.0.1:%d", port)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if r, err := http.Get(base + "/readyz"); err == nil {
-			r.Body.Close()
-			if r.StatusCode == 200 {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("serve not ready:\n%s", logs.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 	const streams, tokens = 4, 40 // 40 tokens at 50 ms: 2 s per stream
 	type result struct {
 		body []byte

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +16,32 @@ import (
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/internal/testkit"
 )
+
+// startServe starts `kvgate serve --config cfg` listening on port, its output in logs, and
+// waits until /readyz answers 200; it returns the process and the base URL.
+func startServe(t *testing.T, cfg string, port int, logs *syncBuf) (*exec.Cmd, string) {
+	t.Helper()
+	cmd := exec.Command(testkit.Binary(t), "serve", "--config", cfg)
+	cmd.Stdout, cmd.Stderr = logs, logs
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if r, err := http.Get(base + "/readyz"); err == nil {
+			r.Body.Close()
+			if r.StatusCode == 200 {
+				return cmd, base
+			}
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			t.Fatalf("serve not ready:\n%s", logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
 
 func writeConfig(t *testing.T, yaml string) string {
 	p := filepath.Join(t.TempDir(), "kvgate.yaml")
@@ -36,27 +61,9 @@ backends: [{name: sim, url: %q, role: unified}]
 tenants: [{name: alice, key_sha256: %q}]
 capacity: {poll_interval: 200ms}
 `, port, sim.URL, config.SHA256Hex("sk-secret-alice")))
-	var logs bytes.Buffer
-	cmd := exec.Command(testkit.Binary(t), "serve", "--config", cfg)
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	logs := &syncBuf{}
+	cmd, base := startServe(t, cfg, port, logs)
 	defer cmd.Process.Kill()
-	base := fmt.Sprintf("http://127.0.0.1:%d", port)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if r, err := http.Get(base + "/readyz"); err == nil {
-			r.Body.Close()
-			if r.StatusCode == 200 {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("serve not ready:\n%s", logs.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 	req, _ := http.NewRequest("POST", base+"/generate", strings.NewReader(`{"text":"hello","sampling_params":{"max_new_tokens":2}}`))
 	req.Header.Set("Authorization", "Bearer sk-secret-alice")
 	resp, err := http.DefaultClient.Do(req)
