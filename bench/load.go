@@ -100,16 +100,21 @@ func closedLoop(ctx context.Context, addr string, conns int, dur time.Duration) 
 				}
 				lat = append(lat, time.Since(t))
 			}
-			mu.Lock()
-			all.lat = append(all.lat, lat...)
-			all.ok += len(lat)
-			all.errs += errs
-			mu.Unlock()
+			all.merge(&mu, lat, errs)
 		}()
 	}
 	wg.Wait()
 	all.elapsed = time.Since(start)
 	return all
+}
+
+// merge adds one worker's latencies and errors to s, under mu.
+func (s *sample) merge(mu *sync.Mutex, lat []time.Duration, errs int) {
+	mu.Lock()
+	defer mu.Unlock()
+	s.lat = append(s.lat, lat...)
+	s.ok += len(lat)
+	s.errs += errs
 }
 
 // fixedRate sends rate requests per second for dur from conns workers; latency is measured
@@ -146,11 +151,7 @@ func fixedRate(ctx context.Context, addr string, rate, conns int, dur time.Durat
 				}
 				lat = append(lat, time.Since(t))
 			}
-			mu.Lock()
-			all.lat = append(all.lat, lat...)
-			all.ok += len(lat)
-			all.errs += errs
-			mu.Unlock()
+			all.merge(&mu, lat, errs)
 		}()
 	}
 	wg.Wait()
