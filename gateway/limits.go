@@ -6,7 +6,6 @@ package gateway
 // the metrics. Hooks into the pipeline are marked "kvgate limits" where they sit.
 
 import (
-	"bytes"
 	"context"
 	"encoding/hex"
 	"encoding/json"
@@ -245,54 +244,88 @@ func (h *limitHold) note(u *usageReport) {
 	}
 }
 
-// noteUsage reads the usage of a whole (non-streaming, 2xx) reply body.
-func (x *exchange) noteUsage(body []byte) {
+// noteUsage notes a whole (non-streaming, 2xx) reply as the gateway decoded it (nil: the reply
+// was produced but not usable, so it carries no usage).
+func (x *exchange) noteUsage(reply any) {
 	h := x.limit
 	if h == nil {
 		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.events++ // something was produced
-	if !bytes.Contains(body, []byte(`"usage"`)) && !bytes.Contains(body, []byte(`"meta_info"`)) {
-		return
-	}
-	b := bytes.TrimSpace(body)
-	if len(b) > 0 && b[0] == '[' { // a /generate batch: one object per item
-		var items []usageReport
-		if json.Unmarshal(b, &items) == nil {
-			for i := range items {
-				items[i].Index = i
-				h.note(&items[i])
+	h.events++                          // something was produced
+	if items, ok := reply.([]any); ok { // a /generate batch: one object per item
+		for i, it := range items {
+			if u, ok := usageOf(it); ok {
+				u.Index = i
+				h.note(&u)
 			}
 		}
 		return
 	}
-	var u usageReport
-	if json.Unmarshal(b, &u) == nil {
+	if u, ok := usageOf(reply); ok {
 		h.note(&u)
 	}
 }
 
-// noteEventData reads the data of one event of a streamed 2xx reply, as the engine sent it.
-func (x *exchange) noteEventData(data []byte) {
+// noteEvent notes one event of a streamed 2xx reply as the gateway decoded it (nil: an event
+// that could not be decoded).
+func (x *exchange) noteEvent(data any) {
 	h := x.limit
-	if h == nil || bytes.Equal(data, []byte("[DONE]")) {
+	if h == nil {
 		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if !bytes.Contains(data, []byte(`"usage"`)) && !bytes.Contains(data, []byte(`"meta_info"`)) {
+	u, ok := usageOf(data)
+	if !ok || u.Usage == nil {
 		h.events++
-		return
 	}
-	var u usageReport
-	if json.Unmarshal(data, &u) == nil {
-		if u.Usage == nil {
-			h.events++
-		}
+	if ok {
 		h.note(&u)
 	}
+}
+
+// usageOf reads usage (OpenAI) or meta_info (native) token counts from a decoded reply object.
+func usageOf(v any) (usageReport, bool) {
+	var u usageReport
+	m, _ := v.(map[string]any)
+	if m == nil {
+		return u, false
+	}
+	counts := func(sec string) (p, c int64, ok bool) {
+		s, _ := m[sec].(map[string]any)
+		if s == nil {
+			return 0, 0, false
+		}
+		return jsonInt(s["prompt_tokens"]), jsonInt(s["completion_tokens"]), true
+	}
+	if p, c, ok := counts("usage"); ok {
+		u.Usage = &struct {
+			PromptTokens     int64 `json:"prompt_tokens"`
+			CompletionTokens int64 `json:"completion_tokens"`
+		}{p, c}
+	}
+	if p, c, ok := counts("meta_info"); ok {
+		u.Meta = &struct {
+			PromptTokens     int64 `json:"prompt_tokens"`
+			CompletionTokens int64 `json:"completion_tokens"`
+		}{p, c}
+	}
+	if idx := jsonInt(m["index"]); idx > 0 {
+		u.Index = int(idx)
+	}
+	return u, u.Usage != nil || u.Meta != nil
+}
+
+// jsonInt is a decoded JSON integer (0 when absent or not an integer).
+func jsonInt(v any) int64 {
+	n, _ := v.(json.Number)
+	i, err := n.Int64()
+	if err != nil {
+		return 0
+	}
+	return i
 }
 
 // settleLimits ends the exchange's hold, once: the reply's reported usage when it gave one;

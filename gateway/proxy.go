@@ -250,9 +250,6 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *backends.Leg, other *backe
 		x.upstreamError(ctx, "upstream_error", fmt.Errorf("engine %s: reading the reply: %w", l.B.Name, err))
 		return
 	}
-	if code >= 200 && code <= 299 {
-		x.noteUsage(body) // kvgate limits
-	}
 	if !x.writeEngineReply(ctx, code, l.ContentType(), body, l.B) {
 		x.cut(x.lastLeak, l.B, l.Rids, other)
 	}
@@ -294,6 +291,9 @@ func (x *exchange) upstreamError(ctx *fasthttp.RequestCtx, code string, detail e
 // way): the client gets an error of our own.
 func (x *exchange) writeEngineReply(ctx *fasthttp.RequestCtx, code int, contentType []byte, body []byte, b *backends.Backend) bool {
 	out, v, err := x.normaliseBody(contentType, body)
+	if code >= 200 && code <= 299 {
+		x.noteUsage(v) // kvgate limits: the reply as decoded (nil when it is refused)
+	}
 	switch {
 	case errors.Is(err, errLeak):
 		x.integrityError(ctx)

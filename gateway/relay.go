@@ -91,7 +91,6 @@ func (e *eventRelay) cut() {
 // emit scans one event and queues what the client gets: "[DONE]" as it is, anything else as a
 // JSON value re-serialised after the scan, under its event name (scanned too).
 func (e *eventRelay) emit(ev sse.Event) {
-	e.x.noteEventData(ev.Data) // kvgate limits: usage as the engine sent it
 	if string(ev.Data) == "[DONE]" {
 		e.flushGuard() // held text goes out in events of its own before [DONE]
 		if !e.ended {
@@ -102,6 +101,7 @@ func (e *eventRelay) emit(ev sse.Event) {
 	}
 	v, shadowed, err := decodeStrict(ev.Data)
 	if err != nil {
+		e.x.noteEvent(nil) // kvgate limits: an event that was produced, but refused
 		if e.guard != nil && !e.guard.detectIn(string(ev.Data), v, shadowed) {
 			e.cut() // refused either way, but a marker in it is a leak to record
 			return
@@ -109,6 +109,7 @@ func (e *eventRelay) emit(ev sse.Event) {
 		e.fail("upstream_bad_event", fmt.Errorf("event data is not one JSON value: %w", err))
 		return
 	}
+	e.x.noteEvent(v) // kvgate limits: usage as decoded
 	name := ev.Name
 	if blockEnd[name] || blockEnd[eventType(v)] {
 		e.flushGuard() // text held in a block goes out before the event that closes it
