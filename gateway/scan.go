@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"io"
 	"strconv"
 	"strings"
 
@@ -343,19 +342,10 @@ func numbers(b []byte) []any {
 
 var errTrailing = errors.New("data after the JSON value")
 
-// decodeOne decodes exactly one JSON value (numbers kept exact); anything after it is an error,
-// so no text can ride unscanned behind a valid value.
+// decodeOne decodes exactly one JSON value (decodeStrict's value; a duplicate key is an error).
 func decodeOne(b []byte) (any, error) {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return nil, err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, errTrailing
-	}
-	return v, nil
+	v, _, err := decodeStrict(b)
+	return v, err
 }
 
 // body scans a whole decoded reply in place; false means a foreign marker was found.
