@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvgate/kvgate/internal/panics"
 )
 
 // post sends a small JSON body to one of the engine's control endpoints with the backend's key.
@@ -81,6 +83,7 @@ func (b *Backend) Detokenize(ctx context.Context, ids []int, timeout time.Durati
 // background, bounded by timeout: an abort must never hold up the client.
 func (b *Backend) Abort(rid string, timeout time.Duration) {
 	go func() {
+		defer panics.Recover(b.log, "abort")
 		resp := fasthttp.AcquireResponse()
 		defer fasthttp.ReleaseResponse(resp)
 		_ = b.post("/abort_request", map[string]any{"rid": rid, "abort_all": false}, timeout, resp)

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvgate/kvgate/internal/panics"
 )
 
 // This file is the engine layer's request side: everything that speaks SGLang's protocol for a
@@ -200,6 +202,12 @@ func (b *Backend) StartPrefill(path string, body []byte, rids []string, requestI
 	p := &PrefillLeg{Done: make(chan struct{})}
 	go func() {
 		defer close(p.Done)
+		defer func() {
+			if v := recover(); v != nil {
+				panics.Note(b.log, "prefill", v)
+				p.Err = fmt.Errorf("prefill leg panicked: %v", v)
+			}
+		}()
 		l, err := b.Send(path, body, rids, requestID, false)
 		if err != nil {
 			p.Err = err
@@ -234,6 +242,7 @@ const (
 // until decodeAnswered closes, bounded in count.
 func AbortWhenPrefillFails(decode *Backend, rids []string, pf *PrefillLeg, decodeAnswered <-chan struct{}) {
 	go func() {
+		defer panics.Recover(decode.log, "abort")
 		select {
 		case <-pf.Done:
 		case <-decodeAnswered:

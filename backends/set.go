@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/config"
+	"github.com/kvgate/kvgate/internal/panics"
 	"github.com/kvgate/kvgate/policy"
 )
 
@@ -63,6 +64,7 @@ type Backend struct {
 	// quarantinedUntil is unix nanoseconds; 0 when not quarantined.
 	quarantinedUntil atomic.Int64
 	infoPath         atomic.Value // "/server_info" until it answers 404
+	log              *zap.Logger  // for panics recovered on the backend's own goroutines
 }
 
 // Capacity returns the last successful reading, or nil.
@@ -89,6 +91,9 @@ func (b *Backend) QuarantinedUntil() time.Time {
 
 // AddInflight accounts tokens of a request in flight (negative to release).
 func (b *Backend) AddInflight(tokens int) { b.inflight.Add(int64(tokens)) }
+
+// Inflight is the prompt tokens of requests in flight through this gateway.
+func (b *Backend) Inflight() int64 { return b.inflight.Load() }
 
 // Options are the set's timings.
 type Options struct {
@@ -132,7 +137,7 @@ func New(cfgs []config.Backend, opts Options, log *zap.Logger) (*Set, error) {
 		if err != nil {
 			return nil, fmt.Errorf("backend %s: url %q needs host:port: %w", c.Name, c.URL, err)
 		}
-		b := &Backend{Name: c.Name, Role: c.Role, APIKey: c.APIKey, Addr: u.Host, Host: host}
+		b := &Backend{Name: c.Name, Role: c.Role, APIKey: c.APIKey, Addr: u.Host, Host: host, log: s.log}
 		b.client = &fasthttp.HostClient{
 			Addr:               u.Host,
 			Name:               "kvgate",
@@ -169,7 +174,7 @@ func (s *Set) Run(ctx context.Context) {
 			t := time.NewTicker(s.opts.PollInterval)
 			defer t.Stop()
 			for {
-				s.PollOnce(b)
+				s.pollSafely(b)
 				select {
 				case <-ctx.Done():
 					return
@@ -179,6 +184,20 @@ func (s *Set) Run(ctx context.Context) {
 		}(b)
 	}
 	wg.Wait()
+}
+
+// pollSafely is one poll that a panic (a reading that trips a bug) cannot end the loop with.
+func (s *Set) pollSafely(b *Backend) {
+	defer func() {
+		if v := recover(); v != nil {
+			panics.Note(s.log, "poll", v)
+			// What the reading held cannot be trusted: capacity unknown, so admission fails closed.
+			b.capacity.Store(nil)
+			msg := fmt.Sprintf("poll panicked: %v", v)
+			b.lastErr.Store(&msg)
+		}
+	}()
+	s.PollOnce(b)
 }
 
 // Ready reports whether every backend has been read or judged down at least once.

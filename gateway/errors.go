@@ -122,6 +122,8 @@ var (
 		Message: "Unknown route."}
 	errRequestTimeout = &apiError{Status: 408, Type: "invalid_request_error", Code: "request_timeout",
 		Message: "The request was not received in time."}
+	errInternal = &apiError{Status: 500, Type: "server_error", Code: "internal_error",
+		Message: "The gateway failed while handling this request. It was logged; retry the request."}
 	errMethod = &apiError{Status: 405, Type: "invalid_request_error", Code: "method_not_allowed",
 		Message: "Method not allowed on this route."}
 )

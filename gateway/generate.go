@@ -20,6 +20,7 @@ import (
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
+	"github.com/kvgate/kvgate/internal/panics"
 	"github.com/kvgate/kvgate/policy"
 )
 
@@ -64,6 +65,7 @@ type exchange struct {
 // auth → read body → parse and sanitize → render → count and decide → pick a route → forward.
 func (g *Gateway) generate(ctx *fasthttp.RequestCtx, kind routeKind) {
 	x := &exchange{g: g, rid: requestID(ctx), engineRID: newID(), start: time.Now(), kind: kind}
+	defer x.recoverPanic(ctx)
 	ctx.Response.Header.Set("X-Request-Id", x.rid)
 	if e := x.admit(ctx); e != nil {
 		x.fail(ctx, e)
@@ -75,6 +77,19 @@ func (g *Gateway) generate(ctx *fasthttp.RequestCtx, kind routeKind) {
 	}
 	x.coverTokenIDs()
 	g.forward(ctx, x)
+}
+
+// recoverPanic, deferred by generate, ends an exchange that panicked as a 500 in its route's
+// envelope (writeError's body reset closes a stream relay had set up), and still closes it (in-flight accounting released, limits settled, logged).
+func (x *exchange) recoverPanic(ctx *fasthttp.RequestCtx) {
+	v := recover()
+	if v == nil {
+		return
+	}
+	panics.Note(x.g.log, "request", v)
+	ctx.SetConnectionClose()
+	defer panics.Recover(x.g.log, "request_close")
+	x.fail(ctx, errInternal)
 }
 
 // fail answers with e and logs the exchange.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
+	"github.com/kvgate/kvgate/internal/panics"
 )
 
 // This file is the canary side of the pipeline: markers go into prompts before counting, and
@@ -220,6 +221,7 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 	g.bgMu.Unlock()
 	go func() {
 		defer g.bg.Done()
+		defer panics.Recover(g.log, "incident_record")
 		work()
 	}()
 }

@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -298,7 +299,11 @@ func usageOf(v any) (usageReport, bool) {
 		if s == nil {
 			return 0, 0, false
 		}
-		return jsonInt(s["prompt_tokens"]), jsonInt(s["completion_tokens"]), true
+		// A count the engine got wrong (negative, fractional, huge, not a number) makes the
+		// whole reading unknown: settlement then charges what was reserved, never less.
+		p, okP := tokenCount(s["prompt_tokens"])
+		c, okC := tokenCount(s["completion_tokens"])
+		return p, c, okP && okC
 	}
 	if p, c, ok := counts("usage"); ok {
 		u.Usage = &struct {
@@ -316,6 +321,24 @@ func usageOf(v any) (usageReport, bool) {
 		u.Index = int(idx)
 	}
 	return u, u.Usage != nil || u.Meta != nil
+}
+
+// maxTokenCount bounds a token count an engine may report for one request: far above any context
+// served today, far below what overflows a sum of a batch's counts.
+const maxTokenCount = 1 << 31
+
+// tokenCount validates one token count an engine reported: a JSON integer in [0, maxTokenCount].
+// Anything else (absent, negative, 1.5, 1e9, a string) is not a reading.
+func tokenCount(v any) (int64, bool) {
+	n, ok := v.(json.Number)
+	if !ok {
+		return 0, false
+	}
+	i, err := strconv.ParseInt(string(n), 10, 64)
+	if err != nil || i < 0 || i > maxTokenCount {
+		return 0, false
+	}
+	return i, true
 }
 
 // jsonInt is a decoded JSON integer (0 when absent or not an integer).
@@ -356,6 +379,7 @@ func (x *exchange) settleLimits() {
 			used = h.ticket.Reserved()
 		}
 		h.mu.Unlock()
+		used = max(used, 0) // counts are validated; a sum is still never allowed to refund more than was held
 		x.g.lim.limiter.Settle(h.ticket, used)
 		x.g.lim.settled.WithLabelValues(x.tenant.Name).Add(float64(used))
 	})

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/internal/panics"
 )
 
 // metrics are the gateway's Prometheus series. Backend capacity is read from the backend set at
@@ -60,7 +61,7 @@ func newMetrics(set *backends.Set, ratio func() float64, degraded func() bool) *
 	m.overheadAfter = m.overhead.WithLabelValues(phaseAfterHeaders)
 	m.overheadStream = m.overhead.WithLabelValues(phaseStreamRead)
 	m.reg.MustRegister(m.overhead)
-	m.reg.MustRegister(m.canaryInjected, m.canarySkipped, m.incidents, m.degraded)
+	m.reg.MustRegister(m.canaryInjected, m.canarySkipped, m.incidents, m.degraded, panics.Total)
 	m.reg.MustRegister(m.decisions, m.admitSeconds, m.upstream, m.requests, m.capChanges, m.exactCalls, m.ratio,
 		&backendCollector{set: set}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/internal/panics"
 	"github.com/kvgate/kvgate/internal/sse"
 )
 
@@ -178,15 +179,29 @@ func (x *exchange) newRelayReader(l *backends.Leg, other *backends.Backend, src 
 // Read hands fasthttp the next processed bytes. Each upstream read is parsed at once and one
 // event is bounded, so a client that left is noticed at the next write, not after an endless
 // event was buffered.
-func (r *relayReader) Read(p []byte) (int, error) {
+func (r *relayReader) Read(p []byte) (n int, err error) {
+	defer func() {
+		// fasthttp reads the body on its connection goroutine, where nothing recovers: a
+		// panic here ends this stream with an error event and leaves every other one alone.
+		if v := recover(); v != nil {
+			panics.Note(r.x.g.log, "stream", v)
+			r.x.status, r.x.errMsg = 500, errInternal.Code
+			r.eof, r.clean = true, false
+			r.ev.ended = true
+			tail := errorEvent(r.x.kind, errInternal)
+			n = copy(p, tail)
+			r.ev.out = tail[n:]
+			err = nil
+		}
+	}()
 	for len(r.ev.out) == 0 {
 		if r.eof || r.ev.ended {
 			return 0, io.EOF
 		}
-		n, err := r.src.Read(r.readBuf[:])
-		if n > 0 {
+		got, err := r.src.Read(r.readBuf[:])
+		if got > 0 {
 			t := time.Now() // kvgate overhead
-			r.ev.write(r.readBuf[:n])
+			r.ev.write(r.readBuf[:got])
 			r.x.ohStreamRead(t) // kvgate overhead
 		}
 		if r.ev.ended || err == nil {
@@ -201,7 +216,7 @@ func (r *relayReader) Read(p []byte) (int, error) {
 		r.ev.end()
 		r.clean = !r.ev.ended
 	}
-	n := copy(p, r.ev.out)
+	n = copy(p, r.ev.out)
 	r.ev.out = r.ev.out[n:]
 	return n, nil
 }
@@ -209,6 +224,7 @@ func (r *relayReader) Read(p []byte) (int, error) {
 // Close releases the upstream reply. If the stream did not finish (client gone, cut, error), the
 // engines are told to abort the request.
 func (r *relayReader) Close() error {
+	defer panics.Recover(r.x.g.log, "stream_close")
 	r.once.Do(func() {
 		if !r.clean {
 			r.l.B.AbortAll(r.l.Rids)

@@ -30,6 +30,7 @@ import (
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
+	"github.com/kvgate/kvgate/internal/panics"
 	"github.com/kvgate/kvgate/policy"
 	"github.com/kvgate/kvgate/tokenize"
 )
@@ -176,9 +177,14 @@ func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Ga
 // incident queue flusher.
 func (g *Gateway) Run(ctx context.Context) {
 	if g.state.run != nil {
-		go g.state.run(ctx)
+		go panics.Loop(ctx, g.log, "state_sync", time.Second, g.state.run)
 	}
-	go g.lim.run(ctx) // kvgate limits: tenant sync, limiter recovery, heartbeat
+	go panics.Loop(ctx, g.log, "limits_sync", time.Second, g.lim.run) // tenant sync, limiter recovery, heartbeat
+	panics.Loop(ctx, g.log, "quarantine_sync", time.Second, g.syncLoop)
+}
+
+// syncLoop pulls quarantine flags and rotates markers every poll interval until ctx ends.
+func (g *Gateway) syncLoop(ctx context.Context) {
 	t := time.NewTicker(g.cfg.Capacity.PollInterval)
 	defer t.Stop()
 	for {
@@ -193,6 +199,16 @@ func (g *Gateway) Run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// recoverRequest, deferred by Handle, keeps a panic in one request from taking the process (and
+// every other tenant's requests) with it: the client gets a 500 in its route's envelope.
+func (g *Gateway) recoverRequest(ctx *fasthttp.RequestCtx) {
+	if v := recover(); v != nil {
+		panics.Note(g.log, "request", v)
+		ctx.SetConnectionClose()
+		writeError(ctx, errInternal)
 	}
 }
 
@@ -253,6 +269,7 @@ func (g *Gateway) clearOversized(h *fasthttp.RequestHeader) bool {
 
 // Handle routes one request.
 func (g *Gateway) Handle(ctx *fasthttp.RequestCtx) {
+	defer g.recoverRequest(ctx)
 	if g.nOversized.Load() > 0 {
 		g.clearOversized(&ctx.Request.Header) // its first body byte was already buffered: readBody refuses it
 	}

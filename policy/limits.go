@@ -443,6 +443,7 @@ func (l *Limiter) Settle(t *Ticket, used int64) {
 		return
 	}
 	t.settled = true
+	used = max(used, 0) // a negative use would refund more than was reserved
 	delta := used - t.reserved
 	if !t.shared {
 		_ = l.local.Settle(context.Background(), t.tenant, t.lim, delta, t.lease)
