@@ -1,6 +1,7 @@
 # kvgate — the two commands that matter are `make demo` and `make test`.
 GO      ?= go
 BIN     ?= bin/kvgate
+LAB_BIN ?= bin/kvgate-lab
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 # Tests share one Redis (db 15, unique key prefixes); override to point elsewhere.
@@ -8,51 +9,54 @@ export KVGATE_TEST_REDIS ?= redis://127.0.0.1:6379/15
 
 .PHONY: build test demo bench bench-quick bench-micro fuzz soak lint docker clean
 
+# The product binary (kvgate) and the lab's (kvgate-lab: simulator, leak lab, demo), which the
+# product never links.
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/kvgate
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(LAB_BIN) ./cmd/kvgate-lab
 
 # Packages run one at a time (-p 1): the machine has two cores and the end-to-end tests start
 # real simulator processes whose timing they measure.
 test: build
-	KVGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -p 1 -timeout 20m ./...
+	KVGATE_BIN=$(CURDIR)/$(BIN) KVGATE_LAB_BIN=$(CURDIR)/$(LAB_BIN) $(GO) test -count=1 -p 1 -timeout 20m ./...
 
 demo: build
-	$(BIN) demo
+	$(LAB_BIN) demo
 
 # Issue 9: kvgate side by side with the simulator direct, nginx (if installed) and a bare fasthttp
 # proxy, rounds interleaved, then a concurrency sweep, streams, the RSS of 10,000 slow streams and
-# the micro-benchmarks; a table on stdout and bench/results/latest.json (see BENCHMARKS.md).
+# the micro-benchmarks; a table on stdout and lab/bench/results/latest.json (see BENCHMARKS.md).
 # Run nothing else heavy at the same time. bench-quick is the same in under a minute.
 BENCH_BIN ?= bin/kvgate-bench
 
 bench: build
-	$(GO) build -o $(BENCH_BIN) ./bench
-	KVGATE_BIN=$(CURDIR)/$(BIN) $(BENCH_BIN) -kvgate $(BIN)
+	$(GO) build -o $(BENCH_BIN) ./lab/bench
+	KVGATE_BIN=$(CURDIR)/$(BIN) KVGATE_LAB_BIN=$(CURDIR)/$(LAB_BIN) $(BENCH_BIN) -kvgate $(BIN) -lab $(LAB_BIN)
 
 bench-quick: build
-	$(GO) build -o $(BENCH_BIN) ./bench
-	KVGATE_BIN=$(CURDIR)/$(BIN) $(BENCH_BIN) -quick -kvgate $(BIN)
+	$(GO) build -o $(BENCH_BIN) ./lab/bench
+	KVGATE_BIN=$(CURDIR)/$(BIN) KVGATE_LAB_BIN=$(CURDIR)/$(LAB_BIN) $(BENCH_BIN) -quick -kvgate $(BIN) -lab $(LAB_BIN)
 
 # Every go-test benchmark of the packages, at their default benchtime (long: tens of minutes).
 bench-micro: build
-	KVGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./tokenize/ ./canary/ ./policy/ ./gateway/ ./enginesim/
+	KVGATE_BIN=$(CURDIR)/$(BIN) KVGATE_LAB_BIN=$(CURDIR)/$(LAB_BIN) $(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./tokenize/ ./canary/ ./policy/ ./gateway/ ./lab/enginesim/
 
 # Every fuzz target, FUZZTIME each (make test replays their corpora under testdata/fuzz).
 FUZZTIME ?= 15s
 FUZZ_TARGETS := tokenize:FuzzCount canary:FuzzScanner canary:FuzzLoose gateway:FuzzParseRequest \
 	gateway:FuzzEventRelay gateway:FuzzJSONValue internal/sse:FuzzParser backends:FuzzDecodeCapacity backends:FuzzSumField \
-	backends:FuzzSumGauge config:FuzzParse enginesim:FuzzParseGenerate enginesim:FuzzParseOpenAI enginesim:FuzzRouteBodies
+	backends:FuzzSumGauge config:FuzzParse lab/enginesim:FuzzParseGenerate lab/enginesim:FuzzParseOpenAI lab/enginesim:FuzzRouteBodies
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
 		echo "== $$fn ($$pkg, $(FUZZTIME))"; \
 		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 5s ./$$pkg/; done
 
 # Not in make test: 10,000 concurrent streams for 60 s through a kvgate serve process to
-# simulator processes, then errors, RSS and goroutines before and after (cmd/soak).
+# simulator processes, then errors, RSS and goroutines before and after (lab/soak).
 SOAK_STREAMS ?= 10000
 SOAK_DURATION ?= 60s
 soak: build
-	$(GO) run ./cmd/soak --kvgate $(CURDIR)/$(BIN) --streams $(SOAK_STREAMS) --duration $(SOAK_DURATION)
+	$(GO) run ./lab/soak --kvgate $(CURDIR)/$(BIN) --lab $(CURDIR)/$(LAB_BIN) --streams $(SOAK_STREAMS) --duration $(SOAK_DURATION)
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/config"
-	"github.com/kvgate/kvgate/enginesim"
+	"github.com/kvgate/kvgate/lab/enginesim"
 )
 
 // inmemGateway is a gateway (tenant "alice", key "k", canaries on) whose one unified backend is

@@ -6,7 +6,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/kvgate/kvgate/enginesim"
+	"github.com/kvgate/kvgate/lab/enginesim"
 )
 
 // Every forwarded request observes before_upstream and after_headers once; a stream also

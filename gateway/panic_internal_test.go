@@ -12,8 +12,8 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/kvgate/kvgate/enginesim"
 	"github.com/kvgate/kvgate/internal/panics"
+	"github.com/kvgate/kvgate/lab/enginesim"
 	"github.com/kvgate/kvgate/tokenize"
 )
 

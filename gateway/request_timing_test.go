@@ -6,7 +6,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/kvgate/kvgate/enginesim"
+	"github.com/kvgate/kvgate/lab/enginesim"
 )
 
 // Allocations per request and per event (issue 9). The backend is a fast-mode simulator in this

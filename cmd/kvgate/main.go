@@ -1,7 +1,7 @@
-// Command kvgate is the one binary of the project: the gateway (serve), the
-// walkthrough (demo), the engine simulator (sim), the leak experiments
-// (leaklab) and the deployment audit (audit). It only parses flags and wires
-// packages together.
+// Command kvgate is the product binary: the gateway (serve) and the deployment
+// audit (audit). It only parses flags and wires packages together. The
+// simulator, the leak experiments and the demo are in cmd/kvgate-lab, which
+// this binary never links (the simulator serves other tenants' data by design).
 package main
 
 import (
@@ -16,9 +16,6 @@ const usage = `usage: kvgate <command> [flags]
 
 commands:
   serve     run the gateway (kvgate serve --config PATH)
-  demo      start a leaking PD simulator pair and a gateway in front, and show the difference
-  sim       run an SGLang-compatible engine simulator
-  leaklab   run the leak experiments in process
   audit     test a deployment's refusal path and isolation from outside (kvgate audit --target URL)
   version   print the version
 `
@@ -33,12 +30,9 @@ func main() {
 	switch cmd {
 	case "serve":
 		code = runServe(args)
-	case "demo":
-		code = runDemo(args)
-	case "sim":
-		code = runSim(args)
-	case "leaklab":
-		code = runLeaklab(args)
+	case "demo", "sim", "leaklab":
+		fmt.Fprintf(os.Stderr, "kvgate: %q is in the lab binary, not the product: run kvgate-lab %s (make demo builds it)\n", cmd, cmd)
+		code = 2
 	case "audit":
 		code = runAudit(args)
 	case "version", "--version", "-version":

@@ -2,19 +2,15 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
-	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/gateway"
 )
@@ -30,11 +26,11 @@ func runServe(args []string) int {
 		fmt.Fprintln(os.Stderr, "kvgate serve:", err)
 		return 2
 	}
-	log := newLogger()
+	log := gateway.NewLogger()
 	defer func() { _ = log.Sync() }()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	gw, ln, err := startGateway(ctx, cfg, log)
+	gw, ln, err := gateway.Start(ctx, cfg, log)
 	if err != nil {
 		log.Error("cannot start", zap.Error(err))
 		return 1
@@ -43,55 +39,6 @@ func runServe(args []string) int {
 		zap.Int("backends", len(cfg.Backends)), zap.Int("tenants", len(cfg.Tenants)))
 	<-ctx.Done()
 	return drain(gw, log)
-}
-
-// newLogger writes JSON lines to stderr through a buffer flushed every 200 ms (and at exit):
-// one write per access line would cost a system call per request on the hot path.
-func newLogger() *zap.Logger {
-	enc := zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
-	out := &zapcore.BufferedWriteSyncer{WS: zapcore.AddSync(os.Stderr), Size: 256 << 10, FlushInterval: 200 * time.Millisecond}
-	return zap.New(zapcore.NewCore(enc, out, zap.InfoLevel), zap.ErrorOutput(zapcore.AddSync(os.Stderr)))
-}
-
-// startGateway wires the backend set, its pollers and the gateway, and starts serving. With
-// policy.strict it first waits for one reading of every backend and refuses to start when a pool
-// is smaller than its context.
-func startGateway(ctx context.Context, cfg *config.Config, log *zap.Logger) (*gateway.Gateway, net.Listener, error) {
-	set, err := backends.New(cfg.Backends, backends.OptionsFrom(cfg), log)
-	if err != nil {
-		return nil, nil, err
-	}
-	st, err := gateway.OpenState(cfg, log)
-	if err != nil {
-		return nil, nil, err
-	}
-	gw, err := gateway.New(cfg, set, st, log)
-	if err != nil {
-		return nil, nil, err
-	}
-	go set.Run(ctx)
-	go gw.Run(ctx)
-	if cfg.Policy.Strict {
-		deadline := time.Now().Add(cfg.Capacity.Timeout*2 + time.Second)
-		for !set.Ready() && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
-		for _, b := range set.All() {
-			if c := b.Capacity(); c != nil && c.PoolBelowContext() {
-				return nil, nil, fmt.Errorf("policy.strict: backend %s has a KV pool of %d tokens, smaller than its context of %d", b.Name, c.PoolTokens, c.ContextLen)
-			}
-		}
-	}
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return nil, nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
-	}
-	go func() {
-		if err := gw.Serve(ln); err != nil && !errors.Is(err, net.ErrClosed) {
-			log.Error("server stopped", zap.Error(err))
-		}
-	}()
-	return gw, ln, nil
 }
 
 // drain stops accepting and lets requests in flight finish, for at most 30 s.

@@ -1,5 +1,6 @@
-// Package testkit holds test helpers that run the real kvgate binary: it
-// builds ./cmd/kvgate once per test process, starts simulator processes on
+// Package testkit holds test helpers that run the real binaries: it builds
+// ./cmd/kvgate and ./cmd/kvgate-lab (the simulator) once per test process,
+// starts simulator processes on
 // ephemeral loopback ports and stops them when the test ends. It owns nothing
 // persistent, binds only to 127.0.0.1, and must never be imported by
 // non-test code.
@@ -14,46 +15,61 @@ import (
 	"testing"
 )
 
-var (
-	buildOnce sync.Once
-	buildPath string
-	buildErr  error
-	buildLog  []byte
-)
+// built is one binary built once per test process.
+type built struct {
+	once sync.Once
+	path string
+	err  error
+	log  []byte
+}
 
-// Binary returns the path of a kvgate binary. When the environment variable
-// KVGATE_BIN names an existing file, that file is used as is (CI builds once
-// for all packages). Otherwise ./cmd/kvgate is built once per test process
-// into a temporary directory, from the module root found by walking up from
-// the working directory to go.mod. A build failure fails the test.
+var product, lab built
+
+// Binary returns the path of the product binary, kvgate. When the environment
+// variable KVGATE_BIN names an existing file, that file is used as is (CI
+// builds once for all packages). Otherwise ./cmd/kvgate is built once per test
+// process into a temporary directory, from the module root found by walking up
+// from the working directory to go.mod. A build failure fails the test.
 func Binary(t testing.TB) string {
 	t.Helper()
-	if p := os.Getenv("KVGATE_BIN"); p != "" {
+	return product.get(t, "KVGATE_BIN", "kvgate")
+}
+
+// LabBinary is Binary for the lab binary, kvgate-lab (simulator, leak lab,
+// demo), with KVGATE_LAB_BIN in place of KVGATE_BIN.
+func LabBinary(t testing.TB) string {
+	t.Helper()
+	return lab.get(t, "KVGATE_LAB_BIN", "kvgate-lab")
+}
+
+func (b *built) get(t testing.TB, env, name string) string {
+	t.Helper()
+	if p := os.Getenv(env); p != "" {
 		if st, err := os.Stat(p); err == nil && !st.IsDir() {
 			return p
 		}
 	}
-	buildOnce.Do(func() {
+	b.once.Do(func() {
 		root, err := ModuleRoot()
 		if err != nil {
-			buildErr = err
+			b.err = err
 			return
 		}
 		dir, err := os.MkdirTemp("", "kvgate-testbin-")
 		if err != nil {
-			buildErr = err
+			b.err = err
 			return
 		}
-		out := filepath.Join(dir, "kvgate")
-		cmd := exec.Command("go", "build", "-o", out, "./cmd/kvgate")
+		out := filepath.Join(dir, name)
+		cmd := exec.Command("go", "build", "-o", out, "./cmd/"+name)
 		cmd.Dir = root
-		buildLog, buildErr = cmd.CombinedOutput()
-		buildPath = out
+		b.log, b.err = cmd.CombinedOutput()
+		b.path = out
 	})
-	if buildErr != nil {
-		t.Fatalf("testkit: building kvgate: %v\n%s", buildErr, buildLog)
+	if b.err != nil {
+		t.Fatalf("testkit: building %s: %v\n%s", name, b.err, b.log)
 	}
-	return buildPath
+	return b.path
 }
 
 // ModuleRoot walks up from the working directory to the first directory

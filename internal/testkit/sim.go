@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"github.com/kvgate/kvgate/enginesim"
 	"io"
 	"net"
 	"net/http"
@@ -15,13 +14,15 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/lab/enginesim"
 )
 
 // simStartTimeout bounds how long StartSim waits for a fresh process to
 // print its address and answer /health.
 const simStartTimeout = 10 * time.Second
 
-// Sim is one running `kvgate sim` process.
+// Sim is one running `kvgate-lab sim` process.
 type Sim struct {
 	URL           string // "http://127.0.0.1:PORT"
 	Addr          string // "127.0.0.1:PORT"
@@ -50,7 +51,7 @@ func FreePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// StartSim runs `kvgate sim --listen 127.0.0.1:0 <args...>` as a real
+// StartSim runs `kvgate-lab sim --listen 127.0.0.1:0 <args...>` as a real
 // process, waits until GET /health answers 200, stops it when the test ends
 // and, if the test failed, writes its output to the test log. An explicit
 // --listen in args wins over the default (the last flag counts).
@@ -61,7 +62,7 @@ func StartSim(t testing.TB, args ...string) *Sim {
 	t.Cleanup(func() {
 		s.Stop()
 		if t.Failed() {
-			t.Logf("kvgate sim %s output:\n%s", strings.Join(s.Args, " "), s.log.String())
+			t.Logf("kvgate-lab sim %s output:\n%s", strings.Join(s.Args, " "), s.log.String())
 		}
 	})
 	return s
@@ -72,7 +73,7 @@ func (s *Sim) start(t testing.TB, listen string, args []string) {
 	s.Args = append([]string(nil), args...)
 	s.apiKey = flagValue(args, "api-key")
 	full := append([]string{"sim", "--listen", listen}, args...)
-	cmd := exec.Command(Binary(t), full...)
+	cmd := exec.Command(LabBinary(t), full...)
 	// If the test process dies without cleanup, the simulator dies with it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	log := newProcLog()
@@ -84,7 +85,7 @@ func (s *Sim) start(t testing.TB, listen string, args []string) {
 	}
 	cmd.Stderr = log
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("testkit: starting kvgate sim: %v", err)
+		t.Fatalf("testkit: starting kvgate-lab sim: %v", err)
 	}
 	done := make(chan struct{})
 	addrCh := make(chan string, 1)
@@ -116,10 +117,10 @@ func (s *Sim) start(t testing.TB, listen string, args []string) {
 	case a := <-addrCh:
 		s.Addr = a
 	case <-done:
-		t.Fatalf("testkit: kvgate sim exited before listening:\n%s", log.String())
+		t.Fatalf("testkit: kvgate-lab sim exited before listening:\n%s", log.String())
 	case <-time.After(time.Until(deadline)):
 		s.Stop()
-		t.Fatalf("testkit: kvgate sim printed no address in %v:\n%s", simStartTimeout, log.String())
+		t.Fatalf("testkit: kvgate-lab sim printed no address in %v:\n%s", simStartTimeout, log.String())
 	}
 	s.URL = "http://" + s.Addr
 	client := &http.Client{Timeout: time.Second}
@@ -136,12 +137,12 @@ func (s *Sim) start(t testing.TB, listen string, args []string) {
 		}
 		select {
 		case <-done:
-			t.Fatalf("testkit: kvgate sim exited during start-up:\n%s", log.String())
+			t.Fatalf("testkit: kvgate-lab sim exited during start-up:\n%s", log.String())
 		default:
 		}
 		if time.Now().After(deadline) {
 			s.Stop()
-			t.Fatalf("testkit: kvgate sim not healthy in %v (last error %v):\n%s", simStartTimeout, err, log.String())
+			t.Fatalf("testkit: kvgate-lab sim not healthy in %v (last error %v):\n%s", simStartTimeout, err, log.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -21,7 +21,8 @@ import (
 
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
-	"github.com/kvgate/kvgate/enginesim"
+	"github.com/kvgate/kvgate/gateway"
+	"github.com/kvgate/kvgate/lab/enginesim"
 )
 
 // The demo's engines: a prefill pool far smaller than the context, as in the incident, and a
@@ -143,12 +144,12 @@ capacity: {poll_interval: 1s}
 	}
 	log := zap.NewNop()
 	if !once {
-		log = newLogger()
+		log = gateway.NewLogger()
 	}
 	defer func() { _ = log.Sync() }()
 	gctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	gw, ln, err := startGateway(gctx, cfg, log)
+	gw, ln, err := gateway.Start(gctx, cfg, log)
 	if err != nil {
 		return err
 	}

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvgate/kvgate/enginesim/leaklab"
+	"github.com/kvgate/kvgate/lab/leaklab"
 )
 
 // runLeaklab runs `kvgate leaklab`: the leak experiments in process.

@@ -63,7 +63,7 @@ func measure(ctx context.Context, p params, c config, ps *procs) (*report, error
 		if err != nil {
 			return rep, err
 		}
-		pr, err := ps.start(fmt.Sprintf("sim-%c", 'A'+i), append([]string{c.kvgate, "sim", "--listen", addr, "--quiet"}, simArgs[i]...))
+		pr, err := ps.start(fmt.Sprintf("sim-%c", 'A'+i), append([]string{c.lab, "sim", "--listen", addr, "--quiet"}, simArgs[i]...))
 		if err != nil {
 			return rep, err
 		}
@@ -308,7 +308,7 @@ func memoryPhase(ctx context.Context, p params, c config, ps *procs) (*memResult
 	if err != nil {
 		return nil, err
 	}
-	sim, err := ps.start("sim-C", []string{c.kvgate, "sim", "--listen", simAddr, "--quiet", "--fast", "--event-interval", "10s", "--fast-events", "60"})
+	sim, err := ps.start("sim-C", []string{c.lab, "sim", "--listen", simAddr, "--quiet", "--fast", "--event-interval", "10s", "--fast-events", "60"})
 	if err != nil {
 		return nil, err
 	}

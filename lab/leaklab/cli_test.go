@@ -12,7 +12,7 @@ import (
 // The full default run, through the real binary, twice: valid JSON of the
 // issue's schema, byte-identical for the same seed.
 func TestLeaklabCLIAllIsDeterministic(t *testing.T) {
-	bin := testkit.Binary(t)
+	bin := testkit.LabBinary(t)
 	run := func() []byte {
 		var out, errb bytes.Buffer
 		cmd := exec.Command(bin, "leaklab", "--experiment", "all", "--seed", "1", "--json")

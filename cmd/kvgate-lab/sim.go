@@ -8,7 +8,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kvgate/kvgate/enginesim"
+	"github.com/kvgate/kvgate/lab/enginesim"
 )
 
 // runSim runs `kvgate sim`: one simulated SGLang server. The first line on

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/kvgate/kvgate/enginesim"
+	"github.com/kvgate/kvgate/lab/enginesim"
 )
 
 // Experiments in the order `all` runs them.

@@ -4,7 +4,7 @@
 // is no nginx), a bare fasthttp reverse proxy (the floor for this stack), kvgate with memory
 // state and kvgate with Redis state; then a concurrency sweep against a backend with a fixed
 // added latency, streams, the RSS of a kvgate serve process holding many slow streams, and the
-// go-test micro-benchmarks. It prints a table and writes bench/results/latest.json.
+// go-test micro-benchmarks. It prints a table and writes lab/bench/results/latest.json.
 //
 // Every process it starts (simulators, nginx, bare proxies, kvgate) runs in its own process
 // group and is stopped by this program, on errors and on ctrl-C too.
@@ -88,10 +88,11 @@ func childRole() {
 func main() {
 	childRole()
 	quick := flag.Bool("quick", false, "bench-quick: short rounds, 500 streams, a few micro-benchmarks (< 60 s)")
-	kvgate := flag.String("kvgate", "bin/kvgate", "the kvgate binary (simulator and gateway)")
+	kvgate := flag.String("kvgate", "bin/kvgate", "the kvgate binary (the gateway)")
+	lab := flag.String("lab", "bin/kvgate-lab", "the kvgate-lab binary (the simulator)")
 	nginx := flag.String("nginx", "", "nginx binary (default: nginx on PATH, else /usr/sbin/nginx; none: skip it)")
 	redisURL := flag.String("redis", "redis://127.0.0.1:6379/15", "Redis for the kvgate_redis target (db 15, a unique key prefix)")
-	out := flag.String("out", "bench/results/latest.json", "where the JSON goes")
+	out := flag.String("out", "lab/bench/results/latest.json", "where the JSON goes")
 	micro := flag.Bool("micro", true, "run the go-test micro-benchmarks (from the module root)")
 	streamsN := flag.Int("streams", 0, "slow streams for the memory figure (default 10000, 500 with -quick)")
 	roundDur := flag.Duration("round", 0, "override the duration of a throughput round")
@@ -133,14 +134,14 @@ func main() {
 	*micro = *micro && on["micro"]
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	code := run(ctx, p, config{kvgate: *kvgate, nginx: findNginx(*nginx), redis: *redisURL, out: *out, micro: *micro,
+	code := run(ctx, p, config{kvgate: *kvgate, lab: *lab, nginx: findNginx(*nginx), redis: *redisURL, out: *out, micro: *micro,
 		canary: *canaryOn, limits: *limitsOn})
 	os.Exit(code)
 }
 
 type config struct {
-	kvgate, nginx, redis, out string
-	micro, canary, limits     bool
+	kvgate, lab, nginx, redis, out string
+	micro, canary, limits          bool
 }
 
 func run(ctx context.Context, p params, c config) int {
@@ -153,6 +154,13 @@ func run(ctx context.Context, p params, c config) int {
 		return 2
 	}
 	c.kvgate = bin
+	if c.lab, err = filepath.Abs(c.lab); err == nil {
+		_, err = os.Stat(c.lab)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: kvgate-lab binary %q: %v (run `make build` first)\n", c.lab, err)
+		return 2
+	}
 	dir, err := os.MkdirTemp("", "kvgate-bench-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

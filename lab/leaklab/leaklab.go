@@ -17,7 +17,7 @@ import (
 	"sort"
 	"sync"
 
-	"github.com/kvgate/kvgate/enginesim"
+	"github.com/kvgate/kvgate/lab/enginesim"
 )
 
 // Params are the model's parameters; every choice the published analysis

@@ -31,7 +31,8 @@ import (
 )
 
 func main() {
-	bin := flag.String("kvgate", "bin/kvgate", "the kvgate binary")
+	bin := flag.String("kvgate", "bin/kvgate", "the kvgate binary (the gateway)")
+	lab := flag.String("lab", "bin/kvgate-lab", "the kvgate-lab binary (the simulator)")
 	streams := flag.Int("streams", 10000, "concurrent streams held open")
 	duration := flag.Duration("duration", 60*time.Second, "how long the load runs")
 	sims := flag.Int("sims", 2, "simulator processes behind the gateway")
@@ -42,7 +43,7 @@ func main() {
 	settle := flag.Duration("settle", 25*time.Second, "wait after the load before the after-figures (130s: past the runtime's forced GC, so heap in use is live data only)")
 	gateways := flag.Int("gateways", 0, "gateway processes (0: as many as the fd limit needs, 2 descriptors per stream each)")
 	flag.Parse()
-	os.Exit(run(*bin, *streams, *sims, *gateways, *tokens, *duration, *delay, *ramp, *settle, *canary))
+	os.Exit(run(*bin, *lab, *streams, *sims, *gateways, *tokens, *duration, *delay, *ramp, *settle, *canary))
 }
 
 type proc struct {
@@ -188,7 +189,7 @@ func (s *stats) fail(kind string) {
 	s.mu.Unlock()
 }
 
-func run(bin string, streams, nsims, gateways, tokens int, duration, delay, ramp, settle time.Duration, canary bool) int {
+func run(bin, lab string, streams, nsims, gateways, tokens int, duration, delay, ramp, settle time.Duration, canary bool) int {
 	limit := raiseNoFile(uint64(4*streams + 10000))
 	fmt.Printf("soak: %d streams for %s, %d tokens each %s apart, %d simulators; RLIMIT_NOFILE %d\n", streams, duration, tokens, delay, nsims, limit)
 	var simProcs []*proc
@@ -199,7 +200,7 @@ func run(bin string, streams, nsims, gateways, tokens int, duration, delay, ramp
 	}()
 	var backends strings.Builder
 	for i := 0; i < nsims; i++ {
-		p, err := start(bin, "sim", "--mode", "combined", "--listen", "127.0.0.1:0", "--pool-tokens", "1048576", "--context-length", "8192",
+		p, err := start(lab, "sim", "--mode", "combined", "--listen", "127.0.0.1:0", "--pool-tokens", "1048576", "--context-length", "8192",
 			"--page-size", "16", "--token-delay", delay.String(), "--quiet", "--seed", strconv.Itoa(i+1))
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "soak:", err)

@@ -61,9 +61,9 @@ func TestPctAndRotate(t *testing.T) {
 // ms, 20 streams, no micro-benchmarks) and checks the JSON's shape only: no figure is judged
 // here, timing belongs to `make bench`.
 func TestSmokeRunWritesTheReport(t *testing.T) {
-	bin := os.Getenv("KVGATE_BIN")
-	if bin == "" {
-		t.Skip("KVGATE_BIN not set (make test sets it)")
+	bin, lab := os.Getenv("KVGATE_BIN"), os.Getenv("KVGATE_LAB_BIN")
+	if bin == "" || lab == "" {
+		t.Skip("KVGATE_BIN and KVGATE_LAB_BIN not set (make test sets them)")
 	}
 	p := quickParams()
 	p.Mode = "smoke"
@@ -73,7 +73,7 @@ func TestSmokeRunWritesTheReport(t *testing.T) {
 	p.StreamRounds, p.StreamDur = 1, 50*time.Millisecond
 	p.Warmup, p.MemStreams = 20*time.Millisecond, 20
 	out := filepath.Join(t.TempDir(), "latest.json")
-	if code := run(context.Background(), p, config{kvgate: bin, nginx: findNginx(""), redis: "redis://127.0.0.1:6379/15", out: out, canary: true, limits: true}); code != 0 {
+	if code := run(context.Background(), p, config{kvgate: bin, lab: lab, nginx: findNginx(""), redis: "redis://127.0.0.1:6379/15", out: out, canary: true, limits: true}); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
 	raw, err := os.ReadFile(out)
