@@ -39,7 +39,7 @@ bench-quick: build
 
 # Every go-test benchmark of the packages, at their default benchtime (long: tens of minutes).
 bench-micro: build
-	KVGATE_BIN=$(CURDIR)/$(BIN) KVGATE_LAB_BIN=$(CURDIR)/$(LAB_BIN) $(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./tokenize/ ./canary/ ./policy/ ./gateway/ ./lab/enginesim/
+	KVGATE_BIN=$(CURDIR)/$(BIN) KVGATE_LAB_BIN=$(CURDIR)/$(LAB_BIN) $(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./tokenize/ ./canary/ ./policy/ ./state/ ./gateway/ ./lab/enginesim/
 
 # Every fuzz target, FUZZTIME each (make test replays their corpora under testdata/fuzz).
 FUZZTIME ?= 15s

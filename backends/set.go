@@ -530,8 +530,8 @@ func (s *Set) Routes(now time.Time) ([]Route, error) {
 	return routes, nil
 }
 
-// SetQuarantine applies the shared quarantine state: backends named in until are out of rotation
-// until then; the others are released.
+// SetQuarantine applies the quarantine state (state.Quarantines, its one owner, alone calls it):
+// backends named in until are out of rotation until then; the others are released.
 func (s *Set) SetQuarantine(until map[string]time.Time) {
 	for _, b := range s.list {
 		if t, ok := until[b.Name]; ok {
@@ -539,18 +539,6 @@ func (s *Set) SetQuarantine(until map[string]time.Time) {
 		} else {
 			b.quarantinedUntil.Store(0)
 		}
-	}
-}
-
-// Quarantine takes one backend out of rotation locally until the given time (the shared store
-// tells the other replicas).
-func (s *Set) Quarantine(name string, until time.Time) {
-	if b := s.byName[name]; b != nil {
-		if until.IsZero() {
-			b.quarantinedUntil.Store(0) // release (UnixNano of the zero time is undefined)
-			return
-		}
-		b.quarantinedUntil.Store(until.UnixNano())
 	}
 }
 

@@ -92,11 +92,11 @@ func TestRoutesFailClosed(t *testing.T) {
 	if _, err := s.Routes(time.Now().Add(2 * time.Second)); !errors.Is(err, ErrCapacityUnknown) {
 		t.Fatalf("reading older than max age: want capacity_unknown, got %v", err)
 	}
-	s.Quarantine("u", time.Now().Add(time.Minute))
+	s.SetQuarantine(map[string]time.Time{"u": time.Now().Add(time.Minute)})
 	if _, err := s.Routes(time.Now()); !errors.Is(err, ErrNoBackend) {
 		t.Fatalf("quarantined: want no_backend, got %v", err)
 	}
-	s.Quarantine("u", time.Time{})
+	s.SetQuarantine(nil)
 	if _, err := s.Routes(time.Now()); err != nil {
 		t.Fatalf("released: %v", err)
 	}

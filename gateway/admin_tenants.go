@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/policy"
+	"github.com/kvgate/kvgate/state"
 )
 
 // adminTenants serves the tenant routes; false means path is not one of them.
@@ -110,7 +111,7 @@ func validTenantName(n string) bool {
 }
 
 // apply merges f into r and validates the result.
-func (f *tenantFields) apply(r *policy.TenantRecord) *apiError {
+func (f *tenantFields) apply(r *state.TenantRecord) *apiError {
 	if f.KeySHA256 != nil {
 		r.KeySHA256 = strings.ToLower(*f.KeySHA256)
 	}
@@ -158,12 +159,12 @@ func (g *Gateway) keyClash(key string) bool {
 
 func storeError(err error, name string) *apiError {
 	switch {
-	case errors.Is(err, policy.ErrTenantExists):
+	case errors.Is(err, state.ErrTenantExists):
 		return &apiError{Status: 409, Type: "invalid_request_error", Code: "tenant_exists", Param: "name",
 			Message: fmt.Sprintf("A tenant named %q exists.", name)}
-	case errors.Is(err, policy.ErrKeyInUse):
+	case errors.Is(err, state.ErrKeyInUse):
 		return keyInUse()
-	case errors.Is(err, policy.ErrTenantNotFound):
+	case errors.Is(err, state.ErrTenantNotFound):
 		return tenantNotFound(name)
 	}
 	return &apiError{Status: 503, Type: "server_error", Code: "state_unavailable", RetryAfter: 5,
@@ -199,7 +200,7 @@ type tenantView struct {
 	policy.Limits
 }
 
-func viewOf(r policy.TenantRecord, source string) tenantView {
+func viewOf(r state.TenantRecord, source string) tenantView {
 	return tenantView{Name: r.Name, Source: source, KeyPrefix: r.KeySHA256[:min(8, len(r.KeySHA256))],
 		MaxPromptTokens: r.MaxPromptTokens, CanaryOptOut: r.CanaryOptOut, Limits: r.Limits}
 }
@@ -214,7 +215,7 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 func (g *Gateway) listTenants(ctx *fasthttp.RequestCtx) {
 	out := []tenantView{}
 	for _, t := range g.tenants {
-		out = append(out, viewOf(policy.TenantRecord{Name: t.Name, KeySHA256: t.KeySHA256, MaxPromptTokens: t.MaxPromptTokens,
+		out = append(out, viewOf(state.TenantRecord{Name: t.Name, KeySHA256: t.KeySHA256, MaxPromptTokens: t.MaxPromptTokens,
 			CanaryOptOut: t.CanaryOptOut, Limits: limitsOf(&t)}, "config"))
 	}
 	rctx, cancel := storeCtx()
@@ -244,13 +245,13 @@ func (g *Gateway) createTenant(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, badRequest("key_sha256", "'key_sha256' is required (the hex SHA-256 of the tenant's API key)."))
 		return
 	}
-	r := policy.TenantRecord{Name: *f.Name}
+	r := state.TenantRecord{Name: *f.Name}
 	if e := f.apply(&r); e != nil {
 		writeError(ctx, e)
 		return
 	}
 	if g.configTenant(r.Name) != nil {
-		writeError(ctx, storeError(policy.ErrTenantExists, r.Name))
+		writeError(ctx, storeError(state.ErrTenantExists, r.Name))
 		return
 	}
 	if g.keyClash(r.KeySHA256) {

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/redisstate/redistest"
+	"github.com/kvgate/kvgate/internal/redistest"
 	"github.com/kvgate/kvgate/internal/testkit"
 )
 

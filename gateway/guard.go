@@ -11,6 +11,7 @@ import (
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/internal/panics"
+	"github.com/kvgate/kvgate/state"
 )
 
 // This file is the canary side of the pipeline: markers go into prompts before counting, and
@@ -176,21 +177,21 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 	if x.route != nil {
 		names = x.route.Backends
 	}
-	inc := canary.Incident{Time: time.Now().UTC(), Kind: kind, RequestID: x.rid, Victim: h.Victim,
+	inc := state.Incident{Time: time.Now().UTC(), Kind: kind, RequestID: x.rid, Victim: h.Victim,
 		Requester: x.tenant.Name, Backends: names, Epoch: h.Epoch, Context: h.Context}
 	g.metrics.incidents.WithLabelValues(kind).Inc()
 	// A short fragment in the reply to a token-id prompt whose text could not be read may be the
 	// client's own: the reply is cut and the incident kept, but nothing is quarantined on it.
-	quarantine := kind == canary.KindLeak && !(x.idsUnread && shortFragment(h.Marker))
-	if kind == canary.KindLeak && !quarantine {
+	quarantine := kind == state.KindLeak && !(x.idsUnread && shortFragment(h.Marker))
+	if kind == state.KindLeak && !quarantine {
 		g.log.Error("foreign canary marker fragment in the reply to an unreadable token-id prompt: reply cut, no quarantine",
 			zap.String("request_id", x.rid), zap.String("requester", x.tenant.Name), zap.String("victim", h.Victim), zap.Strings("backends", names))
-	} else if kind == canary.KindLeak {
+	} else if kind == state.KindLeak {
 		g.log.Error("foreign canary marker in an engine reply: reply cut, backends quarantined",
 			zap.String("request_id", x.rid), zap.String("engine_rid", x.engineRID), zap.String("requester", x.tenant.Name), zap.String("victim", h.Victim),
 			zap.Strings("backends", names), zap.Uint64("epoch", h.Epoch))
 		for _, n := range names {
-			g.quarantine.mark(n, g.cfg.Canary.QuarantineTTL, "canary leak "+x.rid)
+			g.quarantine.Mark(n, g.cfg.Canary.QuarantineTTL, "canary leak "+x.rid)
 		}
 	} else {
 		g.log.Warn("echoed canary marker stripped (the requester's own prompt contained it)",
@@ -204,7 +205,7 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 		}
 		if quarantine {
 			for _, n := range names {
-				if err := g.quarantine.share(ctx, n); err != nil {
+				if err := g.quarantine.Share(ctx, n); err != nil {
 					g.log.Warn("quarantine not shared yet (kept locally, retried)", zap.String("backend", n), zap.Error(err))
 				}
 			}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/state"
 )
 
 // This file is the adversarial probe of issue 12, class 1 and 5, made permanent: an untrusted
@@ -117,7 +118,7 @@ func (r *hostileRig) leaks() int {
 	}
 	n := 0
 	for _, i := range out.Incidents {
-		if i.Kind == canary.KindLeak && i.Victim == "alice" {
+		if i.Kind == state.KindLeak && i.Victim == "alice" {
 			n++
 		}
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/policy"
+	"github.com/kvgate/kvgate/state"
 )
 
 // tenantSyncInterval is how often a replica checks the shared tenant list's version: a tenant
@@ -31,8 +32,8 @@ const tenantSyncInterval = 250 * time.Millisecond
 type limitsState struct {
 	g         *Gateway
 	limiter   *policy.Limiter
-	store     policy.TenantStore
-	redis     *policy.RedisLimits // nil in memory mode
+	store     state.TenantStore
+	redis     *state.RedisLimits // nil in memory mode
 	replicaID string
 	timeout   time.Duration
 
@@ -53,10 +54,9 @@ func newLimitsState(g *Gateway) *limitsState {
 	if s.timeout <= 0 {
 		s.timeout = 100 * time.Millisecond
 	}
-	if c := g.state.client; c != nil {
-		s.redis = policy.NewRedisLimits(c, cfg.State.KeyPrefix)
+	s.store = g.state.Tenants
+	if s.redis = g.state.Limits; s.redis != nil {
 		s.limiter = policy.NewLimiter(s.redis, cfg.Limits.Replicas, s.timeout)
-		s.store = policy.NewRedisTenants(c, cfg.State.KeyPrefix)
 		s.limiter.SetHeartbeat(func() (int, error) {
 			ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 			defer cancel()
@@ -64,7 +64,6 @@ func newLimitsState(g *Gateway) *limitsState {
 		})
 	} else {
 		s.limiter = policy.NewLimiter(nil, cfg.Limits.Replicas, s.timeout)
-		s.store = policy.NewMemoryTenants()
 	}
 	s.limiter.OnChange = func(degraded bool, err error) {
 		if degraded {

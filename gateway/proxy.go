@@ -14,6 +14,7 @@ import (
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
+	"github.com/kvgate/kvgate/state"
 )
 
 // This file sends an admitted request along its route (one attempt per method, cleanup
@@ -363,7 +364,7 @@ func (x *exchange) integrityError(ctx *fasthttp.RequestCtx) {
 // of the request on the engines.
 func (x *exchange) cut(h *canary.Hit, b *backends.Backend, rids []string, other *backends.Backend) {
 	x.errMsg = "upstream_integrity"
-	x.g.recordIncident(x, canary.KindLeak, *h)
+	x.g.recordIncident(x, state.KindLeak, *h)
 	b.AbortAll(rids)
 	if other != nil {
 		other.AbortAll(rids)

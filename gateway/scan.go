@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/kvgate/kvgate/canary"
+	"github.com/kvgate/kvgate/state"
 )
 
 // guard scans one reply for canary markers, on the decoded values a client reads. Every string
@@ -77,7 +78,7 @@ func (gd *guard) feed(key, text string) (string, bool) {
 
 func (gd *guard) note(v canary.Verdict) {
 	for _, e := range v.Echoes {
-		gd.x.g.recordIncident(gd.x, canary.KindEcho, e)
+		gd.x.g.recordIncident(gd.x, state.KindEcho, e)
 	}
 	if v.Leak != nil {
 		gd.noteLeak(v.Leak)

@@ -32,6 +32,7 @@ import (
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/internal/panics"
 	"github.com/kvgate/kvgate/policy"
+	"github.com/kvgate/kvgate/state"
 	"github.com/kvgate/kvgate/tokenize"
 )
 
@@ -56,11 +57,11 @@ type Gateway struct {
 
 	// Canaries and shared state. keyring is nil when canaries are disabled.
 	keyring    *canary.Keyring
-	state      *State
+	state      *state.State
 	bg         sync.WaitGroup // incident writes in flight
 	bgMu       sync.Mutex     // guards bgClosed and bg.Add against Shutdown's Wait
 	bgClosed   bool
-	quarantine *quarantine
+	quarantine *state.Quarantines
 
 	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/limits.go)
 
@@ -86,10 +87,10 @@ func (t *tenant) cacheSalt() string {
 
 // New builds a gateway from cfg with shared state st (nil: in memory); it starts nothing until
 // Run and Serve.
-func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Gateway, error) {
+func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger) (*Gateway, error) {
 	if st == nil {
 		var err error
-		if st, err = OpenState(&config.Config{}, log); err != nil {
+		if st, err = state.Open(&config.Config{}, log); err != nil {
 			return nil, err
 		}
 	}
@@ -102,7 +103,7 @@ func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Ga
 		ratio: tokenize.NewSafetyRatio(cfg.Tokenizer.SafetyRatio, cfg.Tokenizer.SafetyRatioMax),
 	}
 	g.state, g.calib = st, map[string]*calibration{}
-	g.quarantine = newQuarantine(st.Quarantine, set.SetQuarantine)
+	g.quarantine = state.NewQuarantines(st.Quarantine, set.SetQuarantine)
 	if cfg.Canary.Enabled {
 		names := make([]string, len(cfg.Tenants))
 		for i, t := range cfg.Tenants {
@@ -176,8 +177,8 @@ func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Ga
 // quarantine sync (so every replica sees a flag within one poll interval) and, with Redis, the
 // incident queue flusher.
 func (g *Gateway) Run(ctx context.Context) {
-	if g.state.run != nil {
-		go panics.Loop(ctx, g.log, "state_sync", time.Second, g.state.run)
+	if g.state.Run != nil {
+		go panics.Loop(ctx, g.log, "state_sync", time.Second, g.state.Run)
 	}
 	go panics.Loop(ctx, g.log, "limits_sync", time.Second, g.lim.run) // tenant sync, limiter recovery, heartbeat
 	panics.Loop(ctx, g.log, "quarantine_sync", time.Second, g.syncLoop)
@@ -189,7 +190,7 @@ func (g *Gateway) syncLoop(ctx context.Context) {
 	defer t.Stop()
 	for {
 		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		g.quarantine.sync(sctx)
+		g.quarantine.Sync(sctx)
 		cancel()
 		if g.keyring != nil {
 			g.keyring.Refresh(time.Now())
@@ -523,7 +524,7 @@ func (g *Gateway) adminIncidents(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	if list == nil {
-		list = []canary.Incident{}
+		list = []state.Incident{}
 	}
 	body, _ := json.Marshal(map[string]any{"incidents": list})
 	ctx.SetContentType("application/json")
@@ -538,7 +539,7 @@ func (g *Gateway) adminRelease(ctx *fasthttp.RequestCtx, name string) {
 	}
 	rctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	if err := g.quarantine.release(rctx, name); err != nil {
+	if err := g.quarantine.Release(rctx, name); err != nil {
 		writeError(ctx, &apiError{Status: 503, Type: "server_error", Code: "state_unavailable", RetryAfter: 5,
 			Message: "The quarantine store is unreachable; the backend stays quarantined: " + err.Error()})
 		return

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/config"
+	"github.com/kvgate/kvgate/state"
 )
 
 // This file wires a serving gateway for the binaries: kvgate serve, and the lab's demo.
@@ -33,7 +34,7 @@ func Start(ctx context.Context, cfg *config.Config, log *zap.Logger) (*Gateway, 
 	if err != nil {
 		return nil, nil, err
 	}
-	st, err := OpenState(cfg, log)
+	st, err := state.Open(cfg, log)
 	if err != nil {
 		return nil, nil, err
 	}

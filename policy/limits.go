@@ -79,7 +79,6 @@ type LimitStore interface {
 
 var (
 	_ LimitStore = (*MemoryLimits)(nil)
-	_ LimitStore = (*RedisLimits)(nil)
 )
 
 // gcra decides a on cells whose theoretical arrival times are rtat and ttat (ms) with inflight

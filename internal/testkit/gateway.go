@@ -15,6 +15,7 @@ import (
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/gateway"
+	"github.com/kvgate/kvgate/state"
 )
 
 // Gateway is an in-process gateway serving on an ephemeral loopback port.
@@ -57,7 +58,7 @@ func StartGatewayWithLogger(t testing.TB, cfg *config.Config, log *zap.Logger) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := gateway.OpenState(cfg, log)
+	st, err := state.Open(cfg, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package redisstate
+package state
 
 import (
 	"context"

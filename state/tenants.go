@@ -1,4 +1,4 @@
-package policy
+package state
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"sync"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kvgate/kvgate/policy"
 )
 
 // TenantRecord is a tenant added at run time. Only the key's hex SHA-256 is ever stored.
@@ -17,7 +19,7 @@ type TenantRecord struct {
 	KeySHA256       string `json:"key_sha256"`
 	MaxPromptTokens int    `json:"max_prompt_tokens"`
 	CanaryOptOut    bool   `json:"canary_opt_out"`
-	Limits
+	policy.Limits
 }
 
 // TenantStore holds the tenants added at run time. Version changes on every write, so replicas
@@ -145,10 +147,7 @@ func NewRedisTenants(client redis.UniversalClient, prefix string) *RedisTenants 
 	return &RedisTenants{client: client, prefix: prefix}
 }
 
-func (r *RedisTenants) keys() []string {
-	p := r.prefix + "{kvgate}:"
-	return []string{p + "tenants", p + "tenant-keys", p + "tenants:version"}
-}
+func (r *RedisTenants) keys() []string { return Keys{r.prefix}.Tenants() }
 
 func (r *RedisTenants) Version(ctx context.Context) (int64, error) {
 	v, err := r.client.Get(ctx, r.keys()[2]).Int64()

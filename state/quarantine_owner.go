@@ -1,18 +1,16 @@
-package gateway
+package state
 
 import (
 	"context"
 	"sync"
 	"time"
-
-	"github.com/kvgate/kvgate/canary"
 )
 
-// quarantine is the one owner of backend quarantine on this replica: the flags this replica set
+// Quarantines is the one owner of backend quarantine on this replica: the flags this replica set
 // (applied at once, kept until the shared store has them), the shared store every replica reads,
 // and the backend set's routing flags, which it alone writes.
-type quarantine struct {
-	store canary.Quarantine
+type Quarantines struct {
+	store Quarantine
 	// apply sets the routing flags: backends named are out of rotation until then, the others
 	// are released (backends.Set.SetQuarantine).
 	apply func(until map[string]time.Time)
@@ -32,12 +30,12 @@ type localFlag struct {
 	reason          string
 }
 
-func newQuarantine(store canary.Quarantine, apply func(map[string]time.Time)) *quarantine {
-	return &quarantine{store: store, apply: apply, now: time.Now, local: map[string]localFlag{}, current: map[string]time.Time{}}
+func NewQuarantines(store Quarantine, apply func(map[string]time.Time)) *Quarantines {
+	return &Quarantines{store: store, apply: apply, now: time.Now, local: map[string]localFlag{}, current: map[string]time.Time{}}
 }
 
-// mark takes a backend out of rotation on this replica at once; share writes it to the store.
-func (q *quarantine) mark(name string, ttl time.Duration, reason string) {
+// Mark takes a backend out of rotation on this replica at once; Share writes it to the store.
+func (q *Quarantines) Mark(name string, ttl time.Duration, reason string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.local[name] = localFlag{until: q.now().Add(ttl), reason: reason}
@@ -45,8 +43,8 @@ func (q *quarantine) mark(name string, ttl time.Duration, reason string) {
 	q.apply(copyFlags(q.current))
 }
 
-// share writes a local flag to the store; on failure it stays local and sync retries it.
-func (q *quarantine) share(ctx context.Context, name string) error {
+// Share writes a local flag to the store; on failure it stays local and Sync retries it.
+func (q *Quarantines) Share(ctx context.Context, name string) error {
 	q.mu.Lock()
 	f, ok := q.local[name]
 	q.mu.Unlock()
@@ -65,9 +63,9 @@ func (q *quarantine) share(ctx context.Context, name string) error {
 	return nil
 }
 
-// sync merges the store's flags with this replica's own and applies them; with the store away,
+// Sync merges the store's flags with this replica's own and applies them; with the store away,
 // what this replica has stays in force.
-func (q *quarantine) sync(ctx context.Context) {
+func (q *Quarantines) Sync(ctx context.Context) {
 	readAt := q.now()
 	active, err := q.store.Active(ctx)
 	if err != nil {
@@ -93,13 +91,13 @@ func (q *quarantine) sync(ctx context.Context) {
 	q.apply(copyFlags(active))
 	q.mu.Unlock()
 	for _, name := range retry {
-		_ = q.share(ctx, name)
+		_ = q.Share(ctx, name)
 	}
 }
 
-// release lifts a quarantine for every replica: the store first (so a failure leaves it in
+// Release lifts a quarantine for every replica: the store first (so a failure leaves it in
 // force everywhere), then this replica's own flag.
-func (q *quarantine) release(ctx context.Context, name string) error {
+func (q *Quarantines) Release(ctx context.Context, name string) error {
 	if err := q.store.Release(ctx, name); err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package canary
+package state_test
 
 import (
 	"context"
@@ -10,24 +10,20 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/redisstate"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/kvgate/kvgate/internal/redisstate/redistest"
+	"github.com/kvgate/kvgate/state"
 )
 
-// testRedis is the shared test Redis and this test's key prefix.
-func testRedis(t testing.TB) (redis.UniversalClient, string) { return redistest.Open(t) }
-
-func incident(i int) Incident {
-	return Incident{
-		Time: time.Unix(1700000000+int64(i), 0).UTC(), Kind: KindLeak, RequestID: "req-" + strconv.Itoa(i),
+func incident(i int) state.Incident {
+	return state.Incident{
+		Time: time.Unix(1700000000+int64(i), 0).UTC(), Kind: state.KindLeak, RequestID: "req-" + strconv.Itoa(i),
 		Victim: "alice", Requester: "bob", Backends: []string{"prefill-0", "decode-0"}, Epoch: uint64(i),
 		Context: "before [marker] after",
 	}
 }
 
-func ids(incs []Incident) string {
+func ids(incs []state.Incident) string {
 	var s []string
 	for _, in := range incs {
 		s = append(s, in.RequestID)
@@ -37,7 +33,7 @@ func ids(incs []Incident) string {
 
 func TestMemoryIncidents(t *testing.T) {
 	ctx := context.Background()
-	m := NewMemoryIncidents(3)
+	m := state.NewMemoryIncidents(3)
 	for i := 1; i <= 5; i++ {
 		m.Record(ctx, incident(i))
 	}
@@ -54,7 +50,7 @@ func TestMemoryIncidents(t *testing.T) {
 func TestRedisIncidentsRoundTrip(t *testing.T) {
 	c, prefix := testRedis(t)
 	ctx := context.Background()
-	r := NewRedisIncidents(c, prefix, 100, 10)
+	r := state.NewRedisIncidents(c, prefix, 100, 10)
 	for i := 1; i <= 4; i++ {
 		if err := r.Record(ctx, incident(i)); err != nil {
 			t.Fatal(err)
@@ -64,7 +60,7 @@ func TestRedisIncidentsRoundTrip(t *testing.T) {
 		t.Fatalf("healthy Redis: degraded=%v queue=%d", r.Degraded(), r.QueueLen())
 	}
 	// A second replica (another client) reads the same stream.
-	other := NewRedisIncidents(secondClient(t), prefix, 100, 10)
+	other := state.NewRedisIncidents(secondClient(t), prefix, 100, 10)
 	got, err := other.List(ctx, 3)
 	if err != nil {
 		t.Fatal(err)
@@ -87,7 +83,7 @@ func secondClient(t *testing.T) redis.UniversalClient {
 	if url == "" {
 		url = "redis://127.0.0.1:6379/15"
 	}
-	c, err := redisstate.NewClient(url, "standalone")
+	c, err := state.NewClient(url, "standalone")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +155,7 @@ func TestRedisIncidentsSurviveOutage(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: o.addr(), DialTimeout: 200 * time.Millisecond,
 		ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond, MaxRetries: -1})
 	defer c.Close()
-	r := NewRedisIncidents(c, "outage:", 1000, 100)
+	r := state.NewRedisIncidents(c, "outage:", 1000, 100)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	done := make(chan struct{})
@@ -232,7 +228,7 @@ func TestRedisIncidentsQueueBound(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(freePort(t)),
 		DialTimeout: 100 * time.Millisecond, MaxRetries: -1})
 	defer c.Close()
-	r := NewRedisIncidents(c, "bound:", 10, 2)
+	r := state.NewRedisIncidents(c, "bound:", 10, 2)
 	for i := 1; i <= 5; i++ {
 		if err := r.Record(context.Background(), incident(i)); err != nil {
 			t.Fatal(err)
@@ -243,7 +239,7 @@ func TestRedisIncidentsQueueBound(t *testing.T) {
 	}
 }
 
-func testQuarantine(t *testing.T, q, replica Quarantine) {
+func testQuarantine(t *testing.T, q, replica state.Quarantine) {
 	ctx := context.Background()
 	if err := q.Quarantine(ctx, "decode-0", "leak req-1", 0); err == nil {
 		t.Error("zero ttl accepted")
@@ -282,23 +278,23 @@ func testQuarantine(t *testing.T, q, replica Quarantine) {
 }
 
 func TestMemoryQuarantine(t *testing.T) {
-	q := NewMemoryQuarantine()
+	q := state.NewMemoryQuarantine()
 	testQuarantine(t, q, q)
 }
 
 func TestRedisQuarantine(t *testing.T) {
 	c, prefix := testRedis(t)
-	q := NewRedisQuarantine(c, prefix)
-	testQuarantine(t, q, NewRedisQuarantine(secondClient(t), prefix))
+	q := state.NewRedisQuarantine(c, prefix)
+	testQuarantine(t, q, state.NewRedisQuarantine(secondClient(t), prefix))
 	// Expired names are pruned from the set.
-	if n := c.SCard(context.Background(), q.setKey()).Val(); n != 1 {
+	if n := c.SCard(context.Background(), state.Keys{Prefix: prefix}.Quarantined()).Val(); n != 1 {
 		t.Errorf("quarantine set holds %d names after pruning, want 1", n)
 	}
 }
 
 func TestRedisIncidentsIgnoreCallerCancellation(t *testing.T) {
 	c, prefix := testRedis(t)
-	r := NewRedisIncidents(c, prefix, 100, 10)
+	r := state.NewRedisIncidents(c, prefix, 100, 10)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // the request that found the leak is already gone
 	if err := r.Record(ctx, incident(1)); err != nil {

@@ -1,8 +1,8 @@
-// Package redisstate builds the one Redis client that every piece of shared kvgate state (incidents,
-// quarantine flags, rate-limit cells) uses. It owns only the translation of state.redis_url and
-// state.redis_mode into a go-redis UniversalClient; it must never hold state itself, issue
-// commands at construction time, or hide a configuration error behind a default.
-package redisstate
+package state
+
+// The one Redis client that every piece of shared state uses: only the translation of
+// state.redis_url and state.redis_mode into a go-redis UniversalClient. It never issues commands
+// at construction time, nor hides a configuration error behind a default.
 
 import (
 	"fmt"

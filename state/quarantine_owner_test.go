@@ -1,4 +1,4 @@
-package gateway
+package state
 
 import (
 	"context"
@@ -58,7 +58,7 @@ func (f *fakeStore) Active(context.Context) (map[string]time.Time, error) {
 type qRig struct {
 	clock   time.Time
 	store   *fakeStore
-	q       *quarantine
+	q       *Quarantines
 	applied map[string]time.Time
 }
 
@@ -66,7 +66,7 @@ func newQRig() *qRig {
 	r := &qRig{clock: time.Unix(1_000_000, 0)}
 	now := func() time.Time { return r.clock }
 	r.store = &fakeStore{flags: map[string]time.Time{}, now: now}
-	r.q = newQuarantine(r.store, func(m map[string]time.Time) { r.applied = m })
+	r.q = NewQuarantines(r.store, func(m map[string]time.Time) { r.applied = m })
 	r.q.now = now
 	return r
 }
@@ -76,20 +76,20 @@ func (r *qRig) out(name string) bool { _, ok := r.applied[name]; return ok }
 func TestQuarantineMarkAppliesAtOnceAndShares(t *testing.T) {
 	r := newQRig()
 	ctx := context.Background()
-	r.q.mark("p0", 10*time.Minute, "leak r1")
+	r.q.Mark("p0", 10*time.Minute, "leak r1")
 	if !r.out("p0") {
 		t.Fatal("a mark must take the backend out of rotation before any store write")
 	}
-	if err := r.q.share(ctx, "p0"); err != nil || r.store.writes != 1 {
+	if err := r.q.Share(ctx, "p0"); err != nil || r.store.writes != 1 {
 		t.Fatalf("share: %v, %d writes", err, r.store.writes)
 	}
 	r.clock = r.clock.Add(time.Second)
-	r.q.sync(ctx)
+	r.q.Sync(ctx)
 	if !r.out("p0") || len(r.q.local) != 0 {
 		t.Fatalf("after a snapshot that has the flag, the store decides: applied %v, local %v", r.applied, r.q.local)
 	}
 	r.clock = r.clock.Add(10 * time.Minute)
-	r.q.sync(ctx)
+	r.q.Sync(ctx)
 	if r.out("p0") {
 		t.Fatal("an expired quarantine must end")
 	}
@@ -99,17 +99,17 @@ func TestQuarantineSurvivesAnUnreachableStore(t *testing.T) {
 	r := newQRig()
 	ctx := context.Background()
 	r.store.down = true
-	r.q.mark("d0", 10*time.Minute, "leak r2")
-	if err := r.q.share(ctx, "d0"); err == nil {
+	r.q.Mark("d0", 10*time.Minute, "leak r2")
+	if err := r.q.Share(ctx, "d0"); err == nil {
 		t.Fatal("share must report the store's failure")
 	}
-	r.q.sync(ctx) // store away: nothing changes
+	r.q.Sync(ctx) // store away: nothing changes
 	if !r.out("d0") {
 		t.Fatal("a local flag must hold while the store is away")
 	}
 	r.store.down = false
 	r.clock = r.clock.Add(time.Second)
-	r.q.sync(ctx) // merges the unstored flag and retries the write
+	r.q.Sync(ctx) // merges the unstored flag and retries the write
 	if !r.out("d0") || r.store.writes != 1 {
 		t.Fatalf("the flag must be retried into the store: applied %v, writes %d", r.applied, r.store.writes)
 	}
@@ -123,30 +123,30 @@ func TestQuarantineSurvivesAnUnreachableStore(t *testing.T) {
 func TestQuarantineReleaseAndStaleSnapshots(t *testing.T) {
 	r := newQRig()
 	ctx := context.Background()
-	r.q.mark("p0", time.Hour, "leak")
-	_ = r.q.share(ctx, "p0")
+	r.q.Mark("p0", time.Hour, "leak")
+	_ = r.q.Share(ctx, "p0")
 	// A snapshot read at the same instant as the write (not after it) keeps the local flag.
-	r.q.sync(ctx)
+	r.q.Sync(ctx)
 	if !r.out("p0") || len(r.q.local) != 1 {
 		t.Fatalf("a snapshot not read after the write must not decide: %v %v", r.applied, r.q.local)
 	}
 	r.clock = r.clock.Add(time.Second)
-	r.q.sync(ctx)
+	r.q.Sync(ctx)
 	// An operator releases through another replica: the store no longer has it.
 	_ = r.store.Release(ctx, "p0")
 	r.clock = r.clock.Add(time.Second)
-	r.q.sync(ctx)
+	r.q.Sync(ctx)
 	if r.out("p0") {
 		t.Fatal("a release on another replica must reach this one")
 	}
 	// A release here while the store is away fails and keeps the flag.
-	r.q.mark("d0", time.Hour, "leak")
+	r.q.Mark("d0", time.Hour, "leak")
 	r.store.down = true
-	if err := r.q.release(ctx, "d0"); err == nil || !r.out("d0") {
+	if err := r.q.Release(ctx, "d0"); err == nil || !r.out("d0") {
 		t.Fatal("a release the store did not take must leave the quarantine in force")
 	}
 	r.store.down = false
-	if err := r.q.release(ctx, "d0"); err != nil || r.out("d0") {
+	if err := r.q.Release(ctx, "d0"); err != nil || r.out("d0") {
 		t.Fatalf("release: %v, applied %v", err, r.applied)
 	}
 }

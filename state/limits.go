@@ -1,4 +1,4 @@
-package policy
+package state
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kvgate/kvgate/policy"
 )
 
 // RedisLimits keeps every tenant's cells in Redis, shared by every replica with the same prefix:
@@ -24,10 +26,7 @@ func NewRedisLimits(client redis.UniversalClient, prefix string) *RedisLimits {
 	return &RedisLimits{client: client, prefix: prefix}
 }
 
-func (r *RedisLimits) keys(tenant string) []string {
-	base := r.prefix + "{kvgate}:rl:" + tenant
-	return []string{base + ":r", base + ":t", base + ":c"}
-}
+func (r *RedisLimits) keys(tenant string) []string { return Keys{r.prefix}.LimitCells(tenant) }
 
 // admitScript is gcra (limits.go) in Lua, plus the lease set.
 // KEYS: requests cell, tokens cell, lease set.
@@ -108,15 +107,15 @@ for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', exp, ARGV[i]) end
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]) * 2)
 return 0`)
 
-func (r *RedisLimits) Admit(ctx context.Context, a Admission) (Verdict, error) {
+func (r *RedisLimits) Admit(ctx context.Context, a policy.Admission) (policy.Verdict, error) {
 	res, err := admitScript.Run(ctx, r.client, r.keys(a.Tenant),
-		a.Limits.RPM, a.Limits.TPM, a.Limits.MaxConcurrent, a.Tokens, a.Lease, LeaseTTL.Milliseconds(),
+		a.Limits.RPM, a.Limits.TPM, a.Limits.MaxConcurrent, a.Tokens, a.Lease, policy.LeaseTTL.Milliseconds(),
 		strconv.FormatFloat(a.CarryRPM, 'f', 3, 64), strconv.FormatFloat(a.CarryTPM, 'f', 3, 64), a.ExtraInflight, b01(a.CarryOnly)).Slice()
 	if err != nil {
-		return Verdict{}, fmt.Errorf("rate limit check for tenant %q: %w", a.Tenant, err)
+		return policy.Verdict{}, fmt.Errorf("rate limit check for tenant %q: %w", a.Tenant, err)
 	}
 	if len(res) != 6 {
-		return Verdict{}, fmt.Errorf("rate limit check: unexpected reply %v", res)
+		return policy.Verdict{}, fmt.Errorf("rate limit check: unexpected reply %v", res)
 	}
 	num := func(v any) float64 {
 		switch x := v.(type) {
@@ -129,11 +128,11 @@ func (r *RedisLimits) Admit(ctx context.Context, a Admission) (Verdict, error) {
 		return 0
 	}
 	limit, _ := res[1].(string)
-	return Verdict{Allowed: num(res[0]) == 1, Limit: limit, RetryAfter: time.Duration(num(res[2])) * time.Millisecond,
+	return policy.Verdict{Allowed: num(res[0]) == 1, Limit: limit, RetryAfter: time.Duration(num(res[2])) * time.Millisecond,
 		Never: num(res[3]) == 1, RPMFill: num(res[4]), TPMFill: num(res[5])}, nil
 }
 
-func (r *RedisLimits) Settle(ctx context.Context, tenant string, lim Limits, tokenDelta int64, lease string) error {
+func (r *RedisLimits) Settle(ctx context.Context, tenant string, lim policy.Limits, tokenDelta int64, lease string) error {
 	if (lim.TPM <= 0 || tokenDelta == 0) && lease == "" {
 		return nil // nothing to move: no round trip
 	}
@@ -149,9 +148,9 @@ func (r *RedisLimits) Renew(ctx context.Context, leases map[string]string) error
 	for lease, tenant := range leases {
 		byTenant[tenant] = append(byTenant[tenant], lease)
 	}
-	// One call per tenant, every LeaseTTL/4: off the request path, so no pipelining needed.
+	// One call per tenant, every policy.LeaseTTL/4: off the request path, so no pipelining needed.
 	for tenant, ls := range byTenant {
-		if err := renewScript.Run(ctx, r.client, []string{r.keys(tenant)[2]}, append([]any{LeaseTTL.Milliseconds()}, ls...)...).Err(); err != nil {
+		if err := renewScript.Run(ctx, r.client, []string{r.keys(tenant)[2]}, append([]any{policy.LeaseTTL.Milliseconds()}, ls...)...).Err(); err != nil {
 			return fmt.Errorf("renewing concurrency leases: %w", err)
 		}
 	}
@@ -174,7 +173,7 @@ return redis.call('ZCARD', KEYS[1])`)
 // Heartbeat registers replica id as alive and returns how many replicas beat within the last
 // 5 s: the replica count a local share divides by when Redis later becomes unreachable.
 func (r *RedisLimits) Heartbeat(ctx context.Context, id string) (int, error) {
-	n, err := heartbeatScript.Run(ctx, r.client, []string{r.prefix + "{kvgate}:replicas"}, id, 5000).Int()
+	n, err := heartbeatScript.Run(ctx, r.client, []string{Keys{r.prefix}.Replicas()}, id, 5000).Int()
 	if err != nil {
 		return 0, fmt.Errorf("replica heartbeat: %w", err)
 	}

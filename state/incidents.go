@@ -1,4 +1,4 @@
-package canary
+package state
 
 import (
 	"context"
@@ -123,7 +123,7 @@ func NewRedisIncidents(client redis.UniversalClient, prefix string, capacity, qu
 	}
 	return &RedisIncidents{
 		client:   client,
-		key:      prefix + "{kvgate}:incidents",
+		key:      Keys{prefix}.Incidents(),
 		capacity: int64(capacity),
 		queueMax: queueMax,
 		wake:     make(chan struct{}, 1),

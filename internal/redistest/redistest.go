@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/kvgate/kvgate/internal/redisstate"
+	"github.com/kvgate/kvgate/state"
 )
 
 // URL is the test Redis.
@@ -27,7 +27,7 @@ func URL() string {
 func Open(t testing.TB) (redis.UniversalClient, string) {
 	t.Helper()
 	url := URL()
-	c, err := redisstate.NewClient(url, redisstate.ModeStandalone)
+	c, err := state.NewClient(url, state.ModeStandalone)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package canary
+package state
 
 import (
 	"context"
@@ -87,10 +87,10 @@ func NewRedisQuarantine(client redis.UniversalClient, prefix string) *RedisQuara
 }
 
 func (r *RedisQuarantine) flagKey(backend string) string {
-	return r.prefix + "{kvgate}:quarantine:" + backend
+	return Keys{r.prefix}.QuarantineFlag(backend)
 }
 
-func (r *RedisQuarantine) setKey() string { return r.prefix + "{kvgate}:quarantined" }
+func (r *RedisQuarantine) setKey() string { return Keys{r.prefix}.Quarantined() }
 
 func (r *RedisQuarantine) Quarantine(ctx context.Context, backend, reason string, ttl time.Duration) error {
 	if ttl <= 0 {

@@ -1,0 +1,61 @@
+// Package state is what gateway replicas share: incidents, quarantine flags, tenant limit cells
+// and tenants added at run time, each in memory (one replica) or in Redis (many), under one key
+// schema (keys.go). It owns the Redis client and every Lua script; canary and policy stay pure.
+package state
+
+import (
+	"context"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/kvgate/kvgate/config"
+)
+
+// State is what replicas share: incidents, quarantine flags, tenants and limit cells. In memory
+// for one replica, in Redis for many.
+type State struct {
+	Incidents  IncidentLog
+	Quarantine Quarantine
+	// Degraded reports that the shared store is unreachable (the gateway goes on from local
+	// state and queues incident writes). Nil for memory state.
+	Degraded func() bool
+	// Tenants holds the tenants added at run time.
+	Tenants TenantStore
+	// Limits holds the tenant limit cells shared by replicas; nil for memory state (the
+	// limiter then keeps them itself).
+	Limits *RedisLimits
+	// Run carries background work (the incident flusher); nil for memory state.
+	Run    func(ctx context.Context)
+	client redis.UniversalClient
+}
+
+// Open builds the state that cfg.State names. A Redis URL that does not parse is an error;
+// a Redis that does not answer is not (the gateway starts degraded and catches up).
+func Open(cfg *config.Config, log *zap.Logger) (*State, error) {
+	if cfg.State.RedisURL == "" {
+		return &State{Incidents: NewMemoryIncidents(10000), Quarantine: NewMemoryQuarantine(), Tenants: NewMemoryTenants()}, nil
+	}
+	client, err := NewClient(cfg.State.RedisURL, string(cfg.State.RedisMode))
+	if err != nil {
+		return nil, err
+	}
+	inc := NewRedisIncidents(client, cfg.State.KeyPrefix, 100000, 10000)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := client.Ping(ctx).Err(); err != nil {
+		log.Warn("redis not answering at start: serving from local state, incident writes queue", zap.Error(err))
+	}
+	return &State{Incidents: inc, Quarantine: NewRedisQuarantine(client, cfg.State.KeyPrefix),
+		Tenants: NewRedisTenants(client, cfg.State.KeyPrefix), Limits: NewRedisLimits(client, cfg.State.KeyPrefix),
+		Degraded: inc.Degraded, Run: inc.Run, client: client}, nil
+}
+
+// Close releases the Redis client, if any.
+func (s *State) Close() error {
+	if s.client != nil {
+		return s.client.Close()
+	}
+	return nil
+}
