@@ -19,6 +19,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 
+	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/policy"
 	"github.com/kvgate/kvgate/state"
 )
@@ -36,7 +37,7 @@ func (g *Gateway) adminTenants(ctx *fasthttp.RequestCtx, path, method string) bo
 				g.createTenant(ctx)
 			}
 		default:
-			writeError(ctx, errMethod)
+			writeError(ctx, apierr.Method)
 		}
 		return true
 	}
@@ -54,7 +55,7 @@ func (g *Gateway) adminTenants(ctx *fasthttp.RequestCtx, path, method string) bo
 			g.deleteTenant(ctx, name)
 		}
 	default:
-		writeError(ctx, errMethod)
+		writeError(ctx, apierr.Method)
 	}
 	return true
 }
@@ -72,7 +73,7 @@ type tenantFields struct {
 
 // readTenantFields reads the body through readBody: the server streams request bodies, so
 // PostBody alone may not hold all of it.
-func readTenantFields(ctx *fasthttp.RequestCtx) (*tenantFields, *apiError) {
+func readTenantFields(ctx *fasthttp.RequestCtx) (*tenantFields, *apierr.Error) {
 	body, e := readBody(ctx, 1<<20)
 	if e != nil {
 		return nil, e
@@ -80,12 +81,12 @@ func readTenantFields(ctx *fasthttp.RequestCtx) (*tenantFields, *apiError) {
 	return decodeTenantFields(body)
 }
 
-func decodeTenantFields(body []byte) (*tenantFields, *apiError) {
+func decodeTenantFields(body []byte) (*tenantFields, *apierr.Error) {
 	var probe map[string]json.RawMessage
 	if json.Unmarshal(body, &probe) == nil {
 		for _, k := range []string{"key", "api_key"} {
 			if _, ok := probe[k]; ok {
-				return nil, badRequest(k, "Send 'key_sha256', the hex SHA-256 of the key (printf %s KEY | sha256sum); kvgate never accepts or stores a key itself.")
+				return nil, apierr.BadRequest(k, "Send 'key_sha256', the hex SHA-256 of the key (printf %s KEY | sha256sum); kvgate never accepts or stores a key itself.")
 			}
 		}
 	}
@@ -93,7 +94,7 @@ func decodeTenantFields(body []byte) (*tenantFields, *apiError) {
 	dec.DisallowUnknownFields()
 	var f tenantFields
 	if err := dec.Decode(&f); err != nil {
-		return nil, badRequest("", "Invalid tenant JSON: "+err.Error())
+		return nil, apierr.BadRequest("", "Invalid tenant JSON: "+err.Error())
 	}
 	return &f, nil
 }
@@ -111,12 +112,12 @@ func validTenantName(n string) bool {
 }
 
 // apply merges f into r and validates the result.
-func (f *tenantFields) apply(r *state.TenantRecord) *apiError {
+func (f *tenantFields) apply(r *state.TenantRecord) *apierr.Error {
 	if f.KeySHA256 != nil {
 		r.KeySHA256 = strings.ToLower(*f.KeySHA256)
 	}
 	if h, err := hex.DecodeString(r.KeySHA256); err != nil || len(h) != 32 {
-		return badRequest("key_sha256", "'key_sha256' must be 64 hex characters (the SHA-256 of the tenant's API key).")
+		return apierr.BadRequest("key_sha256", "'key_sha256' must be 64 hex characters (the SHA-256 of the tenant's API key).")
 	}
 	for _, v := range []struct {
 		name string
@@ -128,7 +129,7 @@ func (f *tenantFields) apply(r *state.TenantRecord) *apiError {
 			continue
 		}
 		if *v.src < 0 {
-			return badRequest(v.name, fmt.Sprintf("'%s' must be ≥ 0 (0 = no limit).", v.name))
+			return apierr.BadRequest(v.name, fmt.Sprintf("'%s' must be ≥ 0 (0 = no limit).", v.name))
 		}
 		*v.dst = *v.src
 	}
@@ -157,32 +158,32 @@ func (g *Gateway) keyClash(key string) bool {
 	return false
 }
 
-func storeError(err error, name string) *apiError {
+func storeError(err error, name string) *apierr.Error {
 	switch {
 	case errors.Is(err, state.ErrTenantExists):
-		return &apiError{Status: 409, Type: "invalid_request_error", Code: "tenant_exists", Param: "name",
+		return &apierr.Error{Status: 409, Type: "invalid_request_error", Code: "tenant_exists", Param: "name",
 			Message: fmt.Sprintf("A tenant named %q exists.", name)}
 	case errors.Is(err, state.ErrKeyInUse):
 		return keyInUse()
 	case errors.Is(err, state.ErrTenantNotFound):
 		return tenantNotFound(name)
 	}
-	return &apiError{Status: 503, Type: "server_error", Code: "state_unavailable", RetryAfter: 5,
+	return &apierr.Error{Status: 503, Type: "server_error", Code: "state_unavailable", RetryAfter: 5,
 		Message: "The tenant store is unreachable; nothing was changed: " + err.Error()}
 }
 
-func keyInUse() *apiError {
-	return &apiError{Status: 409, Type: "invalid_request_error", Code: "key_in_use", Param: "key_sha256",
+func keyInUse() *apierr.Error {
+	return &apierr.Error{Status: 409, Type: "invalid_request_error", Code: "key_in_use", Param: "key_sha256",
 		Message: "This key belongs to another tenant."}
 }
 
-func tenantNotFound(name string) *apiError {
-	return &apiError{Status: 404, Type: "invalid_request_error", Code: "not_found", Param: "tenant",
+func tenantNotFound(name string) *apierr.Error {
+	return &apierr.Error{Status: 404, Type: "invalid_request_error", Code: "not_found", Param: "tenant",
 		Message: fmt.Sprintf("No run-time tenant named %q.", name)}
 }
 
-func configTenantError(name string) *apiError {
-	return &apiError{Status: 409, Type: "invalid_request_error", Code: "config_tenant", Param: "tenant",
+func configTenantError(name string) *apierr.Error {
+	return &apierr.Error{Status: 409, Type: "invalid_request_error", Code: "config_tenant", Param: "tenant",
 		Message: fmt.Sprintf("Tenant %q is defined in the config file; change it there.", name)}
 }
 
@@ -238,11 +239,11 @@ func (g *Gateway) createTenant(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	if f.Name == nil || !validTenantName(*f.Name) {
-		writeError(ctx, badRequest("name", "'name' is required: 1 to 64 characters from A-Z, a-z, 0-9, '-', '_', '.'."))
+		writeError(ctx, apierr.BadRequest("name", "'name' is required: 1 to 64 characters from A-Z, a-z, 0-9, '-', '_', '.'."))
 		return
 	}
 	if f.KeySHA256 == nil {
-		writeError(ctx, badRequest("key_sha256", "'key_sha256' is required (the hex SHA-256 of the tenant's API key)."))
+		writeError(ctx, apierr.BadRequest("key_sha256", "'key_sha256' is required (the hex SHA-256 of the tenant's API key)."))
 		return
 	}
 	r := state.TenantRecord{Name: *f.Name}
@@ -280,7 +281,7 @@ func (g *Gateway) patchTenant(ctx *fasthttp.RequestCtx, name string) {
 		return
 	}
 	if f.Name != nil && *f.Name != name {
-		writeError(ctx, badRequest("name", "A tenant cannot be renamed: create the new name and delete the old one."))
+		writeError(ctx, apierr.BadRequest("name", "A tenant cannot be renamed: create the new name and delete the old one."))
 		return
 	}
 	rctx, cancel := storeCtx()

@@ -4,6 +4,8 @@ import (
 	"bytes"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvgate/kvgate/apierr"
 )
 
 // framingError refuses a request whose body framing another HTTP parser (a load balancer in
@@ -12,7 +14,7 @@ import (
 // other than exactly "chunked", and obsolete line folding. fasthttp picks one reading and goes
 // on; kvgate answers 400 and closes the connection, so no byte after the headers is ever read as
 // another request. It looks at the raw header block fasthttp set aside while parsing.
-func framingError(ctx *fasthttp.RequestCtx) *apiError {
+func framingError(ctx *fasthttp.RequestCtx) *apierr.Error {
 	raw := ctx.Request.Header.RawHeaders()
 	cl, te := 0, 0
 	for len(raw) > 0 {
@@ -52,6 +54,6 @@ func framingError(ctx *fasthttp.RequestCtx) *apiError {
 	return nil
 }
 
-func badFraming(msg string) *apiError {
-	return &apiError{Status: 400, Type: "invalid_request_error", Code: "invalid_framing", Message: msg}
+func badFraming(msg string) *apierr.Error {
+	return &apierr.Error{Status: 400, Type: "invalid_request_error", Code: "invalid_framing", Message: msg}
 }

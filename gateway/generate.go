@@ -17,6 +17,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 
+	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
@@ -89,11 +90,11 @@ func (x *exchange) recoverPanic(ctx *fasthttp.RequestCtx) {
 	panics.Note(x.g.log, "request", v)
 	ctx.SetConnectionClose()
 	defer panics.Recover(x.g.log, "request_close")
-	x.fail(ctx, errInternal)
+	x.fail(ctx, apierr.Internal)
 }
 
 // fail answers with e and logs the exchange.
-func (x *exchange) fail(ctx *fasthttp.RequestCtx, e *apiError) {
+func (x *exchange) fail(ctx *fasthttp.RequestCtx, e *apierr.Error) {
 	writeError(ctx, e)
 	ctx.Response.Header.Set("X-Request-Id", x.rid)
 	x.status, x.errMsg = e.Status, e.Code
@@ -101,11 +102,11 @@ func (x *exchange) fail(ctx *fasthttp.RequestCtx, e *apiError) {
 }
 
 // admit runs everything up to the decision. A nil result means forward along x.route.
-func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apiError {
+func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 	g := x.g
 	x.tenant = g.authenticate(ctx)
 	if x.tenant == nil {
-		return errUnauthorized
+		return apierr.Unauthorized
 	}
 	body, e := readBody(ctx, g.cfg.MaxBodyBytes)
 	if e != nil {
@@ -131,7 +132,7 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apiError {
 	}
 	if x.kind.unifiedOnly() {
 		if routes = unifiedRoutes(routes); len(routes) == 0 {
-			return &apiError{Status: 503, Type: "server_error", Code: "no_backend", RetryAfter: 5,
+			return &apierr.Error{Status: 503, Type: "server_error", Code: "no_backend", RetryAfter: 5,
 				Message: fmt.Sprintf("No unified engine is available for %s (prefill-only routes do not run on prefill/decode pairs).", x.kind.path())}
 		}
 	}
@@ -277,14 +278,14 @@ func (c *cachingEstimator) Count(text string, stopAfter int) (int, bool) {
 }
 
 // tooLong is the 413: OpenAI's wording on OpenAI routes, SGLang's on /generate.
-func (x *exchange) tooLong(routes []backends.Route, output, limit int) *apiError {
+func (x *exchange) tooLong(routes []backends.Route, output, limit int) *apierr.Error {
 	ctxLen := 0
 	for _, r := range routes {
 		ctxLen = max(ctxLen, r.ContextLen)
 	}
 	limit = max(limit, 0)
 	n := x.decision.Tokens
-	e := &apiError{Status: 413, Type: "invalid_request_error", Code: "context_length_exceeded"}
+	e := &apierr.Error{Status: 413, Type: "invalid_request_error", Code: "context_length_exceeded"}
 	e.Param = promptParam[x.kind]
 	if x.reason == policy.ReasonTenantMaxPrompt {
 		e.Message = fmt.Sprintf("Your prompt resulted in %d tokens, more than this API key's limit of %d prompt tokens. Please reduce the length of the prompt.", n, x.tenant.MaxPromptTokens)
@@ -308,10 +309,10 @@ func (x *exchange) tooLong(routes []backends.Route, output, limit int) *apiError
 }
 
 // readBody reads the request body, refusing more than maxBytes with 413 (not fasthttp's 400).
-func readBody(ctx *fasthttp.RequestCtx, maxBytes int) ([]byte, *apiError) {
+func readBody(ctx *fasthttp.RequestCtx, maxBytes int) ([]byte, *apierr.Error) {
 	if cl := ctx.Request.Header.ContentLength(); cl > maxBytes {
 		ctx.SetConnectionClose() // the rest of the body is not read
-		return nil, tooLarge(maxBytes)
+		return nil, apierr.TooLarge(maxBytes)
 	}
 	s := ctx.RequestBodyStream()
 	if s == nil {
@@ -323,13 +324,13 @@ func readBody(ctx *fasthttp.RequestCtx, maxBytes int) ([]byte, *apiError) {
 		ctx.SetConnectionClose()
 		// fasthttp's ErrBrokenChunk hides the cause from errors.As; its text still says it.
 		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() || strings.HasSuffix(err.Error(), "i/o timeout") {
-			return nil, errRequestTimeout
+			return nil, apierr.RequestTimeout
 		}
-		return nil, badRequest("", "Could not read the request body.")
+		return nil, apierr.BadRequest("", "Could not read the request body.")
 	}
 	if len(body) > maxBytes {
 		ctx.SetConnectionClose()
-		return nil, tooLarge(maxBytes)
+		return nil, apierr.TooLarge(maxBytes)
 	}
 	return body, nil
 }

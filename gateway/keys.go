@@ -9,6 +9,8 @@ import (
 	"unicode/utf8"
 
 	json "github.com/goccy/go-json"
+
+	"github.com/kvgate/kvgate/apierr"
 )
 
 // Go's JSON decoders (encoding/json and goccy alike) match struct fields case-insensitively and
@@ -37,7 +39,7 @@ const maxKeyDepth = 256
 // checkKeys scans body once, without decoding values, and refuses (400, naming the field path)
 // a key that repeats, exactly or up to case, within one object at any depth. body must be valid
 // UTF-8; malformed JSON is left to the decoder, which reports it better.
-func checkKeys(body []byte) *apiError {
+func checkKeys(body []byte) *apierr.Error {
 	var stack []keyFrame
 	i, n := 0, len(body)
 	for i < n {
@@ -45,7 +47,7 @@ func checkKeys(body []byte) *apiError {
 		switch c {
 		case '{', '[':
 			if len(stack) >= maxKeyDepth {
-				return badRequest(keyPath(stack), fmt.Sprintf("The request body nests deeper than %d levels.", maxKeyDepth))
+				return apierr.BadRequest(keyPath(stack), fmt.Sprintf("The request body nests deeper than %d levels.", maxKeyDepth))
 			}
 			stack = append(stack, keyFrame{obj: c == '{'})
 			i++
@@ -120,7 +122,7 @@ func indexByteFrom(b []byte, i int, c byte) int {
 func isJSONSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 
 // add records a key in the frame, refusing a repeat.
-func (f *keyFrame) add(raw []byte, stack []keyFrame) *apiError {
+func (f *keyFrame) add(raw []byte, stack []keyFrame) *apierr.Error {
 	folded := foldKey(raw)
 	prev := -1
 	if f.big != nil {
@@ -143,9 +145,9 @@ func (f *keyFrame) add(raw []byte, stack []keyFrame) *apiError {
 			where = path
 		}
 		if first == second {
-			return badRequest(joinPath(path, second), fmt.Sprintf("Duplicate key %q in %s: a JSON object may name a field only once (parsers disagree on which value wins).", second, where))
+			return apierr.BadRequest(joinPath(path, second), fmt.Sprintf("Duplicate key %q in %s: a JSON object may name a field only once (parsers disagree on which value wins).", second, where))
 		}
-		return badRequest(joinPath(path, second), fmt.Sprintf("Keys %q and %q in %s differ only in letter case: engines match keys exactly, so they are refused.", first, second, where))
+		return apierr.BadRequest(joinPath(path, second), fmt.Sprintf("Keys %q and %q in %s differ only in letter case: engines match keys exactly, so they are refused.", first, second, where))
 	}
 	f.raws = append(f.raws, raw)
 	if f.big != nil {

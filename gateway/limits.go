@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/policy"
 	"github.com/kvgate/kvgate/state"
@@ -172,7 +173,7 @@ type limitHold struct {
 
 // reserveLimits is the 429 decision: after the 413 (a prompt that can never fit is a 413, not a
 // 429), before any backend. It reserves the prompt and the output the request may produce.
-func (x *exchange) reserveLimits() *apiError {
+func (x *exchange) reserveLimits() *apierr.Error {
 	g := x.g
 	lim := limitsOf(x.tenant)
 	if g.lim == nil || lim.None() {
@@ -196,8 +197,8 @@ func (x *exchange) reserveLimits() *apiError {
 	return nil
 }
 
-func rateLimited(v policy.Verdict, lim policy.Limits, tokens int64) *apiError {
-	e := &apiError{Status: 429, Type: "requests", Code: "rate_limit_exceeded", RetryAfter: max(int((v.RetryAfter+time.Second-1)/time.Second), 1)}
+func rateLimited(v policy.Verdict, lim policy.Limits, tokens int64) *apierr.Error {
+	e := &apierr.Error{Status: 429, Type: "requests", Code: "rate_limit_exceeded", RetryAfter: max(int((v.RetryAfter+time.Second-1)/time.Second), 1)}
 	switch v.Limit {
 	case policy.LimitTPM:
 		e.Type = "tokens"

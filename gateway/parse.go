@@ -8,6 +8,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/tokenize"
 )
 
@@ -112,17 +113,17 @@ type request struct {
 }
 
 // parseRequest validates body for kind. Errors are client errors (400) naming the field.
-func parseRequest(kind routeKind, body []byte) (*request, *apiError) {
+func parseRequest(kind routeKind, body []byte) (*request, *apierr.Error) {
 	if !utf8.Valid(body) {
-		return nil, badRequest("", "Request body is not valid UTF-8.")
+		return nil, apierr.BadRequest("", "Request body is not valid UTF-8.")
 	}
 	var fields map[string]json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&fields); err != nil || fields == nil {
-		return nil, badRequest("", "Request body must be a JSON object: "+jsonErr(err))
+		return nil, apierr.BadRequest("", "Request body must be a JSON object: "+jsonErr(err))
 	}
 	if dec.More() {
-		return nil, badRequest("", "Request body has data after the JSON object.")
+		return nil, apierr.BadRequest("", "Request body has data after the JSON object.")
 	}
 	if e := checkKeys(body); e != nil {
 		return nil, e
@@ -135,25 +136,25 @@ func parseRequest(kind routeKind, body []byte) (*request, *apiError) {
 	for _, k := range names {
 		switch {
 		case engineControl[k]:
-			return nil, badRequest(k, fmt.Sprintf("Field %q is engine-internal and may not be set by clients.", k))
+			return nil, apierr.BadRequest(k, fmt.Sprintf("Field %q is engine-internal and may not be set by clients.", k))
 		case mediaFields[k]:
-			return nil, badRequest(k, fmt.Sprintf("Field %q is not supported: this gateway accepts text and token ids only.", k))
+			return nil, apierr.BadRequest(k, fmt.Sprintf("Field %q is not supported: this gateway accepts text and token ids only.", k))
 		case !allowed[kind][k]:
-			return nil, badRequest(k, fmt.Sprintf("Unsupported field %q for %s.", k, kind.path()))
+			return nil, apierr.BadRequest(k, fmt.Sprintf("Unsupported field %q for %s.", k, kind.path()))
 		}
 	}
 	r := &request{kind: kind, fields: fields}
 	if raw, ok := fields["stream"]; ok && !isNull(raw) {
 		if err := json.Unmarshal(raw, &r.stream); err != nil {
-			return nil, badRequest("stream", "'stream' must be a boolean.")
+			return nil, apierr.BadRequest("stream", "'stream' must be a boolean.")
 		}
 	}
 	if raw, ok := fields["model"]; ok && !isNull(raw) {
 		if err := json.Unmarshal(raw, &r.model); err != nil {
-			return nil, badRequest("model", "'model' must be a string.")
+			return nil, apierr.BadRequest("model", "'model' must be a string.")
 		}
 	}
-	var err *apiError
+	var err *apierr.Error
 	switch kind {
 	case routeChat:
 		err = r.parseChat()
@@ -189,7 +190,7 @@ func emptyJSON(raw json.RawMessage) bool {
 func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
 
 // intField reads an optional non-negative integer field.
-func intField(fields map[string]json.RawMessage, name string) (int, bool, *apiError) {
+func intField(fields map[string]json.RawMessage, name string) (int, bool, *apierr.Error) {
 	raw, ok := fields[name]
 	if !ok || isNull(raw) {
 		return 0, false, nil
@@ -197,13 +198,13 @@ func intField(fields map[string]json.RawMessage, name string) (int, bool, *apiEr
 	var n int
 	// The bound keeps products like max_tokens × n far from overflow.
 	if err := json.Unmarshal(raw, &n); err != nil || n < 0 || n > 1<<30 {
-		return 0, false, badRequest(name, fmt.Sprintf("'%s' must be an integer from 0 to 2^30.", name))
+		return 0, false, apierr.BadRequest(name, fmt.Sprintf("'%s' must be an integer from 0 to 2^30.", name))
 	}
 	return n, true, nil
 }
 
 // openAIOutput applies DESIGN.md's O for OpenAI routes: max_completion_tokens, else max_tokens; × n.
-func (r *request) openAIOutput() *apiError {
+func (r *request) openAIOutput() *apierr.Error {
 	out, given, err := intField(r.fields, "max_completion_tokens")
 	if err != nil {
 		return err
@@ -218,7 +219,7 @@ func (r *request) openAIOutput() *apiError {
 		return err
 	}
 	if hasN && n == 0 {
-		return badRequest("n", "'n' must be at least 1.")
+		return apierr.BadRequest("n", "'n' must be at least 1.")
 	}
 	if !hasN {
 		n = 1
@@ -231,7 +232,7 @@ func (r *request) openAIOutput() *apiError {
 			return err
 		}
 		if has && bestOf == 0 {
-			return badRequest("best_of", "'best_of' must be at least 1.")
+			return apierr.BadRequest("best_of", "'best_of' must be at least 1.")
 		}
 		n = max(n, bestOf)
 	}
@@ -239,35 +240,35 @@ func (r *request) openAIOutput() *apiError {
 	return nil
 }
 
-func (r *request) parseChat() *apiError {
+func (r *request) parseChat() *apierr.Error {
 	raw, ok := r.fields["messages"]
 	if !ok {
-		return badRequest("messages", "'messages' is required.")
+		return apierr.BadRequest("messages", "'messages' is required.")
 	}
 	if err := json.Unmarshal(raw, &r.messages); err != nil || len(r.messages) == 0 {
-		return badRequest("messages", "'messages' must be a non-empty array of message objects.")
+		return apierr.BadRequest("messages", "'messages' must be a non-empty array of message objects.")
 	}
 	for i, m := range r.messages {
 		for k, v := range m {
 			// Empty fields carry nothing to render (clients echo assistant messages back with
 			// "refusal":null, "annotations":[]); anything else unknown could, and is refused.
 			if !messageKeys[k] && !emptyJSON(v) {
-				return badRequest(fmt.Sprintf("messages[%d].%s", i, k), fmt.Sprintf("Unsupported message field %q.", k))
+				return apierr.BadRequest(fmt.Sprintf("messages[%d].%s", i, k), fmt.Sprintf("Unsupported message field %q.", k))
 			}
 		}
 		var role string
 		if err := json.Unmarshal(m["role"], &role); err != nil || role == "" {
-			return badRequest(fmt.Sprintf("messages[%d].role", i), "Each message needs a string 'role'.")
+			return apierr.BadRequest(fmt.Sprintf("messages[%d].role", i), "Each message needs a string 'role'.")
 		}
 		text, err := messageText(m["content"])
 		if err != nil {
-			return badRequest(fmt.Sprintf("messages[%d].content", i), err.Error())
+			return apierr.BadRequest(fmt.Sprintf("messages[%d].content", i), err.Error())
 		}
 		r.msgText = append(r.msgText, text+renderedExtras(m))
 		var name string
 		if raw, ok := m["name"]; ok && !isNull(raw) {
 			if json.Unmarshal(raw, &name) != nil {
-				return badRequest(fmt.Sprintf("messages[%d].name", i), "'name' must be a string.")
+				return apierr.BadRequest(fmt.Sprintf("messages[%d].name", i), "'name' must be a string.")
 			}
 		}
 		r.roles, r.names = append(r.roles, role), append(r.names, name)
@@ -365,7 +366,7 @@ func messageText(raw json.RawMessage) (string, error) {
 
 // idsOrTexts parses a prompt field that may be a string, a list of strings, a list of token ids
 // or a list of token-id lists.
-func (r *request) idsOrTexts(name string, raw json.RawMessage) *apiError {
+func (r *request) idsOrTexts(name string, raw json.RawMessage) *apierr.Error {
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
 		r.texts = []string{s}
@@ -389,13 +390,13 @@ func (r *request) idsOrTexts(name string, raw json.RawMessage) *apiError {
 		}
 		return nil
 	}
-	return badRequest(name, fmt.Sprintf("'%s' must be a string, a non-empty list of strings, or token ids.", name))
+	return apierr.BadRequest(name, fmt.Sprintf("'%s' must be a string, a non-empty list of strings, or token ids.", name))
 }
 
-func (r *request) parseCompletions() *apiError {
+func (r *request) parseCompletions() *apierr.Error {
 	raw, ok := r.fields["prompt"]
 	if !ok || isNull(raw) {
-		return badRequest("prompt", "'prompt' is required.")
+		return apierr.BadRequest("prompt", "'prompt' is required.")
 	}
 	if err := r.idsOrTexts("prompt", raw); err != nil {
 		return err
@@ -403,43 +404,43 @@ func (r *request) parseCompletions() *apiError {
 	if raw, ok := r.fields["suffix"]; ok && !isNull(raw) {
 		// A fill-in-the-middle template renders the suffix into the prompt: count it.
 		if json.Unmarshal(raw, &r.suffix) != nil {
-			return badRequest("suffix", "'suffix' must be a string.")
+			return apierr.BadRequest("suffix", "'suffix' must be a string.")
 		}
 	}
 	return r.openAIOutput()
 }
 
-func (r *request) parseGenerate() *apiError {
+func (r *request) parseGenerate() *apierr.Error {
 	text, hasText := r.fields["text"]
 	ids, hasIDs := r.fields["input_ids"]
 	hasText, hasIDs = hasText && !isNull(text), hasIDs && !isNull(ids)
 	switch {
 	case hasText && hasIDs:
-		return badRequest("input_ids", "Give either 'text' or 'input_ids', not both.")
+		return apierr.BadRequest("input_ids", "Give either 'text' or 'input_ids', not both.")
 	case hasText:
 		if err := r.idsOrTexts("text", text); err != nil || r.texts == nil {
-			return badRequest("text", "'text' must be a string or a non-empty list of strings.")
+			return apierr.BadRequest("text", "'text' must be a string or a non-empty list of strings.")
 		}
 	case hasIDs:
 		if err := r.idsOrTexts("input_ids", ids); err != nil || r.texts != nil {
-			return badRequest("input_ids", "'input_ids' must be a list of token ids or a list of such lists.")
+			return apierr.BadRequest("input_ids", "'input_ids' must be a list of token ids or a list of such lists.")
 		}
 	default:
-		return badRequest("text", "'text' or 'input_ids' is required.")
+		return apierr.BadRequest("text", "'text' or 'input_ids' is required.")
 	}
 	r.output = 128 // SGLang's default max_new_tokens
 	r.outputGiven = true
 	if raw, ok := r.fields["sampling_params"]; ok && !isNull(raw) {
 		var sp map[string]json.RawMessage
 		if err := json.Unmarshal(raw, &sp); err != nil {
-			return badRequest("sampling_params", "'sampling_params' must be an object.")
+			return apierr.BadRequest("sampling_params", "'sampling_params' must be an object.")
 		}
 		if err := checkSamplingKeys(sp); err != nil {
 			return err
 		}
 		n, given, err := intField(sp, "max_new_tokens")
 		if err != nil {
-			return badRequest("sampling_params.max_new_tokens", "'sampling_params.max_new_tokens' must be a non-negative integer.")
+			return apierr.BadRequest("sampling_params.max_new_tokens", "'sampling_params.max_new_tokens' must be a non-negative integer.")
 		}
 		if given {
 			r.output = n
@@ -447,7 +448,7 @@ func (r *request) parseGenerate() *apiError {
 		if raw, ok := sp["n"]; ok && !isNull(raw) {
 			var k int
 			if json.Unmarshal(raw, &k) != nil || k < 1 || k > 1<<30 {
-				return badRequest("sampling_params.n", "'sampling_params.n' must be a positive integer.")
+				return apierr.BadRequest("sampling_params.n", "'sampling_params.n' must be a positive integer.")
 			}
 			r.output *= k
 			r.n = k
@@ -466,7 +467,7 @@ var samplingKeys = set("max_new_tokens", "min_new_tokens", "stop", "stop_token_i
 	"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "stream_interval",
 	"logit_bias", "sampling_seed")
 
-func checkSamplingKeys(sp map[string]json.RawMessage) *apiError {
+func checkSamplingKeys(sp map[string]json.RawMessage) *apierr.Error {
 	names := make([]string, 0, len(sp))
 	for k := range sp {
 		names = append(names, k)
@@ -475,9 +476,9 @@ func checkSamplingKeys(sp map[string]json.RawMessage) *apiError {
 	for _, k := range names {
 		switch {
 		case k == "custom_params":
-			return badRequest("sampling_params.custom_params", "Field 'sampling_params.custom_params' feeds custom logit processors and may not be set by clients.")
+			return apierr.BadRequest("sampling_params.custom_params", "Field 'sampling_params.custom_params' feeds custom logit processors and may not be set by clients.")
 		case !samplingKeys[k]:
-			return badRequest("sampling_params."+k, fmt.Sprintf("Unsupported sampling parameter %q (names are case-sensitive).", k))
+			return apierr.BadRequest("sampling_params."+k, fmt.Sprintf("Unsupported sampling parameter %q (names are case-sensitive).", k))
 		}
 	}
 	return nil

@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 
+	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
@@ -82,7 +83,7 @@ func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange) {
 // the log only.
 func (x *exchange) failUpstream(ctx *fasthttp.RequestCtx, b *backends.Backend, err error) {
 	x.g.log.Warn("engine call failed", zap.String("request_id", x.rid), zap.String("backend", b.Name), zap.Error(err))
-	x.fail(ctx, mapUpstreamError(err))
+	x.fail(ctx, apierr.FromUpstream(err))
 }
 
 func (x *exchange) attemptUnified(ctx *fasthttp.RequestCtx) {
@@ -152,7 +153,7 @@ func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (
 		if !last {
 			return false
 		}
-		x.failUpstream(ctx, p, errPrefillTimeout)
+		x.failUpstream(ctx, p, apierr.ErrPrefillTimeout)
 		return true
 	}
 	if !pf.OK() {
@@ -281,7 +282,7 @@ func (x *exchange) scanHeaders(l *backends.Leg) *canary.Hit {
 // transport errors) goes only to the log.
 func (x *exchange) upstreamError(ctx *fasthttp.RequestCtx, code string, detail error) {
 	x.g.log.Warn("engine reply refused", zap.String("request_id", x.rid), zap.String("error_code", code), zap.Error(detail))
-	writeError(ctx, upstreamFailed("The engine's reply could not be used."))
+	writeError(ctx, apierr.UpstreamFailed("The engine's reply could not be used."))
 	ctx.Response.Header.Set("X-Request-Id", x.rid)
 	x.status, x.errMsg = 502, code
 }
@@ -302,9 +303,9 @@ func (x *exchange) writeEngineReply(ctx *fasthttp.RequestCtx, code int, contentT
 	case err != nil:
 		x.g.log.Warn("engine reply is not JSON", zap.String("request_id", x.rid), zap.String("backend", b.Name),
 			zap.Int("status", code), zap.Error(err))
-		e := upstreamFailed("The engine's reply could not be used.")
+		e := apierr.UpstreamFailed("The engine's reply could not be used.")
 		if code >= 400 && code <= 499 {
-			e = &apiError{Status: code, Type: "invalid_request_error", Code: "upstream_refused",
+			e = &apierr.Error{Status: code, Type: "invalid_request_error", Code: "upstream_refused",
 				Message: fmt.Sprintf("The engine refused the request (HTTP %d).", code)}
 		}
 		writeError(ctx, e)
@@ -355,7 +356,7 @@ func (x *exchange) normaliseBody(contentType, body []byte) ([]byte, any, error) 
 }
 
 func (x *exchange) integrityError(ctx *fasthttp.RequestCtx) {
-	writeError(ctx, upstreamIntegrity())
+	writeError(ctx, apierr.UpstreamIntegrity())
 	ctx.Response.Header.Set("X-Request-Id", x.rid)
 	x.status = 502
 }

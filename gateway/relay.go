@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/internal/panics"
 	"github.com/kvgate/kvgate/internal/sse"
@@ -76,7 +77,7 @@ func (e *eventRelay) fail(code string, err error) {
 	e.x.errMsg = code
 	e.x.g.log.Warn("engine stream ended by the gateway", zap.String("request_id", e.x.rid), zap.String("upstream", e.x.upstream),
 		zap.String("error_code", code), zap.Error(err))
-	e.out = append(e.out, errorEvent(e.x.kind, upstreamFailed("The engine's stream failed."))...)
+	e.out = append(e.out, errorEvent(e.x.kind, apierr.UpstreamFailed("The engine's stream failed."))...)
 }
 
 // cut ends the reply on a foreign marker: nothing more of the engine's text is sent, an error
@@ -86,7 +87,7 @@ func (e *eventRelay) cut() {
 	if e.onLeak != nil {
 		e.onLeak()
 	}
-	e.out = append(e.out, errorEvent(e.x.kind, upstreamIntegrity())...)
+	e.out = append(e.out, errorEvent(e.x.kind, apierr.UpstreamIntegrity())...)
 }
 
 // emit scans one event and queues what the client gets: "[DONE]" as it is, anything else as a
@@ -185,10 +186,10 @@ func (r *relayReader) Read(p []byte) (n int, err error) {
 		// panic here ends this stream with an error event and leaves every other one alone.
 		if v := recover(); v != nil {
 			panics.Note(r.x.g.log, "stream", v)
-			r.x.status, r.x.errMsg = 500, errInternal.Code
+			r.x.status, r.x.errMsg = 500, apierr.Internal.Code
 			r.eof, r.clean = true, false
 			r.ev.ended = true
-			tail := errorEvent(r.x.kind, errInternal)
+			tail := errorEvent(r.x.kind, apierr.Internal)
 			n = copy(p, tail)
 			r.ev.out = tail[n:]
 			err = nil
@@ -234,7 +235,7 @@ func (r *relayReader) Close() error {
 			if r.x.errMsg == "" {
 				// The client left mid-stream: logged as nginx's 499 (the status line it
 				// got said 200, but the reply it read is not complete).
-				r.x.errMsg, r.x.status = "client_gone", 499
+				r.x.errMsg, r.x.status = "client_gone", apierr.ClientGone
 			}
 		}
 		r.x.closeLeg(r.l)

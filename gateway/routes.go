@@ -7,6 +7,7 @@ import (
 
 	json "github.com/goccy/go-json"
 
+	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/tokenize"
 )
@@ -75,7 +76,7 @@ func init() {
 }
 
 // parseMore parses the routes of this file.
-func (r *request) parseMore() *apiError {
+func (r *request) parseMore() *apierr.Error {
 	if !r.kind.generates() {
 		r.outputGiven, r.n = true, 1 // nothing to generate: no output reservation
 		defer func() {
@@ -92,7 +93,7 @@ func (r *request) parseMore() *apiError {
 	case routeEmbeddings, routeClassify:
 		raw, ok := r.fields["input"]
 		if !ok || isNull(raw) {
-			return badRequest("input", "'input' is required.")
+			return apierr.BadRequest("input", "'input' is required.")
 		}
 		return r.idsOrTexts("input", raw)
 	case routeEncode, routeClassifyNative:
@@ -100,32 +101,32 @@ func (r *request) parseMore() *apiError {
 		ids, hasIDs := r.fields["input_ids"]
 		switch {
 		case hasText && !isNull(text) && hasIDs && !isNull(ids):
-			return badRequest("input_ids", "Give either 'text' or 'input_ids', not both.")
+			return apierr.BadRequest("input_ids", "Give either 'text' or 'input_ids', not both.")
 		case hasText && !isNull(text):
 			return r.idsOrTexts("text", text)
 		case hasIDs && !isNull(ids):
 			return r.idsOrTexts("input_ids", ids)
 		}
-		return badRequest("text", "'text' or 'input_ids' is required.")
+		return apierr.BadRequest("text", "'text' or 'input_ids' is required.")
 	case routeRerank, routeScore:
 		return r.parsePairs()
 	}
-	return badRequest("", "Unsupported route.")
+	return apierr.BadRequest("", "Unsupported route.")
 }
 
 // parsePairs: rerank and score run the query with every document (item) as one prompt each.
-func (r *request) parsePairs() *apiError {
+func (r *request) parsePairs() *apierr.Error {
 	docsField := "documents"
 	if r.kind == routeScore {
 		docsField = "items"
 	}
 	var query string
 	if err := json.Unmarshal(r.fields["query"], &query); err != nil || query == "" {
-		return badRequest("query", "'query' must be a non-empty string.")
+		return apierr.BadRequest("query", "'query' must be a non-empty string.")
 	}
 	var docs []string
 	if err := json.Unmarshal(r.fields[docsField], &docs); err != nil || len(docs) == 0 {
-		return badRequest(docsField, fmt.Sprintf("'%s' must be a non-empty list of strings.", docsField))
+		return apierr.BadRequest(docsField, fmt.Sprintf("'%s' must be a non-empty list of strings.", docsField))
 	}
 	// Counted as the engine's pair template would render them; the separators are in the text.
 	for _, d := range docs {
@@ -137,7 +138,7 @@ func (r *request) parsePairs() *apiError {
 
 // parseResponses reads OpenAI's Responses API request: instructions and input items become chat
 // messages for the count; the marker goes into the instructions.
-func (r *request) parseResponses() *apiError {
+func (r *request) parseResponses() *apierr.Error {
 	for _, k := range []string{"previous_response_id", "conversation"} {
 		if raw, ok := r.fields[k]; ok && !isNull(raw) {
 			r.storedContext = k // refused at admission unless policy.allow_stored_context
@@ -145,13 +146,13 @@ func (r *request) parseResponses() *apiError {
 	}
 	if raw, ok := r.fields["instructions"]; ok && !isNull(raw) {
 		if json.Unmarshal(raw, &r.system) != nil {
-			return badRequest("instructions", "'instructions' must be a string.")
+			return apierr.BadRequest("instructions", "'instructions' must be a string.")
 		}
 		r.hasSystem = true
 	}
 	raw, ok := r.fields["input"]
 	if !ok || isNull(raw) {
-		return badRequest("input", "'input' is required.")
+		return apierr.BadRequest("input", "'input' is required.")
 	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
@@ -159,12 +160,12 @@ func (r *request) parseResponses() *apiError {
 	} else {
 		var items []map[string]json.RawMessage
 		if err := json.Unmarshal(raw, &items); err != nil || len(items) == 0 {
-			return badRequest("input", "'input' must be a string or a non-empty list of input items.")
+			return apierr.BadRequest("input", "'input' must be a string or a non-empty list of input items.")
 		}
 		for i, it := range items {
 			m, e := responsesItem(it)
 			if e != "" {
-				return badRequest(fmt.Sprintf("input[%d]", i), e)
+				return apierr.BadRequest(fmt.Sprintf("input[%d]", i), e)
 			}
 			r.turns = append(r.turns, m)
 		}
@@ -249,31 +250,31 @@ func partsText(raw json.RawMessage, textTypes ...string) (string, error) {
 }
 
 // parseMessages reads Anthropic's Messages API request.
-func (r *request) parseMessages() *apiError {
+func (r *request) parseMessages() *apierr.Error {
 	if raw, ok := r.fields["system"]; ok && !isNull(raw) {
 		text, err := partsText(raw, "text")
 		if err != nil {
-			return badRequest("system", "'system' must be a string or a list of text blocks.")
+			return apierr.BadRequest("system", "'system' must be a string or a list of text blocks.")
 		}
 		r.system, r.hasSystem = text, true
 	}
 	var msgs []map[string]json.RawMessage
 	if err := json.Unmarshal(r.fields["messages"], &msgs); err != nil || len(msgs) == 0 {
-		return badRequest("messages", "'messages' must be a non-empty array of message objects.")
+		return apierr.BadRequest("messages", "'messages' must be a non-empty array of message objects.")
 	}
 	for i, m := range msgs {
 		var role string
 		if json.Unmarshal(m["role"], &role) != nil || (role != "user" && role != "assistant") {
-			return badRequest(fmt.Sprintf("messages.%d.role", i), "Each message needs 'role' user or assistant.")
+			return apierr.BadRequest(fmt.Sprintf("messages.%d.role", i), "Each message needs 'role' user or assistant.")
 		}
 		for k, v := range m {
 			if k != "role" && k != "content" && !emptyJSON(v) {
-				return badRequest(fmt.Sprintf("messages.%d.%s", i, k), fmt.Sprintf("Unsupported message field %q.", k))
+				return apierr.BadRequest(fmt.Sprintf("messages.%d.%s", i, k), fmt.Sprintf("Unsupported message field %q.", k))
 			}
 		}
 		text, e := anthropicContent(m["content"])
 		if e != "" {
-			return badRequest(fmt.Sprintf("messages.%d.content", i), e)
+			return apierr.BadRequest(fmt.Sprintf("messages.%d.content", i), e)
 		}
 		r.turns = append(r.turns, tokenize.Message{Role: role, Content: text})
 	}
@@ -283,7 +284,7 @@ func (r *request) parseMessages() *apiError {
 		return err
 	}
 	if !given {
-		return badRequest("max_tokens", "'max_tokens' is required.")
+		return apierr.BadRequest("max_tokens", "'max_tokens' is required.")
 	}
 	r.output, r.outputGiven, r.n = out, true, 1
 	return nil
@@ -363,6 +364,6 @@ func (r *request) injectSystem(marker string) {
 }
 
 // storedContextError refuses a Responses request that the engine would extend from stored state.
-func storedContextError(field string) *apiError {
-	return badRequest(field, fmt.Sprintf("'%s' makes the engine extend the prompt from stored state this gateway cannot count, so the size limit could not be enforced. Send the whole conversation in 'input' instead (or set policy.allow_stored_context).", field))
+func storedContextError(field string) *apierr.Error {
+	return apierr.BadRequest(field, fmt.Sprintf("'%s' makes the engine extend the prompt from stored state this gateway cannot count, so the size limit could not be enforced. Send the whole conversation in 'input' instead (or set policy.allow_stored_context).", field))
 }

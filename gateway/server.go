@@ -27,6 +27,7 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 	"go.uber.org/zap"
 
+	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
@@ -156,15 +157,15 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 			switch {
 			case errors.Is(err, fasthttp.ErrBodyTooLarge) || g.takeOversized(ctx):
 				ctx.SetConnectionClose()
-				writeError(ctx, tooLarge(cfg.MaxBodyBytes))
+				writeError(ctx, apierr.TooLarge(cfg.MaxBodyBytes))
 			case errors.As(err, &small):
-				writeError(ctx, &apiError{Status: 431, Type: "invalid_request_error", Code: "request_header_too_large",
+				writeError(ctx, &apierr.Error{Status: 431, Type: "invalid_request_error", Code: "request_header_too_large",
 					Message: "Request headers are larger than the gateway accepts (" + strconv.Itoa(cfg.Server.MaxHeaderBytes) + " bytes)."})
 			case errors.As(err, &netErr) && netErr.Timeout():
-				writeError(ctx, errRequestTimeout)
+				writeError(ctx, apierr.RequestTimeout)
 			default:
 				// The parser's own text is not echoed: it may quote the client's bytes.
-				writeError(ctx, badRequest("", "Malformed HTTP request."))
+				writeError(ctx, apierr.BadRequest("", "Malformed HTTP request."))
 			}
 		},
 		NoDefaultServerHeader: true,
@@ -209,7 +210,7 @@ func (g *Gateway) recoverRequest(ctx *fasthttp.RequestCtx) {
 	if v := recover(); v != nil {
 		panics.Note(g.log, "request", v)
 		ctx.SetConnectionClose()
-		writeError(ctx, errInternal)
+		writeError(ctx, apierr.Internal)
 	}
 }
 
@@ -249,7 +250,7 @@ func (g *Gateway) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConf
 func (g *Gateway) expect(ctx *fasthttp.RequestCtx) int {
 	if ctx.Request.Header.ContentLength() > g.cfg.MaxBodyBytes {
 		g.clearOversized(&ctx.Request.Header)
-		writeError(ctx, tooLarge(g.cfg.MaxBodyBytes))
+		writeError(ctx, apierr.TooLarge(g.cfg.MaxBodyBytes))
 		return fasthttp.StatusRequestEntityTooLarge
 	}
 	return fasthttp.StatusContinue
@@ -288,7 +289,7 @@ func (g *Gateway) Handle(ctx *fasthttp.RequestCtx) {
 	switch path {
 	case "/v1/tokenize", "/tokenize", "/v1/detokenize", "/detokenize", "/v1/messages/count_tokens":
 		if method != fasthttp.MethodPost {
-			writeError(ctx, errMethod)
+			writeError(ctx, apierr.Method)
 			return
 		}
 		g.utility(ctx, path)
@@ -301,26 +302,26 @@ func (g *Gateway) Handle(ctx *fasthttp.RequestCtx) {
 		g.metricsH(ctx)
 	case "/v1/models":
 		if method != fasthttp.MethodGet {
-			writeError(ctx, errMethod)
+			writeError(ctx, apierr.Method)
 			return
 		}
 		g.models(ctx)
 	case "/admin/backends":
 		if method != fasthttp.MethodGet {
-			writeError(ctx, errMethod)
+			writeError(ctx, apierr.Method)
 		} else if g.adminAuth(ctx) {
 			g.adminBackends(ctx)
 		}
 	case "/admin/incidents":
 		if method != fasthttp.MethodGet {
-			writeError(ctx, errMethod)
+			writeError(ctx, apierr.Method)
 		} else if g.adminAuth(ctx) {
 			g.adminIncidents(ctx)
 		}
 	default:
 		if name, ok := strings.CutPrefix(path, "/admin/backends/"); ok && strings.HasSuffix(name, "/release") {
 			if method != fasthttp.MethodPost {
-				writeError(ctx, errMethod)
+				writeError(ctx, apierr.Method)
 			} else if g.adminAuth(ctx) {
 				g.adminRelease(ctx, strings.TrimSuffix(name, "/release"))
 			}
@@ -329,13 +330,13 @@ func (g *Gateway) Handle(ctx *fasthttp.RequestCtx) {
 		if g.adminTenants(ctx, path, method) { // kvgate limits: /admin/tenants (gateway/admin_tenants.go)
 			return
 		}
-		writeError(ctx, errNotFound)
+		writeError(ctx, apierr.NotFound)
 	}
 }
 
 func (g *Gateway) onlyPost(ctx *fasthttp.RequestCtx, method string, kind routeKind) {
 	if method != fasthttp.MethodPost {
-		writeError(ctx, errMethod)
+		writeError(ctx, apierr.Method)
 		return
 	}
 	g.generate(ctx, kind)
@@ -378,12 +379,12 @@ func bearer(ctx *fasthttp.RequestCtx) ([]byte, bool) {
 func (g *Gateway) adminAuth(ctx *fasthttp.RequestCtx) bool {
 	key, ok := bearer(ctx)
 	if g.admin == nil || !ok {
-		writeError(ctx, errUnauthorized)
+		writeError(ctx, apierr.Unauthorized)
 		return false
 	}
 	sum := sha256.Sum256(key)
 	if subtle.ConstantTimeCompare(sum[:], g.admin) != 1 {
-		writeError(ctx, errUnauthorized)
+		writeError(ctx, apierr.Unauthorized)
 		return false
 	}
 	return true
@@ -411,7 +412,7 @@ func (g *Gateway) readyz(ctx *fasthttp.RequestCtx) {
 func (g *Gateway) models(ctx *fasthttp.RequestCtx) {
 	t := g.authenticate(ctx)
 	if t == nil {
-		writeError(ctx, errUnauthorized)
+		writeError(ctx, apierr.Unauthorized)
 		return
 	}
 	routes, err := g.backends.Routes(time.Now())
@@ -439,11 +440,11 @@ func (g *Gateway) models(ctx *fasthttp.RequestCtx) {
 	ctx.SetBody(body)
 }
 
-func routeError(err error) *apiError {
+func routeError(err error) *apierr.Error {
 	if errors.Is(err, backends.ErrCapacityUnknown) {
-		return capacityUnknown()
+		return apierr.CapacityUnknown()
 	}
-	return noBackend()
+	return apierr.NoBackend()
 }
 
 // backendStatus is one row of /admin/backends.
@@ -510,7 +511,7 @@ func (g *Gateway) adminIncidents(ctx *fasthttp.RequestCtx) {
 	if s := ctx.QueryArgs().Peek("limit"); len(s) > 0 {
 		n, err := strconv.Atoi(string(s))
 		if err != nil || n < 1 || n > 10000 {
-			writeError(ctx, badRequest("limit", "'limit' must be an integer from 1 to 10000."))
+			writeError(ctx, apierr.BadRequest("limit", "'limit' must be an integer from 1 to 10000."))
 			return
 		}
 		limit = n
@@ -519,7 +520,7 @@ func (g *Gateway) adminIncidents(ctx *fasthttp.RequestCtx) {
 	defer cancel()
 	list, err := g.state.Incidents.List(rctx, limit)
 	if err != nil {
-		writeError(ctx, &apiError{Status: 503, Type: "server_error", Code: "state_unavailable", RetryAfter: 5,
+		writeError(ctx, &apierr.Error{Status: 503, Type: "server_error", Code: "state_unavailable", RetryAfter: 5,
 			Message: "The incident store is unreachable: " + err.Error()})
 		return
 	}
@@ -533,14 +534,14 @@ func (g *Gateway) adminIncidents(ctx *fasthttp.RequestCtx) {
 
 func (g *Gateway) adminRelease(ctx *fasthttp.RequestCtx, name string) {
 	if g.backends.Get(name) == nil {
-		writeError(ctx, &apiError{Status: 404, Type: "invalid_request_error", Code: "not_found", Param: "backend",
+		writeError(ctx, &apierr.Error{Status: 404, Type: "invalid_request_error", Code: "not_found", Param: "backend",
 			Message: fmt.Sprintf("No backend named %q.", name)})
 		return
 	}
 	rctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	if err := g.quarantine.Release(rctx, name); err != nil {
-		writeError(ctx, &apiError{Status: 503, Type: "server_error", Code: "state_unavailable", RetryAfter: 5,
+		writeError(ctx, &apierr.Error{Status: 503, Type: "server_error", Code: "state_unavailable", RetryAfter: 5,
 			Message: "The quarantine store is unreachable; the backend stays quarantined: " + err.Error()})
 		return
 	}

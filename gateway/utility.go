@@ -9,6 +9,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 
+	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/backends"
 )
 
@@ -38,13 +39,13 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 		g.access.Info("request", zap.String("request_id", rid), zap.String("route", path), zap.Int("status", status),
 			zap.String("upstream", backend), zap.Duration("latency", time.Since(start)))
 	}()
-	fail := func(e *apiError) {
+	fail := func(e *apierr.Error) {
 		writeError(ctx, e)
 		status = e.Status
 	}
 	t := g.authenticate(ctx)
 	if t == nil {
-		fail(errUnauthorized)
+		fail(apierr.Unauthorized)
 		return
 	}
 	body, e := readBody(ctx, g.cfg.MaxBodyBytes)
@@ -58,7 +59,7 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 	}
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(body, &fields); err != nil || fields == nil {
-		fail(badRequest("", "Request body must be a JSON object."))
+		fail(apierr.BadRequest("", "Request body must be a JSON object."))
 		return
 	}
 	names := make([]string, 0, len(fields))
@@ -68,27 +69,27 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 	sort.Strings(names)
 	for _, k := range names {
 		if !utilityFields[path][k] {
-			fail(badRequest(k, fmt.Sprintf("Unsupported field %q for %s.", k, path)))
+			fail(apierr.BadRequest(k, fmt.Sprintf("Unsupported field %q for %s.", k, path)))
 			return
 		}
 	}
 	b := g.utilityBackend()
 	if b == nil {
-		fail(noBackend())
+		fail(apierr.NoBackend())
 		return
 	}
 	backend = b.Name
 	resp, err := b.Call(path, body, utilityTimeout)
 	if err != nil {
 		g.log.Warn("utility call failed", zap.String("request_id", rid), zap.String("backend", b.Name), zap.Error(err))
-		fail(mapUpstreamError(err))
+		fail(apierr.FromUpstream(err))
 		return
 	}
 	x := &exchange{g: g, tenant: t, rid: rid}
 	out, _, err := x.normaliseBody(resp.ContentType, resp.Body)
 	if err != nil {
 		g.log.Warn("utility reply refused", zap.String("request_id", rid), zap.String("backend", b.Name), zap.Error(err))
-		fail(upstreamFailed("The engine's reply could not be used."))
+		fail(apierr.UpstreamFailed("The engine's reply could not be used."))
 		return
 	}
 	status = resp.Status
