@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/config"
+	"github.com/kvgate/kvgate/request"
 )
 
 // benchGateway is a gateway whose one backend has a fixed capacity reading and no network, so
@@ -93,7 +94,7 @@ func BenchmarkAdmission(b *testing.B) {
 							ctx.Request.Header.SetMethod("POST")
 							ctx.Request.Header.Set("Authorization", "Bearer k")
 							ctx.Request.SetBody(body)
-							x := &exchange{g: g, kind: routeChat, start: time.Now()}
+							x := &exchange{g: g, kind: request.Chat, start: time.Now()}
 							if e := x.admit(&ctx); e != nil && e.Status != 413 {
 								b.Fatalf("unexpected %+v", e)
 							}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/config"
+	"github.com/kvgate/kvgate/request"
 )
 
 // The upstream body carries our rid and, for PD, bootstrap fields pointing at the prefill, with a
@@ -22,19 +23,19 @@ func TestUpstreamBodyBootstrapFields(t *testing.T) {
 	prefill := set.Get("p")
 	backends.SetCapacityForTest(prefill, &backends.Capacity{BootstrapPort: 8998})
 	for _, c := range []struct {
-		kind  routeKind
+		kind  request.Kind
 		body  string
 		batch int
 	}{
-		{routeGenerate, `{"text":"hello"}`, 0},
-		{routeGenerate, `{"text":["a","b","c"]}`, 3},
-		{routeChat, `{"messages":[{"role":"user","content":"hi"}]}`, 0},
+		{request.Generate, `{"text":"hello"}`, 0},
+		{request.Generate, `{"text":["a","b","c"]}`, 3},
+		{request.Chat, `{"messages":[{"role":"user","content":"hi"}]}`, 0},
 	} {
-		req, e := parseRequest(c.kind, []byte(c.body))
+		req, e := request.Parse(c.kind, []byte(c.body))
 		if e != nil {
 			t.Fatal(e)
 		}
-		req.render()
+		req.Render()
 		x := &exchange{req: req, kind: c.kind, rid: "r1"}
 		seen := map[uint64]bool{}
 		for i := 0; i < 50; i++ {
@@ -87,9 +88,9 @@ func TestUpstreamBodyBootstrapFields(t *testing.T) {
 
 // body and ridsFor are the engine layer's body as this exchange's request gets it.
 func (x *exchange) body(rids []string, prefill *backends.Backend) []byte {
-	return backends.EngineBody(x.req.fields, rids, x.req.batch, prefill)
+	return backends.EngineBody(x.req.Fields, rids, x.req.Batch, prefill)
 }
 
 func (x *exchange) ridsFor(base string) []string {
-	return backends.Rids(base, x.req.batch, len(x.req.prompts))
+	return backends.Rids(base, x.req.Batch, len(x.req.Prompts))
 }

@@ -32,13 +32,13 @@ func (x *exchange) coverTokenIDs() {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	var all strings.Builder
-	for _, p := range x.req.prompts {
-		if !p.hasIDs || len(p.tokens) == 0 {
+	for _, p := range x.req.Prompts {
+		if !p.HasIDs || len(p.Tokens) == 0 {
 			continue
 		}
 		text, ok := "", false
 		for _, b := range engines {
-			t, err := b.Detokenize(ctx, p.tokens, timeout)
+			t, err := b.Detokenize(ctx, p.Tokens, timeout)
 			if err == nil {
 				text, ok = t, true
 				break
@@ -50,7 +50,7 @@ func (x *exchange) coverTokenIDs() {
 		if !ok {
 			x.idsUnread = true
 			if d, isDecoder := g.enc.(tokenize.Decoder); isDecoder {
-				text, _ = d.Decode(p.tokens) // best effort: the engine's vocabulary may differ
+				text, _ = d.Decode(p.Tokens) // best effort: the engine's vocabulary may differ
 			}
 			g.log.Debug("token-id prompt not detokenized by the engine: marker fragments in its reply will not quarantine",
 				zap.String("request_id", x.rid), zap.Strings("backends", x.route.Backends))

@@ -7,6 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvgate/kvgate/apierr"
+	"github.com/kvgate/kvgate/request"
 )
 
 // anthropicPath: errors on these routes use Anthropic's envelope.
@@ -28,16 +29,16 @@ func writeError(ctx *fasthttp.RequestCtx, e *apierr.Error) {
 	ctx.SetBody(e.Body(env))
 }
 
-// envelope is the error shape of a route kind's clients.
-func (k routeKind) envelope() apierr.Envelope {
+// envelopeOf is the error shape of a route kind's clients.
+func envelopeOf(k request.Kind) apierr.Envelope {
 	switch k {
-	case routeMessages:
+	case request.Messages:
 		return apierr.Anthropic
-	case routeResponses:
+	case request.Responses:
 		return apierr.Responses
 	}
 	return apierr.OpenAI
 }
 
 // errorEvent ends a stream of kind with e, in the shape that route's clients read.
-func errorEvent(kind routeKind, e *apierr.Error) []byte { return e.Event(kind.envelope()) }
+func errorEvent(kind request.Kind, e *apierr.Error) []byte { return e.Event(envelopeOf(kind)) }

@@ -7,6 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvgate/kvgate/apierr"
+	"github.com/kvgate/kvgate/request"
 )
 
 // Anthropic's routes get Anthropic's envelope and error types; the others OpenAI's.
@@ -30,10 +31,10 @@ func TestErrorEnvelopes(t *testing.T) {
 			t.Errorf("%d: %s, want %s", status, got, typ)
 		}
 	}
-	if ev := string(errorEvent(routeMessages, apierr.UpstreamIntegrity())); !strings.HasPrefix(ev, "event: error\ndata: {\"error\":{") {
+	if ev := string(errorEvent(request.Messages, apierr.UpstreamIntegrity())); !strings.HasPrefix(ev, "event: error\ndata: {\"error\":{") {
 		t.Fatalf("anthropic stream error: %q", ev)
 	}
-	if ev := string(errorEvent(routeChat, apierr.UpstreamIntegrity())); !strings.HasSuffix(ev, "data: [DONE]\n\n") {
+	if ev := string(errorEvent(request.Chat, apierr.UpstreamIntegrity())); !strings.HasSuffix(ev, "data: [DONE]\n\n") {
 		t.Fatalf("openai stream error: %q", ev)
 	}
 }

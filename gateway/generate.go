@@ -23,6 +23,7 @@ import (
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/internal/panics"
 	"github.com/kvgate/kvgate/policy"
+	"github.com/kvgate/kvgate/request"
 )
 
 // exchange is one client request on its way through the pipeline; the access log line is
@@ -30,7 +31,7 @@ import (
 type exchange struct {
 	g      *Gateway
 	tenant *tenant
-	req    *request
+	req    *request.Request
 	// rid is the client-facing request id (X-Request-Id, the client's if sane); engineRID is the
 	// rid the engines see, always ours.
 	rid       string
@@ -38,7 +39,7 @@ type exchange struct {
 	// lastLeak is the hit that made a non-streaming reply a 502.
 	lastLeak *canary.Hit
 	start    time.Time
-	kind     routeKind
+	kind     request.Kind
 	decision policy.Decision
 	reason   string
 	// estimate is the raw tiktoken count when the estimate tier ran (to learn the ratio).
@@ -64,7 +65,7 @@ type exchange struct {
 
 // generate is the pipeline for the three generation routes, top to bottom:
 // auth → read body → parse and sanitize → render → count and decide → pick a route → forward.
-func (g *Gateway) generate(ctx *fasthttp.RequestCtx, kind routeKind) {
+func (g *Gateway) generate(ctx *fasthttp.RequestCtx, kind request.Kind) {
 	x := &exchange{g: g, rid: requestID(ctx), engineRID: newID(), start: time.Now(), kind: kind}
 	defer x.recoverPanic(ctx)
 	ctx.Response.Header.Set("X-Request-Id", x.rid)
@@ -112,28 +113,28 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 	if e != nil {
 		return e
 	}
-	req, e := parseRequest(x.kind, body)
+	req, e := request.Parse(x.kind, body)
 	if e != nil {
 		return e
 	}
 	x.req = req
-	if req.storedContext != "" && !g.cfg.Policy.AllowStoredContext {
-		return storedContextError(req.storedContext)
+	if req.StoredContext != "" && !g.cfg.Policy.AllowStoredContext {
+		return request.StoredContextError(req.StoredContext)
 	}
 	x.inject() // before counting: the marker is part of the prompt
-	req.render()
-	output := req.output
-	if !req.outputGiven {
-		output = g.cfg.Policy.DefaultMaxTokens * max(req.n, 1)
+	req.Render()
+	output := req.Output
+	if !req.OutputGiven {
+		output = g.cfg.Policy.DefaultMaxTokens * max(req.N, 1)
 	}
 	routes, err := g.backends.Routes(time.Now())
 	if err != nil {
 		return routeError(err)
 	}
-	if x.kind.unifiedOnly() {
+	if x.kind.UnifiedOnly() {
 		if routes = unifiedRoutes(routes); len(routes) == 0 {
 			return &apierr.Error{Status: 503, Type: "server_error", Code: "no_backend", RetryAfter: 5,
-				Message: fmt.Sprintf("No unified engine is available for %s (prefill-only routes do not run on prefill/decode pairs).", x.kind.path())}
+				Message: fmt.Sprintf("No unified engine is available for %s (prefill-only routes do not run on prefill/decode pairs).", x.kind.Path())}
 		}
 	}
 	paths := make([]policy.Path, len(routes))
@@ -194,7 +195,7 @@ func (x *exchange) decidePaths(routes []backends.Route, output, tenantMax, limit
 	if limit >= 0 {
 		stop = int(math.Floor(float64(limit)*ratio)) + 1
 	}
-	ests := make([]*cachingEstimator, len(x.req.prompts))
+	ests := make([]*cachingEstimator, len(x.req.Prompts))
 	for i := range ests {
 		ests[i] = &cachingEstimator{Estimator: x.g.enc, minStop: stop}
 	}
@@ -229,11 +230,11 @@ func (x *exchange) decideOn(r *backends.Route, limit int, ratio float64, ests []
 	}
 	distrust := g.distrusted(r)
 	var worst policy.Decision
-	for i, p := range x.req.prompts {
+	for i, p := range x.req.Prompts {
 		if pc != nil {
 			pc.prompt = i
 		}
-		pr := policy.Request{Text: p.text, Bytes: len(p.text), InputIDs: p.ids, HasInputIDs: p.hasIDs,
+		pr := policy.Request{Text: p.Text, Bytes: len(p.Text), InputIDs: p.IDs, HasInputIDs: p.HasIDs,
 			Overhead: specialTokenAllowance, DistrustEstimate: distrust}
 		d := policy.Decide(context.Background(), pr, limit, ests[i], ratio, exact)
 		if e := ests[i]; e.complete && e.n > x.estimate {
@@ -286,7 +287,7 @@ func (x *exchange) tooLong(routes []backends.Route, output, limit int) *apierr.E
 	limit = max(limit, 0)
 	n := x.decision.Tokens
 	e := &apierr.Error{Status: 413, Type: "invalid_request_error", Code: "context_length_exceeded"}
-	e.Param = promptParam[x.kind]
+	e.Param = x.kind.PromptParam()
 	if x.reason == policy.ReasonTenantMaxPrompt {
 		e.Message = fmt.Sprintf("Your prompt resulted in %d tokens, more than this API key's limit of %d prompt tokens. Please reduce the length of the prompt.", n, x.tenant.MaxPromptTokens)
 		return e
@@ -296,11 +297,11 @@ func (x *exchange) tooLong(routes []backends.Route, output, limit int) *apierr.E
 		reserve = fmt.Sprintf(", leaving room for the %d completion tokens requested", output)
 	}
 	switch x.kind {
-	case routeGenerate, routeEncode, routeClassifyNative:
+	case request.Generate, request.Encode, request.ClassifyNative:
 		e.Message = fmt.Sprintf("Input length (%d tokens) exceeds the maximum allowed length (%d tokens%s). Use a shorter input.", n, limit, reserve)
-	case routeMessages:
+	case request.Messages:
 		e.Message = fmt.Sprintf("prompt is too long: %d tokens > %d maximum (the engines' limit now%s)", n, limit, reserve)
-	case routeCompletions, routeResponses, routeEmbeddings, routeRerank, routeScore, routeClassify:
+	case request.Completions, request.Responses, request.Embeddings, request.Rerank, request.Score, request.Classify:
 		e.Message = fmt.Sprintf("This model's maximum context length is %d tokens. However, your prompt resulted in %d tokens. Please reduce the length of the prompt. (The engines accept at most %d prompt tokens now%s.)", ctxLen, n, limit, reserve)
 	default:
 		e.Message = fmt.Sprintf("This model's maximum context length is %d tokens. However, your messages resulted in %d tokens. Please reduce the length of the messages. (The engines accept at most %d prompt tokens now%s.)", ctxLen, n, limit, reserve)
@@ -342,13 +343,13 @@ func (x *exchange) finish() {
 	}
 	x.settleLimits() // kvgate limits: settle the reservation from what the reply used
 	g := x.g
-	g.metrics.requests.WithLabelValues(x.kind.path(), strconv.Itoa(x.status)).Inc()
+	g.metrics.requests.WithLabelValues(x.kind.Path(), strconv.Itoa(x.status)).Inc()
 	if ce := g.access.Check(zap.InfoLevel, "request"); ce != nil {
 		tenant := ""
 		if x.tenant != nil {
 			tenant = x.tenant.Name
 		}
-		ce.Write(zap.String("request_id", x.rid), zap.String("engine_rid", x.engineRID), zap.String("tenant", tenant), zap.String("route", x.kind.path()),
+		ce.Write(zap.String("request_id", x.rid), zap.String("engine_rid", x.engineRID), zap.String("tenant", tenant), zap.String("route", x.kind.Path()),
 			zap.Int("tokens", x.decision.Tokens), zap.String("tier", string(x.decision.Tier)), zap.String("decision", x.reason),
 			zap.Int("limit", x.decision.Limit), zap.Int("status", x.status), zap.String("upstream", x.upstream),
 			zap.String("error", x.errMsg), zap.Duration("latency", time.Since(x.start)))
@@ -364,11 +365,4 @@ func unifiedRoutes(routes []backends.Route) []backends.Route {
 		}
 	}
 	return out
-}
-
-// promptParam names the field a 413 points at.
-var promptParam = [routeKinds]string{
-	routeChat: "messages", routeCompletions: "prompt", routeGenerate: "text", routeResponses: "input",
-	routeMessages: "messages", routeEmbeddings: "input", routeRerank: "documents", routeScore: "items",
-	routeClassify: "input", routeEncode: "text", routeClassifyNative: "text",
 }

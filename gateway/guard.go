@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"strings"
 	"time"
 
@@ -25,149 +24,22 @@ func (x *exchange) inject() {
 		return
 	}
 	req := x.req
-	// Foreign markers anywhere in what the client sent to be rendered into the prompt (message
-	// text, names, tool calls, reasoning, tool definitions, schemas, template arguments, suffix),
-	// as the engine will see it (JSON strings decoded): a reply that repeats them is an echo, not
-	// a leak, so a tenant cannot get backends quarantined by quoting a stolen marker.
-	var own strings.Builder
-	for i, m := range req.messages {
-		own.WriteString(req.msgText[i])
-		own.WriteByte('\n')
-		for _, k := range []string{"name", "tool_calls", "function_call", "reasoning_content", "tool_call_id"} {
-			appendJSONStrings(&own, m[k])
-		}
-	}
-	for _, k := range []string{"tools", "functions", "response_format", "chat_template_kwargs"} {
-		appendJSONStrings(&own, req.fields[k])
-	}
-	for _, t := range req.texts {
-		own.WriteString(t)
-		own.WriteByte('\n')
-	}
-	own.WriteString(req.suffix)
-	own.WriteString(req.system)
-	for _, t := range req.turns {
-		own.WriteString("\n" + t.Content)
-	}
-	own.WriteString(req.extra)
 	// Fragments count too: a reply repeating the 8 characters of a marker that the client sent
 	// is the client's own text (FindMarkerFragments finds whole markers as well).
-	x.echoes = g.keyring.FindMarkerFragments(own.String())
-	if !req.kind.generates() {
+	x.echoes = g.keyring.FindMarkerFragments(req.OwnText())
+	if !req.Kind.Generates() {
 		return // no text comes back to carry a marker; replies are still scanned
 	}
 	if x.tenant.CanaryOptOut {
 		g.metrics.canarySkipped.WithLabelValues("opt_out").Inc()
 		return
 	}
-	if req.texts == nil && req.messages == nil && req.turns == nil {
+	marker, _ := g.keyring.Current(x.tenant.Name, time.Now())
+	if !req.Inject(marker, g.cfg.Canary.EveryBytes, g.cfg.Canary.Placement == config.PlacementPrefix) {
 		g.metrics.canarySkipped.WithLabelValues("input_ids").Inc()
 		return
 	}
-	marker, _ := g.keyring.Current(x.tenant.Name, time.Now())
-	every := g.cfg.Canary.EveryBytes
-	if req.kind == routeResponses || req.kind == routeMessages {
-		req.injectSystem(marker)
-		g.metrics.canaryInjected.Inc()
-		return
-	}
-	if req.kind != routeChat {
-		texts := make([]string, len(req.texts))
-		for i, t := range req.texts {
-			texts[i] = canary.InjectPrefix(canary.InjectEvery(t, marker, every), marker)
-		}
-		req.setTexts(texts)
-		g.metrics.canaryInjected.Inc()
-		return
-	}
-	msgs := make([]map[string]json.RawMessage, 0, len(req.messages)+1)
-	sys := -1
-	for i, m := range req.messages {
-		c := make(map[string]json.RawMessage, len(m))
-		for k, v := range m {
-			c[k] = v
-		}
-		if every > 0 {
-			if s, ok := stringContent(c); ok {
-				c["content"] = mustJSON(canary.InjectEvery(s, marker, every))
-			}
-		}
-		if role := req.roles[i]; sys < 0 && (role == "system" || role == "developer") {
-			sys = i
-		}
-		msgs = append(msgs, c)
-	}
-	switch {
-	case g.cfg.Canary.Placement == config.PlacementPrefix && len(msgs) > 0:
-		appendToContent(msgs[0], marker, true)
-	case sys >= 0:
-		appendToContent(msgs[sys], marker, false)
-	default:
-		msgs = append([]map[string]json.RawMessage{{"role": mustJSON("system"), "content": mustJSON(marker)}}, msgs...)
-		req.roles, req.names = append([]string{"system"}, req.roles...), append([]string{""}, req.names...)
-	}
-	req.setMessages(msgs)
 	g.metrics.canaryInjected.Inc()
-}
-
-// appendJSONStrings writes every string (and object key) of a JSON value, decoded, one per line.
-func appendJSONStrings(b *strings.Builder, raw json.RawMessage) {
-	if len(raw) == 0 {
-		return
-	}
-	v, err := decodeOne(raw)
-	if err != nil {
-		return
-	}
-	var walk func(any)
-	walk = func(v any) {
-		switch t := v.(type) {
-		case string:
-			b.WriteString(t)
-			b.WriteByte('\n')
-		case map[string]any:
-			for k, e := range t {
-				b.WriteString(k)
-				b.WriteByte('\n')
-				walk(e)
-			}
-		case []any:
-			for _, e := range t {
-				walk(e)
-			}
-		}
-	}
-	walk(v)
-}
-
-func stringContent(m map[string]json.RawMessage) (string, bool) {
-	var s string
-	if raw, ok := m["content"]; ok && json.Unmarshal(raw, &s) == nil {
-		return s, true
-	}
-	return "", false
-}
-
-// appendToContent adds the marker to a message: to a string content directly, to a parts array
-// as a text part of its own.
-func appendToContent(m map[string]json.RawMessage, marker string, prefix bool) {
-	if s, ok := stringContent(m); ok || isNull(m["content"]) || m["content"] == nil {
-		if prefix {
-			m["content"] = mustJSON(canary.InjectPrefix(s, marker))
-		} else {
-			m["content"] = mustJSON(canary.InjectSystemEnd(s, marker))
-		}
-		return
-	}
-	var parts []json.RawMessage
-	_ = json.Unmarshal(m["content"], &parts) // validated at parse time
-	part := mustJSON(map[string]string{"type": "text", "text": "\n\n" + marker + "\n\n"})
-	if prefix {
-		parts = append([]json.RawMessage{part}, parts...)
-	} else {
-		parts = append(parts, part)
-	}
-	m["content"] = mustJSON(parts)
 }
 
 // recordIncident stores an incident in the background (the store queues while Redis is away)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/config"
+	"github.com/kvgate/kvgate/request"
 )
 
 func guardGateway(t testing.TB) *Gateway {
@@ -43,12 +44,12 @@ func TestGuardStreams(t *testing.T) {
 	bobMarker, _ := g.keyring.Current("bob", time.Now())
 	aliceMarker, _ := g.keyring.Current("alice", time.Now())
 	alice := &tenant{Tenant: config.Tenant{Name: "alice"}}
-	newX := func(kind routeKind) *exchange {
+	newX := func(kind request.Kind) *exchange {
 		return &exchange{g: g, tenant: alice, kind: kind, rid: "r", route: &backends.Route{}}
 	}
 
 	t.Run("ordinary events pass with the same content", func(t *testing.T) {
-		gd := streamOf(newX(routeChat))
+		gd := streamOf(newX(request.Chat))
 		for _, ev := range [][]byte{chatChunk(" Paris"), chatChunk(" is nice")} {
 			out, ok := gd.event(ev)
 			if !ok || !sameEvent(out, ev) {
@@ -60,7 +61,7 @@ func TestGuardStreams(t *testing.T) {
 		}
 	})
 	t.Run("a foreign marker split across events is cut before it is sent", func(t *testing.T) {
-		gd := streamOf(newX(routeChat))
+		gd := streamOf(newX(request.Chat))
 		var sent []byte
 		for _, piece := range []string{"Sure, here: K", "VG-" + bobMarker[4:10], bobMarker[10:] + " more"} {
 			out, ok := gd.event(chatChunk(piece))
@@ -78,7 +79,7 @@ func TestGuardStreams(t *testing.T) {
 		t.Fatalf("foreign marker not caught; sent %s", sent)
 	})
 	t.Run("own marker stripped from cumulative /generate text", func(t *testing.T) {
-		gd := streamOf(newX(routeGenerate))
+		gd := streamOf(newX(request.Generate))
 		var last string
 		for _, text := range []string{"The", "The answer " + aliceMarker[:6], "The answer " + aliceMarker + " is 42"} {
 			b, _ := json.Marshal(map[string]any{"text": text, "meta_info": map[string]any{"id": "x"}})
@@ -98,11 +99,11 @@ func TestGuardStreams(t *testing.T) {
 		}
 	})
 	t.Run("markers in other event shapes are caught too", func(t *testing.T) {
-		gd := streamOf(newX(routeChat))
+		gd := streamOf(newX(request.Chat))
 		if _, ok := gd.event([]byte("data: {\"a\":1}\ndata: " + bobMarker + "\n\n")); ok {
 			t.Fatal("a multi-line event with a foreign marker passed")
 		}
-		gd = streamOf(newX(routeChat))
+		gd = streamOf(newX(request.Chat))
 		ev := []byte(`data: {"choices":[{"index":0,"logprobs":{"content":[{"token":"` + bobMarker + `"}]},"delta":{"content":"x"}}]}` + "\n\n")
 		if _, ok := gd.event(ev); ok {
 			t.Fatal("a foreign marker in logprobs passed")
@@ -114,7 +115,7 @@ func TestGuardStreams(t *testing.T) {
 				"content": "", "tool_calls": []any{map[string]any{"index": 0, "function": map[string]any{"arguments": args}}}}}}})
 			return []byte("data: " + string(b) + "\n\n")
 		}
-		gd := streamOf(newX(routeChat))
+		gd := streamOf(newX(request.Chat))
 		var sent []byte
 		cut := false
 		for _, piece := range []string{`{"q":"KVG`, `-` + bobMarker[4:12], bobMarker[12:] + `"}`} {
@@ -128,7 +129,7 @@ func TestGuardStreams(t *testing.T) {
 		if !cut || bytes.Contains(sent, []byte("KVG-")) {
 			t.Fatalf("tool-call arguments: cut=%v sent %s", cut, sent)
 		}
-		gd = streamOf(newX(routeChat))
+		gd = streamOf(newX(request.Chat))
 		tokens := []any{}
 		for _, tok := range []string{"K", "VG-", bobMarker[4:9], bobMarker[9:]} {
 			tokens = append(tokens, map[string]any{"token": tok, "logprob": -0.1})
@@ -139,11 +140,11 @@ func TestGuardStreams(t *testing.T) {
 		}
 	})
 	t.Run("nothing rides behind a JSON value or in a key", func(t *testing.T) {
-		gd := streamOf(newX(routeChat))
+		gd := streamOf(newX(request.Chat))
 		if _, ok := gd.event([]byte(`data: {"choices":[]} ` + bobMarker + "\n\n")); ok {
 			t.Fatal("marker after the event's JSON passed")
 		}
-		x0 := newX(routeChat)
+		x0 := newX(request.Chat)
 		for _, b := range []string{`500 internal error ` + bobMarker, `{"a":1}` + "\n" + `{"text":"` + bobMarker + `"}`, `{"top_logprobs":{"` + bobMarker + `":-0.1}}`} {
 			if out, ok := bodyOf(x0, []byte(b)); ok {
 				t.Fatalf("body %q passed as %q", b, out)
@@ -151,7 +152,7 @@ func TestGuardStreams(t *testing.T) {
 		}
 	})
 	t.Run("non-streaming bodies", func(t *testing.T) {
-		x0 := newX(routeChat)
+		x0 := newX(request.Chat)
 		clean := []byte(`{"choices":[{"message":{"content":"hello"}}],"usage":{"prompt_tokens":3}}`)
 		if out, ok := bodyOf(x0, clean); !ok || !bytes.Equal(out, clean) {
 			t.Fatalf("clean body changed: %s", out)
@@ -164,7 +165,7 @@ func TestGuardStreams(t *testing.T) {
 			t.Fatal("foreign marker in a body passed")
 		}
 		tail := []byte(`{"choices":[{"message":{"content":"ends with KV"}}],"x":"\u0041"}`)
-		if out, ok := bodyOf(newX(routeChat), tail); !ok || !bytes.Contains(out, []byte(`ends with KV"`)) {
+		if out, ok := bodyOf(newX(request.Chat), tail); !ok || !bytes.Contains(out, []byte(`ends with KV"`)) {
 			t.Fatalf("a whole body must keep its text intact: %s", out)
 		}
 	})
@@ -174,11 +175,11 @@ func TestGuardStreams(t *testing.T) {
 func TestEchoSetCoversToolDefinitions(t *testing.T) {
 	g := guardGateway(t)
 	bobMarker, _ := g.keyring.Current("bob", time.Now())
-	req, e := parseRequest(routeChat, []byte(`{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","description":"`+bobMarker+`"}}]}`))
+	req, e := request.Parse(request.Chat, []byte(`{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","description":"`+bobMarker+`"}}]}`))
 	if e != nil {
 		t.Fatal(e)
 	}
-	x := &exchange{g: g, tenant: &tenant{Tenant: config.Tenant{Name: "alice"}}, kind: routeChat, req: req, rid: "r", route: &backends.Route{}}
+	x := &exchange{g: g, tenant: &tenant{Tenant: config.Tenant{Name: "alice"}}, kind: request.Chat, req: req, rid: "r", route: &backends.Route{}}
 	x.inject()
 	if len(x.echoes) != 1 || x.echoes[0] != bobMarker {
 		t.Fatalf("echo set %v should hold bob's marker", x.echoes)
@@ -193,7 +194,7 @@ func TestGuardKeepsLogprobTokensAndEscapedEchoes(t *testing.T) {
 	bobMarker, _ := g.keyring.Current("bob", time.Now())
 	alice := &tenant{Tenant: config.Tenant{Name: "alice"}}
 	// Clean logprob tokens are never reshaped, even ones ending in a possible marker start.
-	x := &exchange{g: g, tenant: alice, kind: routeChat, rid: "r", route: &backends.Route{}}
+	x := &exchange{g: g, tenant: alice, kind: request.Chat, rid: "r", route: &backends.Route{}}
 	gd := streamOf(x)
 	ev := []byte(`data: {"choices":[{"index":0,"delta":{"content":"OK then"},"logprobs":{"content":[{"token":"OK","top_logprobs":[{"token":"OK"},{"token":"Okay"}]},{"token":" then"}]}}]}` + "\n\n")
 	if out, ok := gd.event(ev); !ok || !sameEvent(out, ev) {
@@ -214,16 +215,16 @@ func TestGuardKeepsLogprobTokensAndEscapedEchoes(t *testing.T) {
 	}
 	// A stolen marker written with JSON escapes in a tool definition is still the requester's own.
 	esc := `\u004bVG-` + bobMarker[4:]
-	req, e := parseRequest(routeChat, []byte(`{"messages":[{"role":"user","content":"hi","refusal":null,"annotations":[]}],"tools":[{"type":"function","function":{"name":"f","description":"`+esc+`"}}]}`))
+	req, e := request.Parse(request.Chat, []byte(`{"messages":[{"role":"user","content":"hi","refusal":null,"annotations":[]}],"tools":[{"type":"function","function":{"name":"f","description":"`+esc+`"}}]}`))
 	if e != nil {
 		t.Fatalf("empty unknown message fields must be accepted: %v", e)
 	}
-	x = &exchange{g: g, tenant: alice, kind: routeChat, req: req, rid: "r", route: &backends.Route{}}
+	x = &exchange{g: g, tenant: alice, kind: request.Chat, req: req, rid: "r", route: &backends.Route{}}
 	x.inject()
 	if len(x.echoes) != 1 || x.echoes[0] != bobMarker {
 		t.Fatalf("escaped marker not in the echo set: %v", x.echoes)
 	}
-	if _, e := parseRequest(routeChat, []byte(`{"messages":[{"role":"user","content":"hi","documents":["text"]}]}`)); e == nil || e.Param != "messages[0].documents" {
+	if _, e := request.Parse(request.Chat, []byte(`{"messages":[{"role":"user","content":"hi","documents":["text"]}]}`)); e == nil || e.Param != "messages[0].documents" {
 		t.Fatalf("a non-empty unknown message field must be refused: %+v", e)
 	}
 }
@@ -235,25 +236,26 @@ func TestInjectionSkips(t *testing.T) {
 	alice := &tenant{Tenant: config.Tenant{Name: "alice"}}
 	for _, c := range []struct {
 		tn     *tenant
-		kind   routeKind
+		kind   request.Kind
 		body   string
 		marked bool
 	}{
-		{opted, routeChat, `{"messages":[{"role":"user","content":"hi"}]}`, false},
-		{alice, routeGenerate, `{"input_ids":[1,2,3]}`, false},
-		{alice, routeChat, `{"messages":[{"role":"user","content":"hi"}]}`, true},
-		{alice, routeCompletions, `{"prompt":"hi"}`, true},
+		{opted, request.Chat, `{"messages":[{"role":"user","content":"hi"}]}`, false},
+		{alice, request.Generate, `{"input_ids":[1,2,3]}`, false},
+		{alice, request.Chat, `{"messages":[{"role":"user","content":"hi"}]}`, true},
+		{alice, request.Completions, `{"prompt":"hi"}`, true},
 	} {
-		req, e := parseRequest(c.kind, []byte(c.body))
+		req, e := request.Parse(c.kind, []byte(c.body))
 		if e != nil {
 			t.Fatal(e)
 		}
 		x := &exchange{g: g, tenant: c.tn, kind: c.kind, req: req, rid: "r"}
 		x.inject()
-		req.render()
-		got := strings.Contains(string(mustJSON(req.fields)), "KVG-") || (len(req.prompts) > 0 && strings.Contains(req.prompts[0].text, "KVG-"))
+		req.Render()
+		fields, _ := json.Marshal(req.Fields)
+		got := strings.Contains(string(fields), "KVG-") || (len(req.Prompts) > 0 && strings.Contains(req.Prompts[0].Text, "KVG-"))
 		if got != c.marked {
-			t.Fatalf("%s: marked=%v, want %v: %s", c.body, got, c.marked, mustJSON(req.fields))
+			t.Fatalf("%s: marked=%v, want %v: %s", c.body, got, c.marked, fields)
 		}
 	}
 	m := string(mustGather(t, g))

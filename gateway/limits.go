@@ -179,10 +179,10 @@ func (x *exchange) reserveLimits() *apierr.Error {
 	if g.lim == nil || lim.None() {
 		return nil
 	}
-	items := int64(max(len(x.req.prompts), 1))
-	output := x.req.output
-	if !x.req.outputGiven {
-		output = g.cfg.Policy.DefaultMaxTokens * max(x.req.n, 1)
+	items := int64(max(len(x.req.Prompts), 1))
+	output := x.req.Output
+	if !x.req.OutputGiven {
+		output = g.cfg.Policy.DefaultMaxTokens * max(x.req.N, 1)
 	}
 	prompt := int64(x.decision.Tokens) * items // the largest prompt's count bounds each one
 	tokens := prompt + int64(output)*items
@@ -373,7 +373,7 @@ func (x *exchange) settleLimits() {
 			}
 		case h.events == 0 || x.status < 200 || x.status > 299:
 			used = 0
-		case x.req != nil && x.req.stream:
+		case x.req != nil && x.req.Stream:
 			used = h.prompt + h.events
 		default:
 			used = h.ticket.Reserved()

@@ -15,6 +15,7 @@ import (
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
+	"github.com/kvgate/kvgate/request"
 	"github.com/kvgate/kvgate/state"
 )
 
@@ -29,16 +30,16 @@ func retryable(code int) bool { return code == 408 || code == 429 || code >= 500
 
 // engineFields are the request fields as an engine gets them, our cache salt included.
 func (x *exchange) engineFields() map[string]json.RawMessage {
-	f := x.req.fields
-	if x.kind.generates() && x.kind != routeGenerate && !x.g.cfg.Policy.SharePrefixCache {
+	f := x.req.Fields
+	if x.kind.Generates() && x.kind != request.Generate && !x.g.cfg.Policy.SharePrefixCache {
 		// Tenants never share prefix-cache entries: whatever the client sent is replaced. (The
 		// native /generate has no such field in every SGLang version; its text prompts begin
 		// with the tenant's marker, which makes their cached prefixes per tenant already.)
-		f = make(map[string]json.RawMessage, len(x.req.fields)+1)
-		for k, v := range x.req.fields {
+		f = make(map[string]json.RawMessage, len(x.req.Fields)+1)
+		for k, v := range x.req.Fields {
 			f[k] = v
 		}
-		f["cache_salt"] = mustJSON(x.tenant.cacheSalt())
+		f["cache_salt"], _ = json.Marshal(x.tenant.cacheSalt())
 	}
 	return f
 }
@@ -88,10 +89,10 @@ func (x *exchange) failUpstream(ctx *fasthttp.RequestCtx, b *backends.Backend, e
 
 func (x *exchange) attemptUnified(ctx *fasthttp.RequestCtx) {
 	b := x.route.Unified
-	rids := backends.Rids(x.engineRID, x.req.batch, len(x.req.prompts))
-	body := backends.EngineBody(x.engineFields(), rids, x.req.batch, nil)
+	rids := backends.Rids(x.engineRID, x.req.Batch, len(x.req.Prompts))
+	body := backends.EngineBody(x.engineFields(), rids, x.req.Batch, nil)
 	x.ohSent() // kvgate overhead
-	l, err := b.Send(x.kind.path(), body, rids, x.engineRID, x.req.stream)
+	l, err := b.Send(x.kind.Path(), body, rids, x.engineRID, x.req.Stream)
 	x.ohHeaders() // kvgate overhead
 	x.g.countUpstream(b, l, err)
 	if err != nil {
@@ -111,13 +112,13 @@ func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (
 	if attempt > 0 {
 		base += "-r" + strconv.Itoa(attempt)
 	}
-	rids := backends.Rids(base, x.req.batch, len(x.req.prompts))
-	body := backends.EngineBody(x.engineFields(), rids, x.req.batch, p) // a new room on every try
-	pf := p.StartPrefill(x.kind.path(), body, rids, base, x.g.observeUpstream)
+	rids := backends.Rids(base, x.req.Batch, len(x.req.Prompts))
+	body := backends.EngineBody(x.engineFields(), rids, x.req.Batch, p) // a new room on every try
+	pf := p.StartPrefill(x.kind.Path(), body, rids, base, x.g.observeUpstream)
 	decodeAnswered := make(chan struct{})
 	backends.AbortWhenPrefillFails(d, rids, pf, decodeAnswered)
 	x.ohSent() // kvgate overhead
-	dl, err := d.Send(x.kind.path(), body, rids, base, x.req.stream)
+	dl, err := d.Send(x.kind.Path(), body, rids, base, x.req.Stream)
 	x.ohHeaders() // kvgate overhead
 	close(decodeAnswered)
 	x.g.countUpstream(d, dl, err)
@@ -208,7 +209,7 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *backends.Leg, other *backe
 	}
 	copyReplyHeaders(ctx, l)
 	ctx.Response.Header.Set("X-Request-Id", x.rid)
-	if code >= 200 && code <= 299 && code != 204 && x.req.stream {
+	if code >= 200 && code <= 299 && code != 204 && x.req.Stream {
 		src, err := decodedBody(l)
 		if cs := charsetOf(l.ContentType()); err == nil && cs != "" && cs != "utf-8" && cs != "utf8" {
 			err = fmt.Errorf("%w %q on an event stream (the format is UTF-8 only)", errCharset, cs)
@@ -375,7 +376,7 @@ func (x *exchange) cut(h *canary.Hit, b *backends.Backend, rids []string, other 
 // learn raises the safety ratio from the prompt count a unified or decode engine reported for a
 // prompt that was estimated (never from prefill, which reports 1 for a stubbed prompt).
 func (x *exchange) learn(reply any, b *backends.Backend) {
-	if x.estimate <= 0 || b.Role == config.RolePrefill || len(x.req.prompts) != 1 {
+	if x.estimate <= 0 || b.Role == config.RolePrefill || len(x.req.Prompts) != 1 {
 		return
 	}
 	x.g.ratio.Observe(x.estimate, backends.PromptTokens(reply))

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/config"
+	"github.com/kvgate/kvgate/request"
 )
 
 var (
@@ -15,7 +16,7 @@ var (
 
 func benchExchange(b *testing.B) *exchange {
 	g := guardGateway(b)
-	return &exchange{g: g, tenant: &tenant{Tenant: config.Tenant{Name: "alice"}}, kind: routeChat, rid: "r", route: &backends.Route{}}
+	return &exchange{g: g, tenant: &tenant{Tenant: config.Tenant{Name: "alice"}}, kind: request.Chat, rid: "r", route: &backends.Route{}}
 }
 
 // A whole non-streaming reply through the normaliser and the scanner (per reply).
@@ -42,7 +43,7 @@ func BenchmarkAdmitSmallChat(b *testing.B) {
 		ctx.Request.Header.SetMethod("POST")
 		ctx.Request.Header.Set("Authorization", "Bearer k")
 		ctx.Request.SetBody(body)
-		x := &exchange{g: g, kind: routeChat, start: time.Now()}
+		x := &exchange{g: g, kind: request.Chat, start: time.Now()}
 		if e := x.admit(&ctx); e != nil {
 			b.Fatalf("%+v", e)
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
+	"github.com/kvgate/kvgate/request"
 )
 
 // FuzzEventRelay drives the stream relay with arbitrary engine bytes, a foreign marker planted
@@ -34,7 +35,7 @@ func FuzzEventRelay(f *testing.F) {
 		if len(raw) > 1<<14 {
 			return
 		}
-		x := &exchange{g: g, tenant: &tenant{Tenant: config.Tenant{Name: "alice"}}, kind: routeChat, rid: "r", route: &backends.Route{}}
+		x := &exchange{g: g, tenant: &tenant{Tenant: config.Tenant{Name: "alice"}}, kind: request.Chat, rid: "r", route: &backends.Route{}}
 		if plant%2 == 1 {
 			p := int(at) % (len(raw) + 1)
 			m := disguises[int(plant/2)%len(disguises)](victim)

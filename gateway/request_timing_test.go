@@ -7,6 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvgate/kvgate/lab/enginesim"
+	"github.com/kvgate/kvgate/request"
 )
 
 // Allocations per request and per event (issue 9). The backend is a fast-mode simulator in this
@@ -60,7 +61,7 @@ func BenchmarkRequest(b *testing.B) {
 // tenant's canaries on, re-serialise): allocs/op is allocations per event.
 func BenchmarkRelayEvent(b *testing.B) {
 	g := inmemGateway(b, enginesim.Config{})
-	x := &exchange{g: g, tenant: &g.tenants[0], rid: "bench", start: time.Now(), kind: routeChat}
+	x := &exchange{g: g, tenant: &g.tenants[0], rid: "bench", start: time.Now(), kind: request.Chat}
 	ev := []byte("data: " + `{"id":"fast","object":"chat.completion.chunk","created":0,"model":"sim","choices":[{"index":0,"delta":{"content":" hello"},"logprobs":null,"finish_reason":null,"matched_stop":null}]}` + "\n\n")
 	s := streamOf(x)
 	b.SetBytes(int64(len(ev)))

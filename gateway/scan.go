@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/kvgate/kvgate/canary"
+	"github.com/kvgate/kvgate/request"
 	"github.com/kvgate/kvgate/state"
 )
 
@@ -387,11 +388,11 @@ func (gd *guard) event(v any) (any, bool) {
 	if !isObj {
 		return gd.walk(v, "", false, &changed)
 	}
-	if idx, ok := obj["index"].(json.Number); ok && gd.x.kind == routeMessages {
+	if idx, ok := obj["index"].(json.Number); ok && gd.x.kind == request.Messages {
 		gd.lastBlock = idx // where held text of a content block goes back
 	}
 	var restore func()
-	if gd.x.kind == routeGenerate {
+	if gd.x.kind == request.Generate {
 		if t, ok := obj["text"].(string); ok {
 			key := "0"
 			if idx, ok := obj["index"].(json.Number); ok {

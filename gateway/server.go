@@ -33,6 +33,7 @@ import (
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/internal/panics"
 	"github.com/kvgate/kvgate/policy"
+	"github.com/kvgate/kvgate/request"
 	"github.com/kvgate/kvgate/state"
 	"github.com/kvgate/kvgate/tokenize"
 )
@@ -282,7 +283,7 @@ func (g *Gateway) Handle(ctx *fasthttp.RequestCtx) {
 	}
 	path := string(ctx.Path())
 	method := string(ctx.Method())
-	if kind, ok := routeByPath[path]; ok {
+	if kind, ok := request.ByPath[path]; ok {
 		g.onlyPost(ctx, method, kind)
 		return
 	}
@@ -334,7 +335,7 @@ func (g *Gateway) Handle(ctx *fasthttp.RequestCtx) {
 	}
 }
 
-func (g *Gateway) onlyPost(ctx *fasthttp.RequestCtx, method string, kind routeKind) {
+func (g *Gateway) onlyPost(ctx *fasthttp.RequestCtx, method string, kind request.Kind) {
 	if method != fasthttp.MethodPost {
 		writeError(ctx, apierr.Method)
 		return

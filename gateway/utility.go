@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/request"
 )
 
 // The utility routes: tokenize, detokenize and Anthropic's count_tokens. They prefill nothing
@@ -19,11 +20,11 @@ import (
 // like every other reply.
 
 var utilityFields = map[string]map[string]bool{
-	"/v1/tokenize":              set("model", "prompt", "add_special_tokens"),
-	"/tokenize":                 set("model", "prompt", "add_special_tokens"),
-	"/v1/detokenize":            set("model", "tokens"),
-	"/detokenize":               set("model", "tokens"),
-	"/v1/messages/count_tokens": set("model", "messages", "system", "tools", "tool_choice", "thinking"),
+	"/v1/tokenize":              request.AllowList("model", "prompt", "add_special_tokens"),
+	"/tokenize":                 request.AllowList("model", "prompt", "add_special_tokens"),
+	"/v1/detokenize":            request.AllowList("model", "tokens"),
+	"/detokenize":               request.AllowList("model", "tokens"),
+	"/v1/messages/count_tokens": request.AllowList("model", "messages", "system", "tools", "tool_choice", "thinking"),
 }
 
 // utilityTimeout bounds one utility call: they are quick on any engine.
@@ -53,7 +54,7 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 		fail(e)
 		return
 	}
-	if e := checkKeys(body); e != nil {
+	if e := request.CheckKeys(body); e != nil {
 		fail(e) // an engine reads the first of duplicate or case-variant keys differently
 		return
 	}

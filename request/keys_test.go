@@ -1,4 +1,4 @@
-package gateway
+package request
 
 import (
 	"bytes"
@@ -15,29 +15,29 @@ import (
 func TestKeysDuplicateAndCaseVariantRefused(t *testing.T) {
 	long := strings.Repeat("word ", 2000)
 	for _, c := range []struct {
-		kind  routeKind
+		kind  Kind
 		body  string
 		param string // "" = accepted
 	}{
-		{routeChat, `{"messages":[{"role":"user","content":[{"type":"text","text":"` + long + `","TEXT":"hi"}]}]}`, "messages[0].content[0].TEXT"},
-		{routeChat, `{"messages":[{"role":"user","content":"a"},{"role":"user","content":[{"type":"text","text":"x"},{"type":"text","text":"` + long + `","text":"hi"}]}]}`, "messages[1].content[1].text"},
-		{routeGenerate, `{"text":"hi","sampling_params":{"max_new_tokens":1,"MAX_NEW_TOKENS":16380}}`, "sampling_params.MAX_NEW_TOKENS"},
-		{routeGenerate, `{"text":"hi","sampling_params":{"max_new_tokens":1,"max_new_tokens":16380}}`, "sampling_params.max_new_tokens"},
+		{Chat, `{"messages":[{"role":"user","content":[{"type":"text","text":"` + long + `","TEXT":"hi"}]}]}`, "messages[0].content[0].TEXT"},
+		{Chat, `{"messages":[{"role":"user","content":"a"},{"role":"user","content":[{"type":"text","text":"x"},{"type":"text","text":"` + long + `","text":"hi"}]}]}`, "messages[1].content[1].text"},
+		{Generate, `{"text":"hi","sampling_params":{"max_new_tokens":1,"MAX_NEW_TOKENS":16380}}`, "sampling_params.MAX_NEW_TOKENS"},
+		{Generate, `{"text":"hi","sampling_params":{"max_new_tokens":1,"max_new_tokens":16380}}`, "sampling_params.max_new_tokens"},
 		// Escapes are resolved before comparing: \u0074ext is text.
-		{routeChat, `{"messages":[{"role":"user","content":[{"type":"text","text":"a","\u0074ext":"b"}]}]}`, "messages[0].content[0].text"},
+		{Chat, `{"messages":[{"role":"user","content":[{"type":"text","text":"a","\u0074ext":"b"}]}]}`, "messages[0].content[0].text"},
 		// The Kelvin sign folds to k in encoding/json's matching: "\u212aey" and "key" collide.
-		{routeChat, `{"messages":[{"role":"user","content":"x"}],"metadata":{"key":1,"\u212aey":2}}`, "metadata.\u212aey"},
-		{routeChat, `{"model":"a","MODEL":"b","messages":[{"role":"user","content":"x"}]}`, "MODEL"},
-		{routeChat, `{"messages":[{"role":"user","content":"x","Role":"system"}]}`, "messages[0].Role"},
+		{Chat, `{"messages":[{"role":"user","content":"x"}],"metadata":{"key":1,"\u212aey":2}}`, "metadata.\u212aey"},
+		{Chat, `{"model":"a","MODEL":"b","messages":[{"role":"user","content":"x"}]}`, "MODEL"},
+		{Chat, `{"messages":[{"role":"user","content":"x","Role":"system"}]}`, "messages[0].Role"},
 		// Deep inside a tool definition.
-		{routeChat, `{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":{},"A":{}}}}}]}`, "tools[0].function.parameters.properties.A"},
+		{Chat, `{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":{},"A":{}}}}}]}`, "tools[0].function.parameters.properties.A"},
 		// Many keys (the map path) with a repeat at the end.
-		{routeGenerate, `{"text":"hi","sampling_params":{"logit_bias":{` + manyKeys(100) + `,"k7":1}}}`, "sampling_params.logit_bias.k7"},
+		{Generate, `{"text":"hi","sampling_params":{"logit_bias":{` + manyKeys(100) + `,"k7":1}}}`, "sampling_params.logit_bias.k7"},
 		// Accepted: the same key in different objects, keys inside strings, escaped quotes.
-		{routeChat, `{"messages":[{"role":"user","content":"\"role\": \"x\", \"ROLE\":"},{"role":"assistant","content":"y"}]}`, ""},
-		{routeGenerate, `{"text":"a\\","sampling_params":{"logit_bias":{` + manyKeys(100) + `}}}`, ""},
+		{Chat, `{"messages":[{"role":"user","content":"\"role\": \"x\", \"ROLE\":"},{"role":"assistant","content":"y"}]}`, ""},
+		{Generate, `{"text":"a\\","sampling_params":{"logit_bias":{` + manyKeys(100) + `}}}`, ""},
 	} {
-		_, e := parseRequest(c.kind, []byte(c.body))
+		_, e := Parse(c.kind, []byte(c.body))
 		switch {
 		case c.param == "" && e != nil:
 			t.Errorf("%.80s: refused: %+v", c.body, e)
@@ -63,24 +63,24 @@ func manyKeys(n int) string {
 // sampling_params and content parts are allow-listed by exact name.
 func TestKeysAllowListSamplingParamsAndParts(t *testing.T) {
 	for _, c := range []struct {
-		kind  routeKind
+		kind  Kind
 		body  string
 		param string
 	}{
-		{routeGenerate, `{"text":"hi","sampling_params":{"MAX_NEW_TOKENS":16380}}`, "sampling_params.MAX_NEW_TOKENS"},
-		{routeGenerate, `{"text":"hi","sampling_params":{"custom_params":{"a":1}}}`, "sampling_params.custom_params"},
-		{routeGenerate, `{"text":"hi","sampling_params":{"seed":1}}`, "sampling_params.seed"},
-		{routeGenerate, `{"text":"hi","sampling_params":{"max_new_tokens":8,"temperature":0,"top_p":1,"top_k":5,"stop":["x"],"n":2,"sampling_seed":3,"logit_bias":{"1":1}}}`, ""},
-		{routeChat, `{"messages":[{"role":"user","content":[{"type":"text","TEXT":"hi"}]}]}`, "messages[0].content"},
-		{routeChat, `{"messages":[{"role":"user","content":[{"type":"text","text":"hi","cache":"x"}]}]}`, "messages[0].content"},
-		{routeChat, `{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}`, ""},
+		{Generate, `{"text":"hi","sampling_params":{"MAX_NEW_TOKENS":16380}}`, "sampling_params.MAX_NEW_TOKENS"},
+		{Generate, `{"text":"hi","sampling_params":{"custom_params":{"a":1}}}`, "sampling_params.custom_params"},
+		{Generate, `{"text":"hi","sampling_params":{"seed":1}}`, "sampling_params.seed"},
+		{Generate, `{"text":"hi","sampling_params":{"max_new_tokens":8,"temperature":0,"top_p":1,"top_k":5,"stop":["x"],"n":2,"sampling_seed":3,"logit_bias":{"1":1}}}`, ""},
+		{Chat, `{"messages":[{"role":"user","content":[{"type":"text","TEXT":"hi"}]}]}`, "messages[0].content"},
+		{Chat, `{"messages":[{"role":"user","content":[{"type":"text","text":"hi","cache":"x"}]}]}`, "messages[0].content"},
+		{Chat, `{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}`, ""},
 	} {
-		r, e := parseRequest(c.kind, []byte(c.body))
+		r, e := Parse(c.kind, []byte(c.body))
 		switch {
 		case c.param == "" && e != nil:
 			t.Errorf("%s: refused: %+v", c.body, e)
-		case c.param == "" && c.kind == routeGenerate && r.output != 16:
-			t.Errorf("%s: output %d, want 8 × n=2", c.body, r.output)
+		case c.param == "" && c.kind == Generate && r.Output != 16:
+			t.Errorf("%s: output %d, want 8 × n=2", c.body, r.Output)
 		case c.param != "" && e == nil:
 			t.Errorf("%s: accepted", c.body)
 		case c.param != "" && e.Param != c.param:
@@ -93,7 +93,7 @@ func BenchmarkCheckKeys(b *testing.B) {
 	body := []byte(`{"model":"m","messages":[{"role":"system","content":"` + strings.Repeat("lorem ipsum \\\" dolor ", 50000) + `"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"max_tokens":5}`)
 	b.SetBytes(int64(len(body)))
 	for i := 0; i < b.N; i++ {
-		if e := checkKeys(body); e != nil {
+		if e := CheckKeys(body); e != nil {
 			b.Fatal(e)
 		}
 	}
@@ -165,7 +165,7 @@ func FuzzCheckKeys(f *testing.F) {
 		if !ok {
 			return
 		}
-		if got := checkKeys(body) != nil; got != want {
+		if got := CheckKeys(body) != nil; got != want {
 			t.Fatalf("%s: checkKeys refused=%v, reference %v", body, got, want)
 		}
 	})

@@ -1,4 +1,9 @@
-package gateway
+// Package request turns a client's body into one typed request, decoded once with one JSON
+// library (goccy/go-json): the route kinds and their allow-lists, the key checks (no duplicate or
+// case-variant keys an engine would read differently), the parse of every route into prompts to
+// count and output to reserve, the canary marker spliced into the typed value, and the render of
+// what the engine will tokenize. It knows nothing of HTTP or of engines.
+package request
 
 import (
 	"bytes"
@@ -12,15 +17,16 @@ import (
 	"github.com/kvgate/kvgate/tokenize"
 )
 
-type routeKind int
+type Kind int
 
 const (
-	routeChat routeKind = iota
-	routeCompletions
-	routeGenerate
+	Chat Kind = iota
+	Completions
+	Generate
 )
 
-func (r routeKind) path() string { return routePaths[r] }
+// Path is the route's URL path.
+func (r Kind) Path() string { return paths[r] }
 
 // Engine-control fields a client must never set: they steer the engine's KV transfer, identity,
 // or code execution. They are refused by name so the client knows why.
@@ -35,25 +41,26 @@ var mediaFields = map[string]bool{"image_data": true, "audio_data": true, "video
 
 // The allow-lists: everything else is refused with 400, so an unknown engine option can never
 // slip through unreviewed.
-var allowed = map[routeKind]map[string]bool{
-	routeChat: set("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+var allowed = map[Kind]map[string]bool{
+	Chat: AllowList("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
 		"top_k", "min_p", "n", "stream", "stream_options", "stop", "stop_token_ids", "presence_penalty",
 		"frequency_penalty", "repetition_penalty", "logit_bias", "logprobs", "top_logprobs", "user", "seed",
 		"tools", "tool_choice", "functions", "function_call", "response_format", "parallel_tool_calls",
 		"reasoning_effort", "separate_reasoning", "stream_reasoning", "chat_template_kwargs", "regex", "ebnf",
 		"json_schema", "ignore_eos", "skip_special_tokens", "no_stop_trim", "min_tokens",
 		"continue_final_message", "lora_path", "metadata", "store", "service_tier"),
-	routeCompletions: set("model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n",
+	Completions: AllowList("model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n",
 		"stream", "stream_options", "stop", "stop_token_ids", "logprobs", "echo", "presence_penalty",
 		"frequency_penalty", "repetition_penalty", "best_of", "logit_bias", "user", "seed", "suffix",
 		"regex", "ebnf", "json_schema", "ignore_eos", "skip_special_tokens", "no_stop_trim", "min_tokens",
 		"lora_path"),
-	routeGenerate: set("text", "input_ids", "sampling_params", "stream", "return_logprob",
+	Generate: AllowList("text", "input_ids", "sampling_params", "stream", "return_logprob",
 		"logprob_start_len", "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs",
 		"lora_path", "log_metrics"),
 }
 
-func set(names ...string) map[string]bool {
+// AllowList is a set of allowed field names.
+func AllowList(names ...string) map[string]bool {
 	m := make(map[string]bool, len(names))
 	for _, n := range names {
 		m[n] = true
@@ -61,33 +68,33 @@ func set(names ...string) map[string]bool {
 	return m
 }
 
-// prompt is one sequence the engine will prefill (a batch has several).
-type prompt struct {
+// Prompt is one sequence the engine will prefill (a batch has several).
+type Prompt struct {
 	// text is what the engine tokenizes (the chat template applied) when the prompt is text.
-	text string
-	// ids is the token count when the client sent token ids, tokens the ids themselves (read
+	Text string
+	// IDs is the token count when the client sent token ids, Tokens the ids themselves (read
 	// back into text for echo detection).
-	ids    int
-	hasIDs bool
-	tokens []int
+	IDs    int
+	HasIDs bool
+	Tokens []int
 }
 
-// request is a parsed, sanitized generation request.
-type request struct {
-	kind   routeKind
-	fields map[string]json.RawMessage
-	stream bool
+// Request is a parsed, sanitized generation request.
+type Request struct {
+	Kind   Kind
+	Fields map[string]json.RawMessage
+	Stream bool
 	// output is the requested output tokens for the admission rule: × n, × best_of (completions),
 	// × sampling_params.n (/generate).
-	output int
+	Output int
 	// outputGiven says the client named an output length (the rule reserves output only then,
 	// or from policy.default_max_tokens).
-	outputGiven bool
+	OutputGiven bool
 	// n is the number of sequences generated per prompt (n, best_of, sampling_params.n).
-	n       int
-	prompts []prompt
-	batch   bool
-	model   string
+	N       int
+	Prompts []Prompt
+	Batch   bool
+	Model   string
 
 	// chat only: messages as sent, kept as raw fields so unknown-but-allowed keys survive, and
 	// their decoded text (content, plus tool calls), so rendering does not decode them again.
@@ -107,13 +114,13 @@ type request struct {
 	system        string
 	hasSystem     bool
 	turns         []tokenize.Message
-	storedContext string
+	StoredContext string
 	// rerank / score: the query+document texts, one prompt each
 	pairTexts []string
 }
 
-// parseRequest validates body for kind. Errors are client errors (400) naming the field.
-func parseRequest(kind routeKind, body []byte) (*request, *apierr.Error) {
+// Parse validates body for kind. Errors are client errors (400) naming the field.
+func Parse(kind Kind, body []byte) (*Request, *apierr.Error) {
 	if !utf8.Valid(body) {
 		return nil, apierr.BadRequest("", "Request body is not valid UTF-8.")
 	}
@@ -125,7 +132,7 @@ func parseRequest(kind routeKind, body []byte) (*request, *apierr.Error) {
 	if dec.More() {
 		return nil, apierr.BadRequest("", "Request body has data after the JSON object.")
 	}
-	if e := checkKeys(body); e != nil {
+	if e := CheckKeys(body); e != nil {
 		return nil, e
 	}
 	names := make([]string, 0, len(fields))
@@ -140,27 +147,27 @@ func parseRequest(kind routeKind, body []byte) (*request, *apierr.Error) {
 		case mediaFields[k]:
 			return nil, apierr.BadRequest(k, fmt.Sprintf("Field %q is not supported: this gateway accepts text and token ids only.", k))
 		case !allowed[kind][k]:
-			return nil, apierr.BadRequest(k, fmt.Sprintf("Unsupported field %q for %s.", k, kind.path()))
+			return nil, apierr.BadRequest(k, fmt.Sprintf("Unsupported field %q for %s.", k, kind.Path()))
 		}
 	}
-	r := &request{kind: kind, fields: fields}
+	r := &Request{Kind: kind, Fields: fields}
 	if raw, ok := fields["stream"]; ok && !isNull(raw) {
-		if err := json.Unmarshal(raw, &r.stream); err != nil {
+		if err := json.Unmarshal(raw, &r.Stream); err != nil {
 			return nil, apierr.BadRequest("stream", "'stream' must be a boolean.")
 		}
 	}
 	if raw, ok := fields["model"]; ok && !isNull(raw) {
-		if err := json.Unmarshal(raw, &r.model); err != nil {
+		if err := json.Unmarshal(raw, &r.Model); err != nil {
 			return nil, apierr.BadRequest("model", "'model' must be a string.")
 		}
 	}
 	var err *apierr.Error
 	switch kind {
-	case routeChat:
+	case Chat:
 		err = r.parseChat()
-	case routeCompletions:
+	case Completions:
 		err = r.parseCompletions()
-	case routeGenerate:
+	case Generate:
 		err = r.parseGenerate()
 	default:
 		err = r.parseMore()
@@ -204,17 +211,17 @@ func intField(fields map[string]json.RawMessage, name string) (int, bool, *apier
 }
 
 // openAIOutput applies DESIGN.md's O for OpenAI routes: max_completion_tokens, else max_tokens; × n.
-func (r *request) openAIOutput() *apierr.Error {
-	out, given, err := intField(r.fields, "max_completion_tokens")
+func (r *Request) openAIOutput() *apierr.Error {
+	out, given, err := intField(r.Fields, "max_completion_tokens")
 	if err != nil {
 		return err
 	}
 	if !given {
-		if out, given, err = intField(r.fields, "max_tokens"); err != nil {
+		if out, given, err = intField(r.Fields, "max_tokens"); err != nil {
 			return err
 		}
 	}
-	n, hasN, err := intField(r.fields, "n")
+	n, hasN, err := intField(r.Fields, "n")
 	if err != nil {
 		return err
 	}
@@ -226,8 +233,8 @@ func (r *request) openAIOutput() *apierr.Error {
 	}
 	// Completions' best_of generates best_of sequences and returns n of them: the engine
 	// reserves output for every one generated.
-	if r.kind == routeCompletions {
-		bestOf, has, err := intField(r.fields, "best_of")
+	if r.Kind == Completions {
+		bestOf, has, err := intField(r.Fields, "best_of")
 		if err != nil {
 			return err
 		}
@@ -236,12 +243,12 @@ func (r *request) openAIOutput() *apierr.Error {
 		}
 		n = max(n, bestOf)
 	}
-	r.output, r.outputGiven, r.n = out*n, given, n
+	r.Output, r.OutputGiven, r.N = out*n, given, n
 	return nil
 }
 
-func (r *request) parseChat() *apierr.Error {
-	raw, ok := r.fields["messages"]
+func (r *Request) parseChat() *apierr.Error {
+	raw, ok := r.Fields["messages"]
 	if !ok {
 		return apierr.BadRequest("messages", "'messages' is required.")
 	}
@@ -276,7 +283,7 @@ func (r *request) parseChat() *apierr.Error {
 	// Tool definitions, schemas and template arguments reach the engine's template: count them.
 	var extra []string
 	for _, k := range []string{"tools", "functions", "response_format", "chat_template_kwargs"} {
-		if raw, ok := r.fields[k]; ok && !isNull(raw) {
+		if raw, ok := r.Fields[k]; ok && !isNull(raw) {
 			extra = append(extra, string(raw))
 		}
 	}
@@ -286,7 +293,7 @@ func (r *request) parseChat() *apierr.Error {
 
 // messageKeys are the message fields forwarded; anything else is refused, because whatever the
 // engine's template renders must be counted.
-var messageKeys = set("role", "content", "name", "tool_calls", "tool_call_id", "function_call", "reasoning_content")
+var messageKeys = AllowList("role", "content", "name", "tool_calls", "tool_call_id", "function_call", "reasoning_content")
 
 // renderedExtras is the text of a message's fields other than content that templates render
 // (tool calls, reasoning): counted as their JSON, which is at least as long as their text.
@@ -366,7 +373,7 @@ func messageText(raw json.RawMessage) (string, error) {
 
 // idsOrTexts parses a prompt field that may be a string, a list of strings, a list of token ids
 // or a list of token-id lists.
-func (r *request) idsOrTexts(name string, raw json.RawMessage) *apierr.Error {
+func (r *Request) idsOrTexts(name string, raw json.RawMessage) *apierr.Error {
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
 		r.texts = []string{s}
@@ -374,34 +381,34 @@ func (r *request) idsOrTexts(name string, raw json.RawMessage) *apierr.Error {
 	}
 	var ss []string
 	if json.Unmarshal(raw, &ss) == nil && len(ss) > 0 {
-		r.texts, r.batch = ss, true
+		r.texts, r.Batch = ss, true
 		return nil
 	}
 	var ids []int
 	if json.Unmarshal(raw, &ids) == nil && len(ids) > 0 {
-		r.prompts = []prompt{{ids: len(ids), hasIDs: true, tokens: ids}}
+		r.Prompts = []Prompt{{IDs: len(ids), HasIDs: true, Tokens: ids}}
 		return nil
 	}
 	var batch [][]int
 	if json.Unmarshal(raw, &batch) == nil && len(batch) > 0 {
-		r.batch = true
+		r.Batch = true
 		for _, b := range batch {
-			r.prompts = append(r.prompts, prompt{ids: len(b), hasIDs: true, tokens: b})
+			r.Prompts = append(r.Prompts, Prompt{IDs: len(b), HasIDs: true, Tokens: b})
 		}
 		return nil
 	}
 	return apierr.BadRequest(name, fmt.Sprintf("'%s' must be a string, a non-empty list of strings, or token ids.", name))
 }
 
-func (r *request) parseCompletions() *apierr.Error {
-	raw, ok := r.fields["prompt"]
+func (r *Request) parseCompletions() *apierr.Error {
+	raw, ok := r.Fields["prompt"]
 	if !ok || isNull(raw) {
 		return apierr.BadRequest("prompt", "'prompt' is required.")
 	}
 	if err := r.idsOrTexts("prompt", raw); err != nil {
 		return err
 	}
-	if raw, ok := r.fields["suffix"]; ok && !isNull(raw) {
+	if raw, ok := r.Fields["suffix"]; ok && !isNull(raw) {
 		// A fill-in-the-middle template renders the suffix into the prompt: count it.
 		if json.Unmarshal(raw, &r.suffix) != nil {
 			return apierr.BadRequest("suffix", "'suffix' must be a string.")
@@ -410,9 +417,9 @@ func (r *request) parseCompletions() *apierr.Error {
 	return r.openAIOutput()
 }
 
-func (r *request) parseGenerate() *apierr.Error {
-	text, hasText := r.fields["text"]
-	ids, hasIDs := r.fields["input_ids"]
+func (r *Request) parseGenerate() *apierr.Error {
+	text, hasText := r.Fields["text"]
+	ids, hasIDs := r.Fields["input_ids"]
 	hasText, hasIDs = hasText && !isNull(text), hasIDs && !isNull(ids)
 	switch {
 	case hasText && hasIDs:
@@ -428,9 +435,9 @@ func (r *request) parseGenerate() *apierr.Error {
 	default:
 		return apierr.BadRequest("text", "'text' or 'input_ids' is required.")
 	}
-	r.output = 128 // SGLang's default max_new_tokens
-	r.outputGiven = true
-	if raw, ok := r.fields["sampling_params"]; ok && !isNull(raw) {
+	r.Output = 128 // SGLang's default max_new_tokens
+	r.OutputGiven = true
+	if raw, ok := r.Fields["sampling_params"]; ok && !isNull(raw) {
 		var sp map[string]json.RawMessage
 		if err := json.Unmarshal(raw, &sp); err != nil {
 			return apierr.BadRequest("sampling_params", "'sampling_params' must be an object.")
@@ -443,15 +450,15 @@ func (r *request) parseGenerate() *apierr.Error {
 			return apierr.BadRequest("sampling_params.max_new_tokens", "'sampling_params.max_new_tokens' must be a non-negative integer.")
 		}
 		if given {
-			r.output = n
+			r.Output = n
 		}
 		if raw, ok := sp["n"]; ok && !isNull(raw) {
 			var k int
 			if json.Unmarshal(raw, &k) != nil || k < 1 || k > 1<<30 {
 				return apierr.BadRequest("sampling_params.n", "'sampling_params.n' must be a positive integer.")
 			}
-			r.output *= k
-			r.n = k
+			r.Output *= k
+			r.N = k
 		}
 	}
 	return nil
@@ -461,7 +468,7 @@ func (r *request) parseGenerate() *apierr.Error {
 // python/sglang/srt/sampling/sampling_params.py), matched exactly as the engine matches them.
 // custom_params is left out: it feeds custom logit processors, engine-side code this gateway
 // refuses (like custom_logit_processor).
-var samplingKeys = set("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "stop_regex",
+var samplingKeys = AllowList("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "stop_regex",
 	"temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
 	"repetition_penalty", "n", "json_schema", "regex", "ebnf", "structural_tag", "ignore_eos",
 	"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "stream_interval",
@@ -486,52 +493,52 @@ func checkSamplingKeys(sp map[string]json.RawMessage) *apierr.Error {
 
 // render builds the prompts the engine will see (after any injection) and writes the changed
 // fields back into the body.
-func (r *request) render() {
-	switch r.kind {
-	case routeChat:
+func (r *Request) Render() {
+	switch r.Kind {
+	case Chat:
 		msgs := make([]tokenize.Message, len(r.messages))
 		for i := range r.messages {
 			msgs[i] = tokenize.Message{Role: r.roles[i], Name: r.names[i], Content: r.msgText[i]}
 		}
-		r.prompts = []prompt{{text: tokenize.RenderChatML(msgs, r.extra)}}
-	case routeResponses, routeMessages:
-		r.prompts = []prompt{{text: r.renderTurns()}}
+		r.Prompts = []Prompt{{Text: tokenize.RenderChatML(msgs, r.extra)}}
+	case Responses, Messages:
+		r.Prompts = []Prompt{{Text: r.renderTurns()}}
 	default:
 		if r.texts != nil {
-			r.prompts = r.prompts[:0]
+			r.Prompts = r.Prompts[:0]
 			for _, t := range r.texts {
 				if r.suffix != "" {
 					t += "\n" + r.suffix
 				}
-				r.prompts = append(r.prompts, prompt{text: t})
+				r.Prompts = append(r.Prompts, Prompt{Text: t})
 			}
 		}
 	}
 }
 
 // setTexts replaces the prompt texts (completions prompt / generate text) in the body.
-func (r *request) setTexts(texts []string) {
+func (r *Request) setTexts(texts []string) {
 	r.texts = texts
 	field := "prompt"
-	if r.kind == routeGenerate {
+	if r.Kind == Generate {
 		field = "text"
 	}
-	if r.batch {
-		r.fields[field] = mustJSON(texts)
+	if r.Batch {
+		r.Fields[field] = mustJSON(texts)
 	} else {
-		r.fields[field] = mustJSON(texts[0])
+		r.Fields[field] = mustJSON(texts[0])
 	}
 }
 
 // setMessages replaces the chat messages in the body.
-func (r *request) setMessages(msgs []map[string]json.RawMessage) {
+func (r *Request) setMessages(msgs []map[string]json.RawMessage) {
 	r.messages = msgs
 	r.msgText = r.msgText[:0]
 	for _, m := range msgs {
 		t, _ := messageText(m["content"]) // built from validated parts
 		r.msgText = append(r.msgText, t+renderedExtras(m))
 	}
-	r.fields["messages"] = mustJSON(msgs)
+	r.Fields["messages"] = mustJSON(msgs)
 }
 
 func mustJSON(v any) json.RawMessage {

@@ -1,4 +1,4 @@
-package gateway
+package request
 
 import (
 	"encoding/json"
@@ -22,23 +22,23 @@ func FuzzParseRequest(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, body string) {
-		for _, kind := range []routeKind{routeChat, routeCompletions, routeGenerate} {
-			r, e := parseRequest(kind, []byte(body))
+		for _, kind := range []Kind{Chat, Completions, Generate} {
+			r, e := Parse(kind, []byte(body))
 			if e != nil {
 				if e.Status != 400 || e.Code != "invalid_request" || e.Message == "" {
 					t.Fatalf("bad error for %q: %+v", body, e)
 				}
 				continue
 			}
-			r.render()
-			if len(r.prompts) == 0 {
+			r.Render()
+			if len(r.Prompts) == 0 {
 				t.Fatalf("parsed %q with no prompt", body)
 			}
 			var out map[string]json.RawMessage
-			if err := json.Unmarshal(mustJSON(r.fields), &out); err != nil {
+			if err := json.Unmarshal(mustJSON(r.Fields), &out); err != nil {
 				t.Fatalf("re-encoded body is not JSON: %v", err)
 			}
-			if r.output < 0 {
+			if r.Output < 0 {
 				t.Fatalf("negative output for %q", body)
 			}
 		}

@@ -1,4 +1,4 @@
-package gateway
+package request
 
 import (
 	"bytes"
@@ -39,7 +39,7 @@ const maxKeyDepth = 256
 // checkKeys scans body once, without decoding values, and refuses (400, naming the field path)
 // a key that repeats, exactly or up to case, within one object at any depth. body must be valid
 // UTF-8; malformed JSON is left to the decoder, which reports it better.
-func checkKeys(body []byte) *apierr.Error {
+func CheckKeys(body []byte) *apierr.Error {
 	var stack []keyFrame
 	i, n := 0, len(body)
 	for i < n {

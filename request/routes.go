@@ -1,4 +1,4 @@
-package gateway
+package request
 
 import (
 	"bytes"
@@ -18,87 +18,87 @@ import (
 // output to reserve, where the marker goes) and goes through the same admission and relay.
 
 const (
-	routeResponses routeKind = iota + routeGenerate + 1
-	routeMessages
-	routeEmbeddings
-	routeRerank
-	routeScore
-	routeClassify
-	routeEncode
-	routeClassifyNative
-	routeKinds // number of kinds
+	Responses Kind = iota + Generate + 1
+	Messages
+	Embeddings
+	Rerank
+	Score
+	Classify
+	Encode
+	ClassifyNative
+	Kinds // number of kinds
 )
 
-var routePaths = [routeKinds]string{
-	routeChat: "/v1/chat/completions", routeCompletions: "/v1/completions", routeGenerate: "/generate",
-	routeResponses: "/v1/responses", routeMessages: "/v1/messages", routeEmbeddings: "/v1/embeddings",
-	routeRerank: "/v1/rerank", routeScore: "/v1/score", routeClassify: "/v1/classify",
-	routeEncode: "/encode", routeClassifyNative: "/classify",
+var paths = [Kinds]string{
+	Chat: "/v1/chat/completions", Completions: "/v1/completions", Generate: "/generate",
+	Responses: "/v1/responses", Messages: "/v1/messages", Embeddings: "/v1/embeddings",
+	Rerank: "/v1/rerank", Score: "/v1/score", Classify: "/v1/classify",
+	Encode: "/encode", ClassifyNative: "/classify",
 }
 
-// routeByPath maps each admitted route's path to its kind.
-var routeByPath = func() map[string]routeKind {
-	m := make(map[string]routeKind, routeKinds)
-	for k := routeKind(0); k < routeKinds; k++ {
-		m[routePaths[k]] = k
+// ByPath maps each admitted route's path to its kind.
+var ByPath = func() map[string]Kind {
+	m := make(map[string]Kind, Kinds)
+	for k := Kind(0); k < Kinds; k++ {
+		m[paths[k]] = k
 	}
 	return m
 }()
 
-// generates says whether the route produces text (reserves output, gets a canary marker and a
+// Generates says whether the route produces text (reserves output, gets a canary marker and a
 // cache salt); the others only prefill.
-func (r routeKind) generates() bool { return r <= routeMessages }
+func (r Kind) Generates() bool { return r <= Messages }
 
-// unifiedOnly: prefill-only routes run on unified engines (a PD pair has nothing to decode).
-func (r routeKind) unifiedOnly() bool { return !r.generates() }
+// UnifiedOnly: prefill-only routes run on unified engines (a PD pair has nothing to decode).
+func (r Kind) UnifiedOnly() bool { return !r.Generates() }
 
-// chatLike: the prompt is rendered from messages with the chat template.
-func (r routeKind) chatLike() bool {
-	return r == routeChat || r == routeResponses || r == routeMessages
+// ChatLike: the prompt is rendered from messages with the chat template.
+func (r Kind) ChatLike() bool {
+	return r == Chat || r == Responses || r == Messages
 }
 
 func init() {
-	allowed[routeResponses] = set("model", "input", "instructions", "max_output_tokens", "temperature", "top_p",
+	allowed[Responses] = AllowList("model", "input", "instructions", "max_output_tokens", "temperature", "top_p",
 		"stream", "stream_options", "tools", "tool_choice", "parallel_tool_calls", "text", "reasoning", "metadata",
 		"store", "user", "truncation", "include", "top_logprobs", "service_tier", "previous_response_id",
 		"conversation", "cache_salt")
-	allowed[routeMessages] = set("model", "messages", "system", "max_tokens", "stop_sequences", "stream",
+	allowed[Messages] = AllowList("model", "messages", "system", "max_tokens", "stop_sequences", "stream",
 		"temperature", "top_p", "top_k", "metadata", "tools", "tool_choice", "thinking", "service_tier", "cache_salt")
-	allowed[routeEmbeddings] = set("model", "input", "encoding_format", "dimensions", "user")
-	allowed[routeRerank] = set("model", "query", "documents", "top_n", "return_documents")
-	allowed[routeScore] = set("model", "query", "items", "label_token_ids", "apply_softmax", "item_first")
-	allowed[routeClassify] = set("model", "input", "user")
-	allowed[routeEncode] = set("text", "input_ids")
-	allowed[routeClassifyNative] = set("text", "input_ids")
-	for _, k := range []routeKind{routeChat, routeCompletions} {
+	allowed[Embeddings] = AllowList("model", "input", "encoding_format", "dimensions", "user")
+	allowed[Rerank] = AllowList("model", "query", "documents", "top_n", "return_documents")
+	allowed[Score] = AllowList("model", "query", "items", "label_token_ids", "apply_softmax", "item_first")
+	allowed[Classify] = AllowList("model", "input", "user")
+	allowed[Encode] = AllowList("text", "input_ids")
+	allowed[ClassifyNative] = AllowList("text", "input_ids")
+	for _, k := range []Kind{Chat, Completions} {
 		allowed[k]["cache_salt"] = true // accepted, and always replaced by the tenant's own
 	}
 }
 
 // parseMore parses the routes of this file.
-func (r *request) parseMore() *apierr.Error {
-	if !r.kind.generates() {
-		r.outputGiven, r.n = true, 1 // nothing to generate: no output reservation
+func (r *Request) parseMore() *apierr.Error {
+	if !r.Kind.Generates() {
+		r.OutputGiven, r.N = true, 1 // nothing to generate: no output reservation
 		defer func() {
-			if r.kind != routeEncode && r.kind != routeClassifyNative {
-				r.batch = false // OpenAI-shaped routes carry one rid for all their inputs
+			if r.Kind != Encode && r.Kind != ClassifyNative {
+				r.Batch = false // OpenAI-shaped routes carry one rid for all their inputs
 			}
 		}()
 	}
-	switch r.kind {
-	case routeResponses:
+	switch r.Kind {
+	case Responses:
 		return r.parseResponses()
-	case routeMessages:
+	case Messages:
 		return r.parseMessages()
-	case routeEmbeddings, routeClassify:
-		raw, ok := r.fields["input"]
+	case Embeddings, Classify:
+		raw, ok := r.Fields["input"]
 		if !ok || isNull(raw) {
 			return apierr.BadRequest("input", "'input' is required.")
 		}
 		return r.idsOrTexts("input", raw)
-	case routeEncode, routeClassifyNative:
-		text, hasText := r.fields["text"]
-		ids, hasIDs := r.fields["input_ids"]
+	case Encode, ClassifyNative:
+		text, hasText := r.Fields["text"]
+		ids, hasIDs := r.Fields["input_ids"]
 		switch {
 		case hasText && !isNull(text) && hasIDs && !isNull(ids):
 			return apierr.BadRequest("input_ids", "Give either 'text' or 'input_ids', not both.")
@@ -108,24 +108,24 @@ func (r *request) parseMore() *apierr.Error {
 			return r.idsOrTexts("input_ids", ids)
 		}
 		return apierr.BadRequest("text", "'text' or 'input_ids' is required.")
-	case routeRerank, routeScore:
+	case Rerank, Score:
 		return r.parsePairs()
 	}
 	return apierr.BadRequest("", "Unsupported route.")
 }
 
 // parsePairs: rerank and score run the query with every document (item) as one prompt each.
-func (r *request) parsePairs() *apierr.Error {
+func (r *Request) parsePairs() *apierr.Error {
 	docsField := "documents"
-	if r.kind == routeScore {
+	if r.Kind == Score {
 		docsField = "items"
 	}
 	var query string
-	if err := json.Unmarshal(r.fields["query"], &query); err != nil || query == "" {
+	if err := json.Unmarshal(r.Fields["query"], &query); err != nil || query == "" {
 		return apierr.BadRequest("query", "'query' must be a non-empty string.")
 	}
 	var docs []string
-	if err := json.Unmarshal(r.fields[docsField], &docs); err != nil || len(docs) == 0 {
+	if err := json.Unmarshal(r.Fields[docsField], &docs); err != nil || len(docs) == 0 {
 		return apierr.BadRequest(docsField, fmt.Sprintf("'%s' must be a non-empty list of strings.", docsField))
 	}
 	// Counted as the engine's pair template would render them; the separators are in the text.
@@ -138,19 +138,19 @@ func (r *request) parsePairs() *apierr.Error {
 
 // parseResponses reads OpenAI's Responses API request: instructions and input items become chat
 // messages for the count; the marker goes into the instructions.
-func (r *request) parseResponses() *apierr.Error {
+func (r *Request) parseResponses() *apierr.Error {
 	for _, k := range []string{"previous_response_id", "conversation"} {
-		if raw, ok := r.fields[k]; ok && !isNull(raw) {
-			r.storedContext = k // refused at admission unless policy.allow_stored_context
+		if raw, ok := r.Fields[k]; ok && !isNull(raw) {
+			r.StoredContext = k // refused at admission unless policy.allow_stored_context
 		}
 	}
-	if raw, ok := r.fields["instructions"]; ok && !isNull(raw) {
+	if raw, ok := r.Fields["instructions"]; ok && !isNull(raw) {
 		if json.Unmarshal(raw, &r.system) != nil {
 			return apierr.BadRequest("instructions", "'instructions' must be a string.")
 		}
 		r.hasSystem = true
 	}
-	raw, ok := r.fields["input"]
+	raw, ok := r.Fields["input"]
 	if !ok || isNull(raw) {
 		return apierr.BadRequest("input", "'input' is required.")
 	}
@@ -170,12 +170,12 @@ func (r *request) parseResponses() *apierr.Error {
 			r.turns = append(r.turns, m)
 		}
 	}
-	r.extra = extraJSON(r.fields, "tools", "text", "reasoning")
-	out, given, err := intField(r.fields, "max_output_tokens")
+	r.extra = extraJSON(r.Fields, "tools", "text", "reasoning")
+	out, given, err := intField(r.Fields, "max_output_tokens")
 	if err != nil {
 		return err
 	}
-	r.output, r.outputGiven, r.n = out, given, 1
+	r.Output, r.OutputGiven, r.N = out, given, 1
 	return nil
 }
 
@@ -250,8 +250,8 @@ func partsText(raw json.RawMessage, textTypes ...string) (string, error) {
 }
 
 // parseMessages reads Anthropic's Messages API request.
-func (r *request) parseMessages() *apierr.Error {
-	if raw, ok := r.fields["system"]; ok && !isNull(raw) {
+func (r *Request) parseMessages() *apierr.Error {
+	if raw, ok := r.Fields["system"]; ok && !isNull(raw) {
 		text, err := partsText(raw, "text")
 		if err != nil {
 			return apierr.BadRequest("system", "'system' must be a string or a list of text blocks.")
@@ -259,7 +259,7 @@ func (r *request) parseMessages() *apierr.Error {
 		r.system, r.hasSystem = text, true
 	}
 	var msgs []map[string]json.RawMessage
-	if err := json.Unmarshal(r.fields["messages"], &msgs); err != nil || len(msgs) == 0 {
+	if err := json.Unmarshal(r.Fields["messages"], &msgs); err != nil || len(msgs) == 0 {
 		return apierr.BadRequest("messages", "'messages' must be a non-empty array of message objects.")
 	}
 	for i, m := range msgs {
@@ -278,15 +278,15 @@ func (r *request) parseMessages() *apierr.Error {
 		}
 		r.turns = append(r.turns, tokenize.Message{Role: role, Content: text})
 	}
-	r.extra = extraJSON(r.fields, "tools", "tool_choice", "thinking")
-	out, given, err := intField(r.fields, "max_tokens")
+	r.extra = extraJSON(r.Fields, "tools", "tool_choice", "thinking")
+	out, given, err := intField(r.Fields, "max_tokens")
 	if err != nil {
 		return err
 	}
 	if !given {
 		return apierr.BadRequest("max_tokens", "'max_tokens' is required.")
 	}
-	r.output, r.outputGiven, r.n = out, true, 1
+	r.Output, r.OutputGiven, r.N = out, true, 1
 	return nil
 }
 
@@ -335,7 +335,7 @@ func extraJSON(fields map[string]json.RawMessage, names ...string) string {
 }
 
 // renderTurns is the prompt of a Responses or Messages request: the system text first.
-func (r *request) renderTurns() string {
+func (r *Request) renderTurns() string {
 	msgs := r.turns
 	if r.hasSystem {
 		msgs = append([]tokenize.Message{{Role: "system", Content: r.system}}, msgs...)
@@ -345,25 +345,35 @@ func (r *request) renderTurns() string {
 
 // injectSystem puts the marker at the end of the system text, in the route's own field:
 // Responses' instructions, or Anthropic's system (a text block of its own when it is blocks).
-func (r *request) injectSystem(marker string) {
-	raw := bytes.TrimSpace(r.fields["system"])
-	if r.kind == routeMessages && len(raw) > 0 && raw[0] == '[' {
+func (r *Request) injectSystem(marker string) {
+	raw := bytes.TrimSpace(r.Fields["system"])
+	if r.Kind == Messages && len(raw) > 0 && raw[0] == '[' {
 		var blocks []json.RawMessage
 		_ = json.Unmarshal(raw, &blocks) // validated at parse time
 		blocks = append(blocks, mustJSON(map[string]string{"type": "text", "text": marker}))
-		r.fields["system"] = mustJSON(blocks)
+		r.Fields["system"] = mustJSON(blocks)
 		r.system += " " + marker // partsText joins blocks with a space
 		return
 	}
 	r.system, r.hasSystem = canary.InjectSystemEnd(r.system, marker), true
 	field := "instructions"
-	if r.kind == routeMessages {
+	if r.Kind == Messages {
 		field = "system"
 	}
-	r.fields[field] = mustJSON(r.system)
+	r.Fields[field] = mustJSON(r.system)
 }
 
 // storedContextError refuses a Responses request that the engine would extend from stored state.
-func storedContextError(field string) *apierr.Error {
+func StoredContextError(field string) *apierr.Error {
 	return apierr.BadRequest(field, fmt.Sprintf("'%s' makes the engine extend the prompt from stored state this gateway cannot count, so the size limit could not be enforced. Send the whole conversation in 'input' instead (or set policy.allow_stored_context).", field))
 }
+
+// promptParam names the field a 413 points at.
+var promptParam = [Kinds]string{
+	Chat: "messages", Completions: "prompt", Generate: "text", Responses: "input",
+	Messages: "messages", Embeddings: "input", Rerank: "documents", Score: "items",
+	Classify: "input", Encode: "text", ClassifyNative: "text",
+}
+
+// PromptParam names the field that holds the prompt (a 413 points at it).
+func (r Kind) PromptParam() string { return promptParam[r] }
