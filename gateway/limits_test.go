@@ -485,7 +485,8 @@ func TestLimitPDRetryChargedOnce(t *testing.T) {
 }
 
 // A stream the client leaves early is settled with what was produced up to then, not with its
-// whole reservation; a stream without usage is settled by its events (a token each).
+// whole reservation; a stream without usage is settled by the events that carried text (a token
+// each), plus the prompt we counted.
 func TestLimitCutStreamSettlesWhatWasProduced(t *testing.T) {
 	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192", "--token-delay", "40ms")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, limitsYAML(testRedisURL(), uniquePrefix(t), "tpm: 100000", "", sim.URL)))
@@ -517,9 +518,18 @@ func TestLimitCutStreamSettlesWhatWasProduced(t *testing.T) {
 		t.Fatalf("chat stream: %d %s", r.status, r.body)
 	}
 	prompt, _ := strconv.Atoi(r.header.Get("X-Kvgate-Tokens"))
-	events := len(dataLines(r.body)) - 1 // without [DONE]
+	events, text := len(dataLines(r.body))-1, 0 // without [DONE]
+	for _, d := range dataLines(r.body) {
+		if strings.Contains(d, `"content":"`) && !strings.Contains(d, `"content":""`) {
+			text++
+		}
+	}
+	if text != 5 || events != 7 {
+		t.Fatalf("a 5-token chat stream: %d events, %d with text: %s", events, text, r.body)
+	}
+	// Charged the 5 tokens it generated: the role chunk and the finish chunk carry none.
 	eventually(t, 2*time.Second, "the chat stream is settled", func() bool {
-		return settled()-before == float64(prompt+events)
+		return settled()-before == float64(prompt+text)
 	})
 }
 

@@ -376,5 +376,5 @@ func (x *exchange) learn(reply any, b *backends.Backend) {
 	if x.estimate <= 0 || b.Role == config.RolePrefill || len(x.req.prompts) != 1 {
 		return
 	}
-	x.g.ratio.Observe(x.estimate, backends.PromptTokens(reply))
+	x.g.ratio.Observe(x.estimate, backends.PromptCount(reply)) // the same reader as settlement
 }
