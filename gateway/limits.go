@@ -185,15 +185,39 @@ func (x *exchange) reserveLimits() *apiError {
 	}
 	prompt := int64(x.decision.Tokens) * items // the largest prompt's count bounds each one
 	tokens := prompt + int64(output)*items
-	ticket, v := g.lim.limiter.Admit(x.tenant.Name, lim, tokens)
-	if !v.Allowed {
-		g.lim.ratelimited.WithLabelValues(x.tenant.Name, v.Limit).Inc()
-		x.reason = "rate_limited_" + v.Limit
-		return rateLimited(v, lim, tokens)
+	ticket, limit, e := g.reserve(x.tenant, tokens)
+	if e != nil {
+		x.reason = "rate_limited_" + limit
+		return e
 	}
-	g.lim.reserved.WithLabelValues(x.tenant.Name).Add(float64(ticket.Reserved()))
 	x.limit = &limitHold{ticket: ticket, prompt: prompt}
 	return nil
+}
+
+// reserve is the 429 decision for tokens of tenant t's limits, on any route: nil ticket and nil
+// error when t has no limits; on a refusal, the limit that refused and the client's 429.
+func (g *Gateway) reserve(t *tenant, tokens int64) (*policy.Ticket, string, *apiError) {
+	lim := limitsOf(t)
+	if g.lim == nil || lim.None() {
+		return nil, "", nil
+	}
+	ticket, v := g.lim.limiter.Admit(t.Name, lim, tokens)
+	if !v.Allowed {
+		g.lim.ratelimited.WithLabelValues(t.Name, v.Limit).Inc()
+		return nil, v.Limit, rateLimited(v, lim, tokens)
+	}
+	g.lim.reserved.WithLabelValues(t.Name).Add(float64(ticket.Reserved()))
+	return ticket, "", nil
+}
+
+// settle ends a ticket from reserve with what was used (nil ticket: nothing to do).
+func (g *Gateway) settle(t *tenant, ticket *policy.Ticket, used int64) {
+	if ticket == nil {
+		return
+	}
+	used = max(used, 0) // counts are validated; a sum is still never allowed to refund more than was held
+	g.lim.limiter.Settle(ticket, used)
+	g.lim.settled.WithLabelValues(t.Name).Add(float64(used))
 }
 
 func rateLimited(v policy.Verdict, lim policy.Limits, tokens int64) *apiError {
@@ -277,9 +301,7 @@ func (x *exchange) settleLimits() {
 			used = p + o
 		}
 		h.mu.Unlock()
-		used = max(used, 0) // counts are validated; a sum is still never allowed to refund more than was held
-		x.g.lim.limiter.Settle(h.ticket, used)
-		x.g.lim.settled.WithLabelValues(x.tenant.Name).Add(float64(used))
+		x.g.settle(x.tenant, h.ticket, used)
 	})
 }
 
