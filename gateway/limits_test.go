@@ -484,9 +484,9 @@ func TestLimitPDRetryChargedOnce(t *testing.T) {
 	}
 }
 
-// A stream the client leaves early is settled with what was produced up to then, not with its
-// whole reservation; a stream without usage is settled by the events that carried text (a token
-// each), plus the prompt we counted.
+// A stream the client leaves early is settled with what was produced up to then (the events
+// that carried text, a token each), not with its whole reservation; a chat stream whose client
+// did not ask for usage is settled by the usage the gateway asked the engine for.
 func TestLimitCutStreamSettlesWhatWasProduced(t *testing.T) {
 	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192", "--token-delay", "40ms")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, limitsYAML(testRedisURL(), uniquePrefix(t), "tpm: 100000", "", sim.URL)))
@@ -517,7 +517,16 @@ func TestLimitCutStreamSettlesWhatWasProduced(t *testing.T) {
 	if r.status != 200 {
 		t.Fatalf("chat stream: %d %s", r.status, r.body)
 	}
-	prompt, _ := strconv.Atoi(r.header.Get("X-Kvgate-Tokens"))
+	// The client did not ask for usage: the gateway asked the engine, so the prompt is charged
+	// as the engine counted it (bob, without limits, gets the same prompt's count), not our bound.
+	prompt := int(largest(promptCountRE, post(t, gw.URL, "/v1/chat/completions", "sk-bob",
+		`{"model":"sim","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`).body))
+	if bound, _ := strconv.Atoi(r.header.Get("X-Kvgate-Tokens")); prompt <= 0 || prompt >= bound {
+		t.Fatalf("the engine's prompt count %d, our bound %d", prompt, bound)
+	}
+	if strings.Contains(string(r.body), "usage") {
+		t.Fatalf("usage the client did not ask for reached it: %s", r.body)
+	}
 	events, text := len(dataLines(r.body))-1, 0 // without [DONE]
 	for _, d := range dataLines(r.body) {
 		if strings.Contains(d, `"content":"`) && !strings.Contains(d, `"content":""`) {
