@@ -3,8 +3,13 @@ package gateway_test
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/kvgate/kvgate/internal/testkit"
 )
@@ -35,6 +40,15 @@ func TestLimitUtilityRoutesRPM(t *testing.T) {
 			if r := post(t, gw.URL, c.path, "sk-bob", c.body); r.status != 200 {
 				t.Fatalf("bob (no limits): %d %s", r.status, r.body)
 			}
+			// The gateway's own calibration calls /tokenize too: start counting once it is done.
+			last := -1
+			eventually(t, 5*time.Second, "the engine's counts settle", func() bool {
+				n := seen()
+				stable := n == last
+				last = n
+				time.Sleep(100 * time.Millisecond)
+				return stable
+			})
 			before := seen()
 			codes := map[int]int{}
 			for i := 0; i < 5; i++ {
@@ -96,4 +110,49 @@ func TestLimitUtilityRoutesTPM(t *testing.T) {
 		t.Fatalf("%d tokens admitted at tpm 1000 (one reservation %d)", counted, len(body))
 	}
 	t.Logf("tpm 1000, /v1/tokenize of %d bytes: admitted %d, %d tokens charged", len(body), admitted, counted)
+}
+
+// max_concurrent 1 holds on a utility route: while one tokenize call waits on the engine, a
+// second is refused (429) without reaching it; once the first is answered, the slot is free.
+func TestLimitUtilityRoutesMaxConcurrent(t *testing.T) {
+	release := make(chan struct{})
+	var calls atomic.Int32
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		switch string(ctx.Path()) {
+		case "/server_info":
+			ctx.SetBodyString(`{"max_total_num_tokens":8192,"max_req_input_len":8186,"page_size":16,"disaggregation_mode":"null"}`)
+		case "/v1/models":
+			ctx.SetBodyString(`{"object":"list","data":[{"id":"sim","max_model_len":8192}]}`)
+		case "/v1/tokenize":
+			if calls.Add(1) == 1 {
+				<-release // the first call waits until the test lets it go
+			}
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"tokens":[1,2],"count":2,"max_model_len":8192}`)
+		default:
+			ctx.SetStatusCode(404)
+		}
+	}}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	gw := testkit.StartGateway(t, testkit.ParseConfig(t, limitsYAML("", "", "max_concurrent: 1", "", "http://"+ln.Addr().String())))
+	body := `{"model":"sim","prompt":"hi"}`
+	first := make(chan reply, 1)
+	go func() { first <- post(t, gw.URL, "/v1/tokenize", tenantKey, body) }()
+	eventually(t, 5*time.Second, "the first call reached the engine", func() bool { return calls.Load() == 1 })
+	checkRateLimited(t, post(t, gw.URL, "/v1/tokenize", tenantKey, body), "requests")
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("the refused call reached the engine (%d calls)", n)
+	}
+	close(release)
+	if r := <-first; r.status != 200 {
+		t.Fatalf("the first call: %d %s", r.status, r.body)
+	}
+	eventually(t, 2*time.Second, "the slot is free once the first call is answered", func() bool {
+		return post(t, gw.URL, "/v1/tokenize", tenantKey, body).status == 200
+	})
 }
