@@ -263,22 +263,3 @@ func AbortWhenPrefillFails(decode *Backend, rids []string, pf *PrefillLeg, decod
 		}
 	}()
 }
-
-// PromptTokens is the prompt count an engine reported in a decoded reply: usage.prompt_tokens
-// (OpenAI), usage.input_tokens (Responses, Anthropic) or meta_info.prompt_tokens (native);
-// 0 when absent.
-func PromptTokens(reply any) int {
-	m, _ := reply.(map[string]any)
-	n := 0
-	for _, sec := range []string{"usage", "meta_info"} {
-		s, _ := m[sec].(map[string]any)
-		for _, k := range []string{"prompt_tokens", "input_tokens"} {
-			if v, ok := s[k].(json.Number); ok {
-				if i, err := strconv.Atoi(v.String()); err == nil {
-					n = max(n, i)
-				}
-			}
-		}
-	}
-	return n
-}

@@ -56,6 +56,9 @@ type exchange struct {
 	errMsg    string
 	logged    atomic.Bool
 	limit     *limitHold // kvgate limits: the tenant-limit reservation, settled in finish
+	// hideUsage: the engine was asked for a stream's usage that the client did not ask for;
+	// the usage-only chunk is read for settlement and not relayed.
+	hideUsage bool
 	// holding: the route's in-flight accounting is held until close (closeOnce).
 	holding   bool
 	closeOnce sync.Once

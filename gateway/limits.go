@@ -10,7 +10,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/apierr"
+	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/policy"
 	"github.com/kvgate/kvgate/state"
@@ -162,13 +162,12 @@ func limitsOf(t *tenant) policy.Limits {
 // limitHold is an admitted exchange's claim on its tenant's limits and what its reply used.
 type limitHold struct {
 	ticket   *policy.Ticket
-	prompt   int64 // reserved prompt tokens (our count)
+	prompt   int64 // reserved prompt tokens (our count, every item)
 	once     sync.Once
 	mu       sync.Mutex
-	usage    bool             // the reply reported usage
-	total    int64            // OpenAI usage: prompt + completion
-	perIndex map[int][2]int64 // /generate meta_info: per index, prompt and completion so far
-	events   int64            // data events relayed (a token each, for streams without usage)
+	produced bool                // a 2xx reply body or event arrived
+	streamed bool                // it arrived as events
+	tally    backends.UsageTally // what the engine reported, read by backends' one usage reader
 }
 
 // reserveLimits is the 429 decision: after the 413 (a prompt that can never fit is a 413, not a
@@ -186,15 +185,39 @@ func (x *exchange) reserveLimits() *apierr.Error {
 	}
 	prompt := int64(x.decision.Tokens) * items // the largest prompt's count bounds each one
 	tokens := prompt + int64(output)*items
-	ticket, v := g.lim.limiter.Admit(x.tenant.Name, lim, tokens)
-	if !v.Allowed {
-		g.lim.ratelimited.WithLabelValues(x.tenant.Name, v.Limit).Inc()
-		x.reason = "rate_limited_" + v.Limit
-		return rateLimited(v, lim, tokens)
+	ticket, limit, e := g.reserve(x.tenant, tokens)
+	if e != nil {
+		x.reason = "rate_limited_" + limit
+		return e
 	}
-	g.lim.reserved.WithLabelValues(x.tenant.Name).Add(float64(ticket.Reserved()))
 	x.limit = &limitHold{ticket: ticket, prompt: prompt}
 	return nil
+}
+
+// reserve is the 429 decision for tokens of tenant t's limits, on any route: nil ticket and nil
+// error when t has no limits; on a refusal, the limit that refused and the client's 429.
+func (g *Gateway) reserve(t *tenant, tokens int64) (*policy.Ticket, string, *apierr.Error) {
+	lim := limitsOf(t)
+	if g.lim == nil || lim.None() {
+		return nil, "", nil
+	}
+	ticket, v := g.lim.limiter.Admit(t.Name, lim, tokens)
+	if !v.Allowed {
+		g.lim.ratelimited.WithLabelValues(t.Name, v.Limit).Inc()
+		return nil, v.Limit, rateLimited(v, lim, tokens)
+	}
+	g.lim.reserved.WithLabelValues(t.Name).Add(float64(ticket.Reserved()))
+	return ticket, "", nil
+}
+
+// settle ends a ticket from reserve with what was used (nil ticket: nothing to do).
+func (g *Gateway) settle(t *tenant, ticket *policy.Ticket, used int64) {
+	if ticket == nil {
+		return
+	}
+	used = max(used, 0) // counts are validated; a sum is still never allowed to refund more than was held
+	g.lim.limiter.Settle(ticket, used)
+	g.lim.settled.WithLabelValues(t.Name).Add(float64(used))
 }
 
 func rateLimited(v policy.Verdict, lim policy.Limits, tokens int64) *apierr.Error {
@@ -219,32 +242,6 @@ func rateLimited(v policy.Verdict, lim policy.Limits, tokens int64) *apierr.Erro
 	return e
 }
 
-// usageReport is what a reply says it used: OpenAI's usage, or /generate's meta_info.
-type usageReport struct {
-	Usage *struct {
-		PromptTokens     int64 `json:"prompt_tokens"`
-		CompletionTokens int64 `json:"completion_tokens"`
-	} `json:"usage"`
-	Meta *struct {
-		PromptTokens     int64 `json:"prompt_tokens"`
-		CompletionTokens int64 `json:"completion_tokens"`
-	} `json:"meta_info"`
-	Index int `json:"index"`
-}
-
-func (h *limitHold) note(u *usageReport) {
-	switch {
-	case u.Usage != nil:
-		h.usage, h.total = true, u.Usage.PromptTokens+u.Usage.CompletionTokens
-	case u.Meta != nil:
-		if h.perIndex == nil {
-			h.perIndex = map[int][2]int64{}
-		}
-		p := h.perIndex[u.Index]
-		h.perIndex[u.Index] = [2]int64{max(p[0], u.Meta.PromptTokens), max(p[1], u.Meta.CompletionTokens)}
-	}
-}
-
 // noteUsage notes a whole (non-streaming, 2xx) reply as the gateway decoded it (nil: the reply
 // was produced but not usable, so it carries no usage).
 func (x *exchange) noteUsage(reply any) {
@@ -254,19 +251,8 @@ func (x *exchange) noteUsage(reply any) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.events++                          // something was produced
-	if items, ok := reply.([]any); ok { // a /generate batch: one object per item
-		for i, it := range items {
-			if u, ok := usageOf(it); ok {
-				u.Index = i
-				h.note(&u)
-			}
-		}
-		return
-	}
-	if u, ok := usageOf(reply); ok {
-		h.note(&u)
-	}
+	h.produced = true
+	h.tally.Add(reply, false)
 }
 
 // noteEvent notes one event of a streamed 2xx reply as the gateway decoded it (nil: an event
@@ -278,84 +264,17 @@ func (x *exchange) noteEvent(data any) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	u, ok := usageOf(data)
-	if !ok || u.Usage == nil {
-		h.events++
-	}
-	if ok {
-		h.note(&u)
-	}
+	h.produced, h.streamed = true, true
+	h.tally.Add(data, true)
 }
 
-// usageOf reads usage (OpenAI) or meta_info (native) token counts from a decoded reply object.
-func usageOf(v any) (usageReport, bool) {
-	var u usageReport
-	m, _ := v.(map[string]any)
-	if m == nil {
-		return u, false
-	}
-	counts := func(sec string) (p, c int64, ok bool) {
-		s, _ := m[sec].(map[string]any)
-		if s == nil {
-			return 0, 0, false
-		}
-		// A count the engine got wrong (negative, fractional, huge, not a number) makes the
-		// whole reading unknown: settlement then charges what was reserved, never less.
-		p, okP := tokenCount(s["prompt_tokens"])
-		c, okC := tokenCount(s["completion_tokens"])
-		return p, c, okP && okC
-	}
-	if p, c, ok := counts("usage"); ok {
-		u.Usage = &struct {
-			PromptTokens     int64 `json:"prompt_tokens"`
-			CompletionTokens int64 `json:"completion_tokens"`
-		}{p, c}
-	}
-	if p, c, ok := counts("meta_info"); ok {
-		u.Meta = &struct {
-			PromptTokens     int64 `json:"prompt_tokens"`
-			CompletionTokens int64 `json:"completion_tokens"`
-		}{p, c}
-	}
-	if idx := jsonInt(m["index"]); idx > 0 {
-		u.Index = int(idx)
-	}
-	return u, u.Usage != nil || u.Meta != nil
-}
-
-// maxTokenCount bounds a token count an engine may report for one request: far above any context
-// served today, far below what overflows a sum of a batch's counts.
-const maxTokenCount = 1 << 31
-
-// tokenCount validates one token count an engine reported: a JSON integer in [0, maxTokenCount].
-// Anything else (absent, negative, 1.5, 1e9, a string) is not a reading.
-func tokenCount(v any) (int64, bool) {
-	n, ok := v.(json.Number)
-	if !ok {
-		return 0, false
-	}
-	i, err := strconv.ParseInt(string(n), 10, 64)
-	if err != nil || i < 0 || i > maxTokenCount {
-		return 0, false
-	}
-	return i, true
-}
-
-// jsonInt is a decoded JSON integer (0 when absent or not an integer).
-func jsonInt(v any) int64 {
-	n, _ := v.(json.Number)
-	i, err := n.Int64()
-	if err != nil {
-		return 0
-	}
-	return i
-}
-
-// settleLimits ends the exchange's hold, once: the reply's reported usage when it gave one;
-// else, for a reply that produced something, the prompt plus a token per event relayed (a
-// streamed chunk carries about one), or the reservation for a whole reply without usage; a reply
-// that produced nothing (engine error, transport failure) releases the whole reservation. A PD
-// request is admitted and settled once, whatever its retries did.
+// settleLimits ends the exchange's hold, once. A reply that produced nothing (engine error,
+// transport failure) releases the whole reservation. Otherwise prompt and output are charged as
+// the engine reported them (every dialect, see backends/usage.go); a count it did not report,
+// or reported beyond what the path's context allows, is replaced by ours: the prompt we
+// reserved, and for the output, a token per streamed event that carried text (a stream cut
+// early is charged what it produced) or the output reserved for a whole reply. A PD request is
+// admitted and settled once, whatever its retries did.
 func (x *exchange) settleLimits() {
 	h := x.limit
 	if h == nil {
@@ -364,25 +283,35 @@ func (x *exchange) settleLimits() {
 	h.once.Do(func() {
 		h.mu.Lock()
 		var used int64
-		switch {
-		case h.usage:
-			used = h.total
-		case len(h.perIndex) > 0:
-			for _, p := range h.perIndex {
-				used += p[0] + p[1]
+		if h.produced {
+			p, pk, o, ok := h.tally.Totals()
+			if bound := x.usageBound(); bound > 0 && p+o > bound {
+				pk, ok = false, false // more than the engine could have computed: not believed
 			}
-		case h.events == 0 || x.status < 200 || x.status > 299:
-			used = 0
-		case x.req != nil && x.req.Stream:
-			used = h.prompt + h.events
-		default:
-			used = h.ticket.Reserved()
+			if !pk {
+				p = h.prompt
+			}
+			if !ok {
+				if h.streamed {
+					o = h.tally.TextEvents
+				} else {
+					o = h.ticket.Reserved() - h.prompt
+				}
+			}
+			used = p + o
 		}
 		h.mu.Unlock()
-		used = max(used, 0) // counts are validated; a sum is still never allowed to refund more than was held
-		x.g.lim.limiter.Settle(h.ticket, used)
-		x.g.lim.settled.WithLabelValues(x.tenant.Name).Add(float64(used))
+		x.g.settle(x.tenant, h.ticket, used)
 	})
+}
+
+// usageBound is the most a reply can truthfully report: every item's prompt and every choice's
+// output together fit the path's context (0: unknown).
+func (x *exchange) usageBound() int64 {
+	if x.route == nil || x.route.ContextLen <= 0 || x.req == nil {
+		return 0
+	}
+	return int64(x.route.ContextLen) * int64(max(len(x.req.Prompts), 1)) * int64(max(x.req.N, 1))
 }
 
 // degradedReadyBody is /readyz while some shared state is unreachable: what is degraded and how.

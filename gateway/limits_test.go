@@ -484,8 +484,9 @@ func TestLimitPDRetryChargedOnce(t *testing.T) {
 	}
 }
 
-// A stream the client leaves early is settled with what was produced up to then, not with its
-// whole reservation; a stream without usage is settled by its events (a token each).
+// A stream the client leaves early is settled with what was produced up to then (the events
+// that carried text, a token each), not with its whole reservation; a chat stream whose client
+// did not ask for usage is settled by the usage the gateway asked the engine for.
 func TestLimitCutStreamSettlesWhatWasProduced(t *testing.T) {
 	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192", "--token-delay", "40ms")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, limitsYAML(testRedisURL(), uniquePrefix(t), "tpm: 100000", "", sim.URL)))
@@ -516,10 +517,28 @@ func TestLimitCutStreamSettlesWhatWasProduced(t *testing.T) {
 	if r.status != 200 {
 		t.Fatalf("chat stream: %d %s", r.status, r.body)
 	}
-	prompt, _ := strconv.Atoi(r.header.Get("X-Kvgate-Tokens"))
-	events := len(dataLines(r.body)) - 1 // without [DONE]
+	// The client did not ask for usage: the gateway asked the engine, so the prompt is charged
+	// as the engine counted it (bob, without limits, gets the same prompt's count), not our bound.
+	prompt := int(largest(promptCountRE, post(t, gw.URL, "/v1/chat/completions", "sk-bob",
+		`{"model":"sim","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`).body))
+	if bound, _ := strconv.Atoi(r.header.Get("X-Kvgate-Tokens")); prompt <= 0 || prompt >= bound {
+		t.Fatalf("the engine's prompt count %d, our bound %d", prompt, bound)
+	}
+	if strings.Contains(string(r.body), "usage") {
+		t.Fatalf("usage the client did not ask for reached it: %s", r.body)
+	}
+	events, text := len(dataLines(r.body))-1, 0 // without [DONE]
+	for _, d := range dataLines(r.body) {
+		if strings.Contains(d, `"content":"`) && !strings.Contains(d, `"content":""`) {
+			text++
+		}
+	}
+	if text != 5 || events != 7 {
+		t.Fatalf("a 5-token chat stream: %d events, %d with text: %s", events, text, r.body)
+	}
+	// Charged the 5 tokens it generated: the role chunk and the finish chunk carry none.
 	eventually(t, 2*time.Second, "the chat stream is settled", func() bool {
-		return settled()-before == float64(prompt+events)
+		return settled()-before == float64(prompt+text)
 	})
 }
 

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -31,17 +32,52 @@ func retryable(code int) bool { return code == 408 || code == 429 || code >= 500
 // engineFields are the request fields as an engine gets them, our cache salt included.
 func (x *exchange) engineFields() map[string]json.RawMessage {
 	f := x.req.Fields
+	copied := false
+	set := func(k string, v json.RawMessage) {
+		if !copied {
+			f = make(map[string]json.RawMessage, len(x.req.Fields)+1)
+			for k, v := range x.req.Fields {
+				f[k] = v
+			}
+			copied = true
+		}
+		f[k] = v
+	}
 	if x.kind.Generates() && x.kind != request.Generate && !x.g.cfg.Policy.SharePrefixCache {
 		// Tenants never share prefix-cache entries: whatever the client sent is replaced. (The
 		// native /generate has no such field in every SGLang version; its text prompts begin
 		// with the tenant's marker, which makes their cached prefixes per tenant already.)
-		f = make(map[string]json.RawMessage, len(x.req.Fields)+1)
-		for k, v := range x.req.Fields {
-			f[k] = v
-		}
-		f["cache_salt"], _ = json.Marshal(x.tenant.cacheSalt())
+		salt, _ := json.Marshal(x.tenant.cacheSalt())
+		set("cache_salt", salt)
+	}
+	if opts, ok := x.usageStreamOptions(); ok {
+		set("stream_options", opts) // kvgate limits
 	}
 	return f
+}
+
+// usageStreamOptions: a chat or completions stream of a tenant with limits is asked for its
+// usage (OpenAI's stream_options.include_usage: one last chunk with usage and no choices), so it
+// is charged what the engine counted rather than our prompt bound, a loose upper bound (~3× a
+// short prompt). A client that did not ask never sees that chunk (hideUsage).
+func (x *exchange) usageStreamOptions() (json.RawMessage, bool) {
+	if x.limit == nil || !x.req.Stream || x.kind != request.Chat && x.kind != request.Completions {
+		return nil, false
+	}
+	opts := map[string]json.RawMessage{}
+	if raw, ok := x.req.Fields["stream_options"]; ok && string(bytes.TrimSpace(raw)) != "null" {
+		if json.Unmarshal(raw, &opts) != nil {
+			return nil, false // the engine answers the client's own error
+		}
+	}
+	var asked bool
+	if raw, ok := opts["include_usage"]; ok && json.Unmarshal(raw, &asked) == nil && asked {
+		return nil, false
+	}
+	opts["include_usage"] = json.RawMessage("true")
+	x.hideUsage = true
+	b, err := json.Marshal(opts)
+	return b, err == nil
 }
 
 // hold accounts the request's tokens as in flight on every backend of its route, until close.
@@ -379,5 +415,5 @@ func (x *exchange) learn(reply any, b *backends.Backend) {
 	if x.estimate <= 0 || b.Role == config.RolePrefill || len(x.req.Prompts) != 1 {
 		return
 	}
-	x.g.ratio.Observe(x.estimate, backends.PromptTokens(reply))
+	x.g.ratio.Observe(x.estimate, backends.PromptCount(reply)) // the same reader as settlement
 }

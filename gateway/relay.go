@@ -112,6 +112,9 @@ func (e *eventRelay) emit(ev sse.Event) {
 		return
 	}
 	e.x.noteEvent(v) // kvgate limits: usage as decoded
+	if e.x.hideUsage && usageOnlyChunk(v) {
+		return // kvgate limits: asked for settlement, not by the client
+	}
 	name := ev.Name
 	if blockEnd[name] || blockEnd[eventType(v)] {
 		e.flushGuard() // text held in a block goes out before the event that closes it
@@ -256,4 +259,11 @@ func eventType(v any) string {
 	m, _ := v.(map[string]any)
 	t, _ := m["type"].(string)
 	return t
+}
+
+// usageOnlyChunk is the chunk include_usage adds to an OpenAI stream: usage and no choices.
+func usageOnlyChunk(v any) bool {
+	m, _ := v.(map[string]any)
+	cs, isList := m["choices"].([]any)
+	return isList && len(cs) == 0 && m["usage"] != nil
 }

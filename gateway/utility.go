@@ -15,9 +15,12 @@ import (
 )
 
 // The utility routes: tokenize, detokenize and Anthropic's count_tokens. They prefill nothing
-// and generate nothing, so they need no admission; they are passed to one healthy engine with
-// the tenant's auth, their bodies allow-listed like every other route, their replies normalised
-// like every other reply.
+// and generate nothing, so they need no admission; but they send the client's bytes to an
+// engine, which tokenizes them, so they are under the tenant's limits like every other route:
+// a request each against rpm, a slot against max_concurrent while the engine works, and their
+// tokens against tpm (reserved by a bound, settled by the engine's count). They are passed to
+// one healthy engine, their bodies allow-listed like every other route, their replies
+// normalised like every other reply.
 
 var utilityFields = map[string]map[string]bool{
 	"/v1/tokenize":              request.AllowList("model", "prompt", "add_special_tokens"),
@@ -74,6 +77,20 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 			return
 		}
 	}
+	// kvgate limits: refused past the tenant's limits before any engine sees the bytes.
+	bound := utilityTokens(path, fields, len(body))
+	if t.TPM > 0 {
+		// The byte bound is loose (~4 bytes a token): capped so that it alone never refuses a
+		// request as larger than the whole minute; settlement charges the engine's count.
+		bound = min(bound, int64(t.TPM))
+	}
+	ticket, _, e := g.reserve(t, bound)
+	if e != nil {
+		fail(e)
+		return
+	}
+	var used int64 // what is charged: nothing unless the engine answered
+	defer func() { g.settle(t, ticket, used) }()
 	b := g.utilityBackend()
 	if b == nil {
 		fail(apierr.NoBackend())
@@ -87,11 +104,17 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 		return
 	}
 	x := &exchange{g: g, tenant: t, rid: rid}
-	out, _, err := x.normaliseBody(resp.ContentType, resp.Body)
+	out, v, err := x.normaliseBody(resp.ContentType, resp.Body)
 	if err != nil {
 		g.log.Warn("utility reply refused", zap.String("request_id", rid), zap.String("backend", b.Name), zap.Error(err))
 		fail(apierr.UpstreamFailed("The engine's reply could not be used."))
 		return
+	}
+	if resp.Status >= 200 && resp.Status <= 299 {
+		used = bound
+		if n, ok := utilityCount(path, fields, v); ok {
+			used = n
+		}
 	}
 	status = resp.Status
 	ctx.SetStatusCode(resp.Status)
@@ -118,4 +141,64 @@ func (g *Gateway) utilityBackend() *backends.Backend {
 		}
 	}
 	return pick
+}
+
+// utilityTokens is what a utility request reserves against tpm: the token ids it sends
+// (detokenize), else its body's length in bytes, a sound bound on the tokens of any text in it
+// (no tokenizer emits more than one token per byte; JSON syntax and escapes only add bytes).
+func utilityTokens(path string, fields map[string]json.RawMessage, bodyLen int) int64 {
+	if n, ok := detokenizeIDs(path, fields); ok {
+		return n
+	}
+	return int64(bodyLen)
+}
+
+// detokenizeIDs counts the token ids of a detokenize request (one list, or a list of lists).
+func detokenizeIDs(path string, fields map[string]json.RawMessage) (int64, bool) {
+	if path != "/detokenize" && path != "/v1/detokenize" {
+		return 0, false
+	}
+	var ids []json.RawMessage
+	if json.Unmarshal(fields["tokens"], &ids) != nil {
+		return 0, false
+	}
+	n := int64(0)
+	for _, id := range ids {
+		var inner []json.RawMessage
+		if json.Unmarshal(id, &inner) == nil {
+			n += int64(len(inner))
+		} else {
+			n++
+		}
+	}
+	return n, true
+}
+
+// utilityCount is what a utility request used, as exact as it is known: the ids sent to
+// detokenize, the engine's count for tokenize ("count", one or a list per prompt) and
+// count_tokens ("input_tokens"), each validated by the one usage reader's rule. Not known: the
+// caller charges the reservation.
+func utilityCount(path string, fields map[string]json.RawMessage, reply any) (int64, bool) {
+	if n, ok := detokenizeIDs(path, fields); ok {
+		return n, true
+	}
+	m, _ := reply.(map[string]any)
+	key := "count"
+	if path == "/v1/messages/count_tokens" {
+		key = "input_tokens"
+	}
+	switch c := m[key].(type) {
+	case []any:
+		var sum int64
+		for _, one := range c {
+			n, ok := backends.Count(one)
+			if !ok {
+				return 0, false
+			}
+			sum += n
+		}
+		return sum, true
+	default:
+		return backends.Count(c)
+	}
 }
