@@ -175,11 +175,26 @@ type Upstream struct {
 	MaxConns int `yaml:"max_conns"`
 	// Retries of a PD request on 408/429/5xx before any byte reached the client. Default 1.
 	Retries int `yaml:"retries"`
-	// MaxEventBytes caps one event of an engine's stream (and one non-streaming reply is capped
-	// at 64 MiB): an engine that never ends an event gets its stream cut, not buffered whole.
-	// Default 4 MiB.
+	// MaxEventBytes caps one event of an engine's stream: an engine that never ends an event
+	// gets its stream cut, not buffered whole. Default 4 MiB.
 	MaxEventBytes int `yaml:"max_event_bytes"`
+	// MaxReplyBytes caps one non-streaming reply (after its content encoding is undone), which
+	// is buffered whole to be scanned before the client gets any of it; a larger reply is a 502.
+	// Default 64 MiB.
+	MaxReplyBytes int `yaml:"max_reply_bytes"`
+	// MaxBufferedBytes bounds the memory all non-streaming replies in flight together may hold
+	// while they are read, decoded, scanned and re-serialised (each is charged what those steps
+	// really allocate, about three times its size, until the garbage collection after it has
+	// run). A reply that does not fit gets 503 with Retry-After and its engine request is
+	// aborted; nothing else is affected. Must be ≥ 3 × max_reply_bytes, so that a reply of the
+	// largest size can be served at all. Default 256 MiB.
+	MaxBufferedBytes int64 `yaml:"max_buffered_bytes"`
 }
+
+// ReplyCostFactor is how many times its size a typical buffered reply costs while it is held
+// (read, decoded, re-serialised); upstream.max_buffered_bytes must hold one reply of
+// upstream.max_reply_bytes at this cost.
+const ReplyCostFactor = 3
 
 // Limits configures how per-tenant limits are shared between replicas.
 type Limits struct {
@@ -326,6 +341,12 @@ func (c *Config) applyDefaults() {
 	if c.Upstream.MaxEventBytes == 0 {
 		c.Upstream.MaxEventBytes = 4 << 20
 	}
+	if c.Upstream.MaxReplyBytes == 0 {
+		c.Upstream.MaxReplyBytes = 64 << 20
+	}
+	if c.Upstream.MaxBufferedBytes == 0 {
+		c.Upstream.MaxBufferedBytes = 256 << 20
+	}
 	if c.Limits.Replicas == 0 {
 		c.Limits.Replicas = 1
 	}
@@ -455,6 +476,13 @@ func (c *Config) Validate() error {
 	}
 	if c.Upstream.MaxEventBytes < 1024 {
 		bad("upstream.max_event_bytes", "must be at least 1024, got %d", c.Upstream.MaxEventBytes)
+	}
+	if c.Upstream.MaxReplyBytes < 1024 {
+		bad("upstream.max_reply_bytes", "must be at least 1024, got %d", c.Upstream.MaxReplyBytes)
+	}
+	if min := int64(ReplyCostFactor) * int64(c.Upstream.MaxReplyBytes); c.Upstream.MaxBufferedBytes < min {
+		bad("upstream.max_buffered_bytes", "must be ≥ %d × upstream.max_reply_bytes (%d), got %d",
+			ReplyCostFactor, min, c.Upstream.MaxBufferedBytes)
 	}
 	if c.Upstream.Retries < 0 {
 		bad("upstream.retries", "must be ≥ 0, got %d", c.Upstream.Retries)

@@ -133,6 +133,13 @@ func capacityUnknown() *apiError {
 		Message: "The gateway has no current capacity reading for any backend, so it cannot check that the request fits. Retry shortly."}
 }
 
+// replyOverBudget: the engine's whole reply does not fit in upstream.max_buffered_bytes beside
+// the others being held; it is dropped, not the others.
+func replyOverBudget() *apiError {
+	return &apiError{Status: 503, Type: "server_error", Code: "reply_over_budget", RetryAfter: 2,
+		Message: "The gateway is holding as many large replies as its memory allows, so this one was dropped. Retry shortly."}
+}
+
 func noBackend() *apiError {
 	return &apiError{Status: 503, Type: "server_error", Code: "no_backend", RetryAfter: 5,
 		Message: "No backend is available (all are down, quarantined or report the wrong role)."}

@@ -22,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
@@ -63,6 +64,8 @@ type Gateway struct {
 	quarantine *quarantine
 
 	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/limits.go)
+
+	replies *replyBudget // upstream.max_buffered_bytes (budget.go)
 
 	// oversized marks requests (by their header, which lives as long as the connection's
 	// RequestCtx) whose declared Content-Length is over max_body_bytes; nOversized counts the
@@ -121,6 +124,12 @@ func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Ga
 	g.metrics = newMetrics(set, g.ratio.Get, g.degraded)
 	g.exact.metrics = g.metrics
 	g.lim = newLimitsState(g) // kvgate limits
+	g.replies = newReplyBudget(cfg.Upstream.MaxBufferedBytes)
+	g.metrics.repliesOverBudget = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_replies_over_budget_total",
+		Help: "Non-streaming replies refused (503) because upstream.max_buffered_bytes was spent."})
+	g.metrics.reg.MustRegister(g.metrics.repliesOverBudget, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_buffered_reply_bytes",
+		Help: "Bytes charged to upstream.max_buffered_bytes now (replies in flight, and finished ones until a collection ran)."},
+		func() float64 { return float64(g.replies.inUse()) }))
 	g.metricsH = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(g.metrics.reg, promhttp.HandlerOpts{}))
 	prev := set.OnCapacityChange
 	set.OnCapacityChange = func(b *backends.Backend, old, cur *backends.Capacity) {

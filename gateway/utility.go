@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/config"
 )
 
 // The utility routes: tokenize, detokenize and Anthropic's count_tokens. They prefill nothing
@@ -85,7 +87,21 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 		return
 	}
 	x := &exchange{g: g, tenant: t, rid: rid}
-	out, _, err := x.normaliseBody(resp.ContentType, resp.Body)
+	// The reply is already read (bounded by backends' maxCallReply); what normalising it costs is
+	// charged to upstream.max_buffered_bytes like any whole reply.
+	c := g.newCharge()
+	defer c.done()
+	var out []byte
+	if c.reserve(config.ReplyCostFactor * int64(len(resp.Body))) {
+		out, _, err = x.normaliseBody(resp.ContentType, resp.Body, c)
+	} else {
+		err = errReplyBudget
+	}
+	if errors.Is(err, errReplyBudget) {
+		g.metrics.repliesOverBudget.Inc()
+		fail(replyOverBudget())
+		return
+	}
 	if err != nil {
 		g.log.Warn("utility reply refused", zap.String("request_id", rid), zap.String("backend", b.Name), zap.Error(err))
 		fail(upstreamFailed("The engine's reply could not be used."))
