@@ -43,13 +43,18 @@ type replyBudget struct {
 	used  int64
 	freed chan struct{} // closed (and replaced) whenever bytes come back
 
+	// active are the tickets of replies in flight: the oldest may wait for bytes while it holds
+	// some (see reserve).
+	active map[uint64]struct{}
+	ticket uint64
+
 	pending int64         // given back by finished replies, charged until a collection has run
 	kick    chan struct{} // wakes the reclaimer (buffered, one)
 	start   sync.Once
 }
 
 func newReplyBudget(max int64) *replyBudget {
-	return &replyBudget{max: max, freed: make(chan struct{}), kick: make(chan struct{}, 1)}
+	return &replyBudget{max: max, freed: make(chan struct{}), kick: make(chan struct{}, 1), active: map[uint64]struct{}{}}
 }
 
 // take charges n bytes, waiting up to wait for others to give bytes back. False: over budget.
@@ -139,23 +144,38 @@ func (b *replyBudget) inUse() int64 {
 	return b.used
 }
 
+// oldest says whether ticket is the oldest reply in flight.
+func (b *replyBudget) oldest(ticket uint64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for t := range b.active {
+		if t < ticket {
+			return false
+		}
+	}
+	return true
+}
+
 // replyCharge is one reply's account with the budget: held is taken from the budget, spent is
 // what the reply's steps have allocated so far (never more than held).
 type replyCharge struct {
 	b           *replyBudget
+	ticket      uint64
 	held, spent int64
 	once        sync.Once
 }
 
 // reserve takes n bytes ahead of the steps that will spend them (ReplyCostFactor times what is
-// read). Only a reply that holds nothing yet waits for bytes to come back: one that waited while
-// holding could block another that holds the rest, and both would fail.
+// read). A reply that holds nothing yet waits for bytes to come back, and so does the oldest
+// reply in flight; any other reply that holds bytes and cannot grow is refused at once. Replies
+// that waited while holding could block each other until all of them failed; this way the
+// younger ones give way and the oldest is served.
 func (c *replyCharge) reserve(n int64) bool {
 	if n <= 0 {
 		return true
 	}
 	wait := replyBudgetWait
-	if c.held > 0 {
+	if c.held > 0 && !c.b.oldest(c.ticket) {
 		wait = 0
 	}
 	if !c.b.take(n, wait) {
@@ -180,10 +200,22 @@ func (c *replyCharge) spend(n int64) bool {
 
 // done gives everything back (once).
 func (c *replyCharge) done() {
-	c.once.Do(func() { c.b.release(c.held) })
+	c.once.Do(func() {
+		c.b.mu.Lock()
+		delete(c.b.active, c.ticket)
+		c.b.mu.Unlock()
+		c.b.release(c.held)
+	})
 }
 
-func (g *Gateway) newCharge() *replyCharge { return &replyCharge{b: g.replies} }
+func (g *Gateway) newCharge() *replyCharge {
+	b := g.replies
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.ticket++
+	b.active[b.ticket] = struct{}{}
+	return &replyCharge{b: b, ticket: b.ticket}
+}
 
 // maxReply is upstream.max_reply_bytes.
 func (g *Gateway) maxReply() int { return g.cfg.Upstream.MaxReplyBytes }
