@@ -25,15 +25,33 @@ func retryable(code int) bool { return code == 408 || code == 429 || code >= 500
 // engineFields are the request fields as an engine gets them, our cache salt included.
 func (x *exchange) engineFields() map[string]json.RawMessage {
 	f := x.req.fields
-	if x.kind.generates() && x.kind != routeGenerate && !x.g.cfg.Policy.SharePrefixCache {
-		// Tenants never share prefix-cache entries: whatever the client sent is replaced. (The
-		// native /generate has no such field in every SGLang version; its text prompts begin
-		// with the tenant's marker, which makes their cached prefixes per tenant already.)
-		f = make(map[string]json.RawMessage, len(x.req.fields)+1)
-		for k, v := range x.req.fields {
-			f[k] = v
+	if !x.kind.generates() || x.g.cfg.Policy.SharePrefixCache {
+		return f
+	}
+	// Tenants never share prefix-cache entries: whatever the client sent is replaced. Every
+	// request is salted, with or without a marker in its prompt: /generate with input_ids and
+	// canary opt-out tenants carry none, and a shared cached prefix answers faster, which tells
+	// one tenant what another sent.
+	f = make(map[string]json.RawMessage, len(x.req.fields)+1)
+	for k, v := range x.req.fields {
+		f[k] = v
+	}
+	salt := x.tenant.cacheSalt()
+	if x.kind != routeGenerate {
+		f["cache_salt"] = mustJSON(salt)
+		return f
+	}
+	// The native /generate names the salt extra_key (SGLang's OpenAI routes turn cache_salt into
+	// it); a batch gets one per item, as its rids. Versions without the field ignore it: see
+	// SECURITY.md.
+	if x.req.batch {
+		salts := make([]string, len(x.req.prompts))
+		for i := range salts {
+			salts[i] = salt
 		}
-		f["cache_salt"] = mustJSON(x.tenant.cacheSalt())
+		f["extra_key"] = mustJSON(salts)
+	} else {
+		f["extra_key"] = mustJSON(salt)
 	}
 	return f
 }
