@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"os"
 	"reflect"
@@ -64,6 +65,16 @@ type Server struct {
 	// MaxConnsPerIP caps concurrent connections from one client address; 0 (default) is no
 	// limit, since behind a load balancer every client shares its address.
 	MaxConnsPerIP int `yaml:"max_conns_per_ip"`
+	// MetricsListen, when set, serves /metrics on this address only (a private network or
+	// loopback for the scraper), and the main listener answers 404 there. Default "": /metrics
+	// on the main listener.
+	MetricsListen string `yaml:"metrics_listen"`
+	// MetricsAuth is none (default) or admin: with admin, /metrics (wherever it is served) needs
+	// the admin key as a bearer token. /metrics names tenants and their token volumes. The default
+	// stays none so that existing scrapers keep working and because the default listen address is
+	// loopback; any deployment whose listener clients can reach should set admin or
+	// metrics_listen.
+	MetricsAuth MetricsAuth `yaml:"metrics_auth"`
 }
 
 // Backend is one engine server.
@@ -213,6 +224,8 @@ type (
 	Role string
 	// Mode is policy.mode.
 	Mode string
+	// MetricsAuth is server.metrics_auth.
+	MetricsAuth string
 	// Library is tokenizer.library.
 	Library string
 	// RedisMode is state.redis_mode.
@@ -238,6 +251,9 @@ const (
 
 	PlacementSystemEnd Placement = "system_end"
 	PlacementPrefix    Placement = "prefix"
+
+	MetricsAuthNone  MetricsAuth = "none"
+	MetricsAuthAdmin MetricsAuth = "admin"
 )
 
 // defaultRetries is upstream.retries when the file does not name it (0 is a valid choice).
@@ -361,6 +377,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Server.MaxHeaderBytes == 0 {
 		c.Server.MaxHeaderBytes = 8 << 10
+	}
+	if c.Server.MetricsAuth == "" {
+		c.Server.MetricsAuth = MetricsAuthNone
 	}
 	if c.Server.MaxConns == 0 {
 		c.Server.MaxConns = 65536
@@ -520,6 +539,17 @@ func (c *Config) Validate() error {
 	}
 	if c.Server.MaxConns < 1 {
 		bad("server.max_conns", "must be ≥ 1, got %d", c.Server.MaxConns)
+	}
+	oneOf("server.metrics_auth", string(c.Server.MetricsAuth), string(MetricsAuthNone), string(MetricsAuthAdmin))
+	if c.Server.MetricsAuth == MetricsAuthAdmin && c.AdminKeySHA256 == "" {
+		bad("server.metrics_auth", "admin needs admin_key_sha256 (without it /metrics could never be read)")
+	}
+	if c.Server.MetricsListen != "" {
+		if _, _, err := net.SplitHostPort(c.Server.MetricsListen); err != nil {
+			bad("server.metrics_listen", "must be host:port, got %q", c.Server.MetricsListen)
+		} else if c.Server.MetricsListen == c.Listen {
+			bad("server.metrics_listen", "must differ from listen (%s)", c.Listen)
+		}
 	}
 	if c.Server.MaxConnsPerIP < 0 {
 		bad("server.max_conns_per_ip", "must be ≥ 0 (0 = no limit), got %d", c.Server.MaxConnsPerIP)

@@ -306,7 +306,11 @@ func (g *Gateway) Handle(ctx *fasthttp.RequestCtx) {
 	case "/readyz":
 		g.readyz(ctx)
 	case "/metrics":
-		g.metricsH(ctx)
+		if g.cfg.Server.MetricsListen != "" {
+			writeError(ctx, errNotFound) // served on server.metrics_listen only
+			return
+		}
+		g.ServeMetrics(ctx)
 	case "/v1/models":
 		if method != fasthttp.MethodGet {
 			writeError(ctx, errMethod)
@@ -381,6 +385,16 @@ func bearer(ctx *fasthttp.RequestCtx) ([]byte, bool) {
 		return nil, false
 	}
 	return h[len(p):], true
+}
+
+// ServeMetrics answers /metrics (on the main listener, or alone on server.metrics_listen):
+// behind the admin key when server.metrics_auth is admin, since the series name tenants and
+// their token volumes.
+func (g *Gateway) ServeMetrics(ctx *fasthttp.RequestCtx) {
+	if g.cfg.Server.MetricsAuth == config.MetricsAuthAdmin && !g.adminAuth(ctx) {
+		return
+	}
+	g.metricsH(ctx)
 }
 
 func (g *Gateway) adminAuth(ctx *fasthttp.RequestCtx) bool {
