@@ -140,6 +140,13 @@ func NoBackend() *Error {
 		Message: "No backend is available (all are down, quarantined or report the wrong role)."}
 }
 
+// ReplyOverBudget: the engine's whole reply does not fit in upstream.max_buffered_bytes beside
+// the others being held; it is dropped, not the others.
+func ReplyOverBudget() *Error {
+	return &Error{Status: 503, Type: "server_error", Code: "reply_over_budget", RetryAfter: 2,
+		Message: "The gateway is holding as many large replies as its memory allows, so this one was dropped. Retry shortly."}
+}
+
 // UpstreamFailed is a 502 with a generic message (details go to the log only).
 func UpstreamFailed(msg string) *Error {
 	return &Error{Status: 502, Type: "server_error", Code: "upstream_error", Message: msg}

@@ -146,6 +146,10 @@ func (l *Leg) Status() int { return l.resp.StatusCode() }
 // ContentType is the reply's Content-Type.
 func (l *Leg) ContentType() []byte { return l.resp.Header.ContentType() }
 
+// ContentLength is the reply's declared body length; negative when none was declared (chunked
+// or read to the end).
+func (l *Leg) ContentLength() int { return l.resp.Header.ContentLength() }
+
 // Header is one reply header's value.
 func (l *Leg) Header(name string) []byte { return l.resp.Header.Peek(name) }
 

@@ -150,7 +150,9 @@ func New(cfgs []config.Backend, opts Options, log *zap.Logger) (*Set, error) {
 			DisableHeaderNamesNormalizing: false,
 		}
 		b.poll = &fasthttp.HostClient{Addr: u.Host, Name: "kvgate-poll", ReadTimeout: opts.PollTimeout, WriteTimeout: opts.PollTimeout, MaxConns: 4}
-		b.ctl = &fasthttp.HostClient{Addr: u.Host, Name: "kvgate", MaxConns: 64, MaxConnWaitTimeout: time.Second}
+		// A utility reply is read whole: bounded while it is read, not only after.
+		b.ctl = &fasthttp.HostClient{Addr: u.Host, Name: "kvgate", MaxConns: 64, MaxConnWaitTimeout: time.Second,
+			MaxResponseBodySize: maxCallReply}
 		b.infoPath.Store("/server_info")
 		s.list = append(s.list, b)
 		s.byName[c.Name] = b

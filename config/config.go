@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"os"
 	"reflect"
@@ -64,6 +65,16 @@ type Server struct {
 	// MaxConnsPerIP caps concurrent connections from one client address; 0 (default) is no
 	// limit, since behind a load balancer every client shares its address.
 	MaxConnsPerIP int `yaml:"max_conns_per_ip"`
+	// MetricsListen, when set, serves /metrics on this address only (a private network or
+	// loopback for the scraper), and the main listener answers 404 there. Default "": /metrics
+	// on the main listener.
+	MetricsListen string `yaml:"metrics_listen"`
+	// MetricsAuth is none (default) or admin: with admin, /metrics (wherever it is served) needs
+	// the admin key as a bearer token. /metrics names tenants and their token volumes. The default
+	// stays none so that existing scrapers keep working and because the default listen address is
+	// loopback; any deployment whose listener clients can reach should set admin or
+	// metrics_listen.
+	MetricsAuth MetricsAuth `yaml:"metrics_auth"`
 }
 
 // Backend is one engine server.
@@ -175,11 +186,26 @@ type Upstream struct {
 	MaxConns int `yaml:"max_conns"`
 	// Retries of a PD request on 408/429/5xx before any byte reached the client. Default 1.
 	Retries int `yaml:"retries"`
-	// MaxEventBytes caps one event of an engine's stream (and one non-streaming reply is capped
-	// at 64 MiB): an engine that never ends an event gets its stream cut, not buffered whole.
-	// Default 4 MiB.
+	// MaxEventBytes caps one event of an engine's stream: an engine that never ends an event
+	// gets its stream cut, not buffered whole. Default 4 MiB.
 	MaxEventBytes int `yaml:"max_event_bytes"`
+	// MaxReplyBytes caps one non-streaming reply (after its content encoding is undone), which
+	// is buffered whole to be scanned before the client gets any of it; a larger reply is a 502.
+	// Default 64 MiB.
+	MaxReplyBytes int `yaml:"max_reply_bytes"`
+	// MaxBufferedBytes bounds the memory all non-streaming replies in flight together may hold
+	// while they are read, decoded, scanned and re-serialised (each is charged what those steps
+	// really allocate, about three times its size, until the garbage collection after it has
+	// run). A reply that does not fit gets 503 with Retry-After and its engine request is
+	// aborted; nothing else is affected. Must be ≥ 3 × max_reply_bytes, so that a reply of the
+	// largest size can be served at all. Default 256 MiB.
+	MaxBufferedBytes int64 `yaml:"max_buffered_bytes"`
 }
+
+// ReplyCostFactor is how many times its size a typical buffered reply costs while it is held
+// (read, decoded, re-serialised); upstream.max_buffered_bytes must hold one reply of
+// upstream.max_reply_bytes at this cost.
+const ReplyCostFactor = 3
 
 // Limits configures how per-tenant limits are shared between replicas.
 type Limits struct {
@@ -198,6 +224,8 @@ type (
 	Role string
 	// Mode is policy.mode.
 	Mode string
+	// MetricsAuth is server.metrics_auth.
+	MetricsAuth string
 	// Library is tokenizer.library.
 	Library string
 	// RedisMode is state.redis_mode.
@@ -223,6 +251,9 @@ const (
 
 	PlacementSystemEnd Placement = "system_end"
 	PlacementPrefix    Placement = "prefix"
+
+	MetricsAuthNone  MetricsAuth = "none"
+	MetricsAuthAdmin MetricsAuth = "admin"
 )
 
 // defaultRetries is upstream.retries when the file does not name it (0 is a valid choice).
@@ -326,6 +357,12 @@ func (c *Config) applyDefaults() {
 	if c.Upstream.MaxEventBytes == 0 {
 		c.Upstream.MaxEventBytes = 4 << 20
 	}
+	if c.Upstream.MaxReplyBytes == 0 {
+		c.Upstream.MaxReplyBytes = 64 << 20
+	}
+	if c.Upstream.MaxBufferedBytes == 0 {
+		c.Upstream.MaxBufferedBytes = 256 << 20
+	}
 	if c.Limits.Replicas == 0 {
 		c.Limits.Replicas = 1
 	}
@@ -340,6 +377,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Server.MaxHeaderBytes == 0 {
 		c.Server.MaxHeaderBytes = 8 << 10
+	}
+	if c.Server.MetricsAuth == "" {
+		c.Server.MetricsAuth = MetricsAuthNone
 	}
 	if c.Server.MaxConns == 0 {
 		c.Server.MaxConns = 65536
@@ -456,6 +496,13 @@ func (c *Config) Validate() error {
 	if c.Upstream.MaxEventBytes < 1024 {
 		bad("upstream.max_event_bytes", "must be at least 1024, got %d", c.Upstream.MaxEventBytes)
 	}
+	if c.Upstream.MaxReplyBytes < 1024 {
+		bad("upstream.max_reply_bytes", "must be at least 1024, got %d", c.Upstream.MaxReplyBytes)
+	}
+	if min := int64(ReplyCostFactor) * int64(c.Upstream.MaxReplyBytes); c.Upstream.MaxBufferedBytes < min {
+		bad("upstream.max_buffered_bytes", "must be ≥ %d × upstream.max_reply_bytes (%d), got %d",
+			ReplyCostFactor, min, c.Upstream.MaxBufferedBytes)
+	}
 	if c.Upstream.Retries < 0 {
 		bad("upstream.retries", "must be ≥ 0, got %d", c.Upstream.Retries)
 	}
@@ -492,6 +539,17 @@ func (c *Config) Validate() error {
 	}
 	if c.Server.MaxConns < 1 {
 		bad("server.max_conns", "must be ≥ 1, got %d", c.Server.MaxConns)
+	}
+	oneOf("server.metrics_auth", string(c.Server.MetricsAuth), string(MetricsAuthNone), string(MetricsAuthAdmin))
+	if c.Server.MetricsAuth == MetricsAuthAdmin && c.AdminKeySHA256 == "" {
+		bad("server.metrics_auth", "admin needs admin_key_sha256 (without it /metrics could never be read)")
+	}
+	if c.Server.MetricsListen != "" {
+		if _, _, err := net.SplitHostPort(c.Server.MetricsListen); err != nil {
+			bad("server.metrics_listen", "must be host:port, got %q", c.Server.MetricsListen)
+		} else if c.Server.MetricsListen == c.Listen {
+			bad("server.metrics_listen", "must differ from listen (%s)", c.Listen)
+		}
 	}
 	if c.Server.MaxConnsPerIP < 0 {
 		bad("server.max_conns_per_ip", "must be ≥ 0 (0 = no limit), got %d", c.Server.MaxConnsPerIP)

@@ -22,7 +22,9 @@ func TestParseDefaults(t *testing.T) {
 	}
 	if c.Listen != "127.0.0.1:8080" || c.MaxBodyBytes != 32<<20 || c.Policy.Mode != "enforce" ||
 		c.Tokenizer.Library != "tiktoken-go" || c.Tokenizer.SafetyRatio != 1.3 ||
-		c.State.RedisMode != "standalone" || c.Canary.Epoch != time.Hour || c.Capacity.MaxAge != 6*time.Second {
+		c.State.RedisMode != "standalone" || c.Canary.Epoch != time.Hour || c.Capacity.MaxAge != 6*time.Second ||
+		c.Upstream.MaxReplyBytes != 64<<20 || c.Upstream.MaxBufferedBytes != 256<<20 ||
+		c.Server.MetricsAuth != MetricsAuthNone || c.Server.MetricsListen != "" {
 		t.Fatalf("defaults not applied: %+v", c)
 	}
 }
@@ -72,6 +74,13 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"unknown tenant limit", minimal + "  - {name: bob, key_sha256: \"" + strings.Repeat("a", 64) + "\", rps: 5}\n", "", "rps"},
 		{"zero replicas", minimal + "limits: {replicas: -1}\n", "", "limits.replicas"},
 		{"long redis timeout", minimal + "limits: {redis_timeout: 1m}\n", "", "limits.redis_timeout"},
+		{"tiny reply cap", minimal + "upstream: {max_reply_bytes: 10}\n", "", "upstream.max_reply_bytes"},
+		{"budget below one reply", minimal + "upstream: {max_reply_bytes: 67108864, max_buffered_bytes: 100000000}\n", "", "upstream.max_buffered_bytes"},
+		{"negative budget", minimal + "upstream: {max_buffered_bytes: -1}\n", "", "upstream.max_buffered_bytes"},
+		{"bad metrics auth", minimal + "server: {metrics_auth: basic}\n", "", "server.metrics_auth"},
+		{"metrics auth without admin key", minimal + "server: {metrics_auth: admin}\n", "", "server.metrics_auth"},
+		{"bad metrics listen", minimal + "server: {metrics_listen: nowhere}\n", "", "server.metrics_listen"},
+		{"metrics listen on the main listener", minimal + "listen: \"127.0.0.1:9000\"\nserver: {metrics_listen: \"127.0.0.1:9000\"}\n", "", "server.metrics_listen"},
 		{"bad env int", minimal, "KVGATE_MAX_BODY_BYTES=lots", "KVGATE_MAX_BODY_BYTES"},
 		{"bad env duration", minimal, "KVGATE_CANARY_EPOCH=soon", "KVGATE_CANARY_EPOCH"},
 	}

@@ -23,6 +23,39 @@ type jsonReader struct {
 	b        []byte
 	i        int
 	shadowed []any
+	// spend, when set, is asked before the reader allocates (upstream.max_buffered_bytes);
+	// owed is what small values cost since it was last asked.
+	spend func(int64) bool
+	owed  int64
+}
+
+// errReplyBudget: the reply does not fit in upstream.max_buffered_bytes.
+var errReplyBudget = errors.New("reply over the buffered-reply budget")
+
+// What decoded values cost beyond their bytes (Go's layouts, with the garbage that growing
+// slices and maps leaves until the next collection): an interface or string header, an array
+// element, a map entry and an empty map.
+const (
+	costValue    = 16
+	costElem     = 2 * 16
+	costMapEntry = 96
+	costMap      = 320
+)
+
+// owe accounts n bytes about to be allocated; small amounts are asked for in batches.
+func (r *jsonReader) owe(n int64) error {
+	if r.spend == nil {
+		return nil
+	}
+	r.owed += n
+	if r.owed < 64<<10 {
+		return nil
+	}
+	n, r.owed = r.owed, 0
+	if !r.spend(n) {
+		return errReplyBudget
+	}
+	return nil
 }
 
 func (r *jsonReader) errorf(format string, a ...any) error {
@@ -51,6 +84,9 @@ func (r *jsonReader) value(depth int) (any, error) {
 			return nil, errJSONDepth
 		}
 		r.i++
+		if err := r.owe(costMap); err != nil {
+			return nil, err
+		}
 		m := map[string]any{}
 		r.space()
 		if r.i < len(r.b) && r.b[r.i] == '}' {
@@ -77,6 +113,9 @@ func (r *jsonReader) value(depth int) (any, error) {
 			}
 			if old, dup := m[k]; dup {
 				r.shadowed = append(r.shadowed, k, old)
+			}
+			if err := r.owe(costMapEntry); err != nil {
+				return nil, err
 			}
 			m[k] = v
 			r.space()
@@ -107,6 +146,9 @@ func (r *jsonReader) value(depth int) (any, error) {
 		for {
 			v, err := r.value(depth + 1)
 			if err != nil {
+				return nil, err
+			}
+			if err := r.owe(costElem); err != nil {
 				return nil, err
 			}
 			a = append(a, v)
@@ -180,37 +222,63 @@ func (r *jsonReader) num() (any, error) {
 			return nil, r.errorf("bad number")
 		}
 	}
+	if err := r.owe(int64(r.i-s) + costValue); err != nil {
+		return nil, err
+	}
 	return json.Number(r.b[s:r.i]), nil
 }
 
 // str reads a string, escapes resolved the way encoding/json resolves them (a lone surrogate
-// or invalid UTF-8 becomes U+FFFD).
+// or invalid UTF-8 becomes U+FFFD). What it allocates is accounted before it allocates it.
 func (r *jsonReader) str() (string, error) {
 	r.i++ // the opening quote
 	s := r.i
 	for r.i < len(r.b) { // fast path: no escapes, ASCII or valid UTF-8
 		c := r.b[r.i]
 		if c == '"' {
-			out := string(r.b[s:r.i])
+			raw := r.b[s:r.i]
 			r.i++
-			if !utf8.ValidString(out) {
-				return string([]rune(out)), nil // invalid bytes become U+FFFD
+			if !utf8.Valid(raw) {
+				if err := r.owe(2*int64(validUTF8Len(raw)) + costValue); err != nil {
+					return "", err
+				}
+				return toValidUTF8(raw), nil // invalid bytes become U+FFFD
 			}
-			return out, nil
+			if err := r.owe(int64(len(raw)) + costValue); err != nil {
+				return "", err
+			}
+			return string(raw), nil
 		}
 		if c == '\\' || c < 0x20 {
 			break
 		}
 		r.i++
 	}
-	buf := append([]byte(nil), r.b[s:r.i]...)
+	// The decoded string is never longer than its escaped form: one buffer of that size, and
+	// the string made from it.
+	span := len(r.b) - s
+	for j := r.i; j < len(r.b); j++ {
+		if r.b[j] == '\\' {
+			j++
+		} else if r.b[j] == '"' {
+			span = j - s
+			break
+		}
+	}
+	if err := r.owe(2*int64(span) + costValue); err != nil {
+		return "", err
+	}
+	buf := append(make([]byte, 0, span), r.b[s:r.i]...)
 	for r.i < len(r.b) {
 		c := r.b[r.i]
 		switch {
 		case c == '"':
 			r.i++
 			if !utf8.Valid(buf) {
-				return string([]rune(string(buf))), nil
+				if err := r.owe(2 * int64(validUTF8Len(buf))); err != nil {
+					return "", err
+				}
+				return toValidUTF8(buf), nil
 			}
 			return string(buf), nil
 		case c < 0x20:
@@ -268,6 +336,37 @@ func (r *jsonReader) str() (string, error) {
 	return "", r.errorf("unterminated string")
 }
 
+// validUTF8Len is the length of b with every invalid byte replaced by U+FFFD (3 bytes).
+func validUTF8Len(b []byte) int {
+	n := 0
+	for i := 0; i < len(b); {
+		r, size := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && size == 1 {
+			n += 3
+		} else {
+			n += size
+		}
+		i += size
+	}
+	return n
+}
+
+// toValidUTF8 is string([]rune(string(b))) (each invalid byte becomes U+FFFD) without the
+// rune slice, four times the text's size.
+func toValidUTF8(b []byte) string {
+	out := make([]byte, 0, validUTF8Len(b))
+	for i := 0; i < len(b); {
+		r, size := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && size == 1 {
+			out = append(out, "\uFFFD"...)
+		} else {
+			out = append(out, b[i:i+size]...)
+		}
+		i += size
+	}
+	return string(out)
+}
+
 func (r *jsonReader) hex4() (uint16, bool) {
 	if len(r.b)-r.i < 4 {
 		return 0, false
@@ -284,7 +383,13 @@ func (r *jsonReader) hex4() (uint16, bool) {
 // duplicate key are returned in shadowed, so the caller can scan them before it refuses the
 // reply (parsers disagree on which value wins); anything after the value is an error.
 func decodeStrict(b []byte) (v any, shadowed []any, err error) {
-	r := &jsonReader{b: b}
+	return decodeStrictSpending(b, nil)
+}
+
+// decodeStrictSpending is decodeStrict asking spend (when not nil) before it allocates: a
+// refusal ends the decoding with errReplyBudget.
+func decodeStrictSpending(b []byte, spend func(int64) bool) (v any, shadowed []any, err error) {
+	r := &jsonReader{b: b, spend: spend}
 	v, err = r.value(0)
 	if err != nil {
 		return nil, r.shadowed, err
@@ -407,4 +512,71 @@ func appendString(b []byte, s string) []byte {
 	}
 	b = append(b, s[start:]...)
 	return append(b, '"')
+}
+
+// jsonLen is len(canonicalJSON(v)), computed without writing it, so the output of a large
+// reply is allocated once at its size (and charged before it is).
+func jsonLen(v any) int {
+	switch t := v.(type) {
+	case nil:
+		return 4
+	case bool:
+		if t {
+			return 4
+		}
+		return 5
+	case json.Number:
+		if t == "" {
+			return 1
+		}
+		return len(t)
+	case string:
+		return stringLen(t)
+	case []any:
+		n := 2 + max(len(t)-1, 0)
+		for _, e := range t {
+			n += jsonLen(e)
+		}
+		return n
+	case map[string]any:
+		n := 2 + max(len(t)-1, 0)
+		for k, e := range t {
+			n += stringLen(k) + 1 + jsonLen(e)
+		}
+		return n
+	case int:
+		return len(strconv.AppendInt(nil, int64(t), 10))
+	}
+	return len(appendJSON(nil, v))
+}
+
+// stringLen is the length appendString writes for s.
+func stringLen(s string) int {
+	n := 2
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c >= 0x20 && c != '"' && c != '\\':
+				n++
+			case c == '"', c == '\\', c == '\n', c == '\r', c == '\t', c == '\b', c == '\f':
+				n += 2
+			default:
+				n += 6
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			n += 6
+		case r == '\u2028' || r == '\u2029':
+			n += 6
+		default:
+			n += size
+		}
+		i += size
+	}
+	return n
 }

@@ -27,6 +27,9 @@ type metrics struct {
 	incidents      *prometheus.CounterVec
 	degraded       prometheus.GaugeFunc
 
+	// upstream.max_buffered_bytes (budget.go): replies refused because it was spent
+	repliesOverBudget prometheus.Counter
+
 	// kvgate overhead (overhead.go): the vector and its three children, resolved once.
 	overhead                                      *prometheus.HistogramVec
 	overheadBefore, overheadAfter, overheadStream prometheus.Observer

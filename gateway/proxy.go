@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 	"time"
 
@@ -24,9 +23,6 @@ import (
 // deferred) and writes the engine's whole replies; relay.go streams. Everything that speaks
 // SGLang's wire protocol (bodies with rids and bootstrap fields, legs, aborts) is in backends.
 
-// maxBufferedReply caps a non-streaming engine reply held for scanning.
-const maxBufferedReply = 64 << 20
-
 func retryable(code int) bool { return code == 408 || code == 429 || code >= 500 }
 
 // engineFields are the request fields as an engine gets them, our cache salt included.
@@ -35,7 +31,7 @@ func (x *exchange) engineFields() map[string]json.RawMessage {
 	copied := false
 	set := func(k string, v json.RawMessage) {
 		if !copied {
-			f = make(map[string]json.RawMessage, len(x.req.Fields)+1)
+			f = make(map[string]json.RawMessage, len(x.req.Fields)+2)
 			for k, v := range x.req.Fields {
 				f[k] = v
 			}
@@ -43,15 +39,32 @@ func (x *exchange) engineFields() map[string]json.RawMessage {
 		}
 		f[k] = v
 	}
-	if x.kind.Generates() && x.kind != request.Generate && !x.g.cfg.Policy.SharePrefixCache {
-		// Tenants never share prefix-cache entries: whatever the client sent is replaced. (The
-		// native /generate has no such field in every SGLang version; its text prompts begin
-		// with the tenant's marker, which makes their cached prefixes per tenant already.)
-		salt, _ := json.Marshal(x.tenant.cacheSalt())
-		set("cache_salt", salt)
-	}
 	if opts, ok := x.usageStreamOptions(); ok {
 		set("stream_options", opts) // kvgate limits
+	}
+	if !x.kind.Generates() || x.g.cfg.Policy.SharePrefixCache {
+		return f
+	}
+	// Tenants never share prefix-cache entries: whatever the client sent is replaced. Every
+	// request is salted, with or without a marker in its prompt: /generate with input_ids and
+	// canary opt-out tenants carry none, and a shared cached prefix answers faster, which tells
+	// one tenant what another sent.
+	salt := x.tenant.cacheSalt()
+	if x.kind != request.Generate {
+		set("cache_salt", jsonOf(salt))
+		return f
+	}
+	// The native /generate names the salt extra_key (SGLang's OpenAI routes turn cache_salt into
+	// it); a batch gets one per item, as its rids. Versions without the field ignore it: see
+	// SECURITY.md.
+	if x.req.Batch {
+		salts := make([]string, len(x.req.Prompts))
+		for i := range salts {
+			salts[i] = salt
+		}
+		set("extra_key", jsonOf(salts))
+	} else {
+		set("extra_key", jsonOf(salt))
 	}
 	return f
 }
@@ -78,6 +91,12 @@ func (x *exchange) usageStreamOptions() (json.RawMessage, bool) {
 	x.hideUsage = true
 	b, err := json.Marshal(opts)
 	return b, err == nil
+}
+
+// jsonOf is v encoded; only for values that always encode (strings, string slices).
+func jsonOf(v any) json.RawMessage {
+	b, _ := json.Marshal(v)
+	return b
 }
 
 // hold accounts the request's tokens as in flight on every backend of its route, until close.
@@ -204,9 +223,13 @@ func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (
 		}
 		// The engine's own error, with its status (scanned like any reply).
 		x.errMsg = "prefill_failed"
-		if !x.writeEngineReply(ctx, pf.Status, pf.ContentType, pf.Body, p) {
+		c := x.g.newCharge()
+		if !c.reserve(config.ReplyCostFactor * int64(len(pf.Body))) {
+			x.overBudget(ctx, p)
+		} else if !x.writeEngineReply(ctx, pf.Status, pf.ContentType, pf.Body, p, c) {
 			x.cut(x.lastLeak, p, rids, d)
 		}
+		c.done() // at most 1 MiB: given back at once (the body stream's Close is then a no-op)
 		x.close()
 		return true
 	}
@@ -280,17 +303,38 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *backends.Leg, other *backe
 		x.upstreamError(ctx, "upstream_unreadable", fmt.Errorf("engine %s: %w", l.B.Name, err))
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(src, maxBufferedReply+1))
-	if err != nil || len(body) > maxBufferedReply {
+	charge := x.g.newCharge()
+	// Given back when the client has the output (chargedBody) or, on every other way out, here;
+	// done is once-only, so the later of the two gives nothing twice.
+	defer func() {
+		if !ctx.Response.IsBodyStream() {
+			charge.done()
+		}
+	}()
+	declared := -1
+	if len(l.Header(fasthttp.HeaderContentEncoding)) == 0 {
+		declared = l.ContentLength()
+	}
+	body, err := readReply(src, declared, x.g.maxReply(), charge)
+	if err != nil {
 		l.B.AbortAll(l.Rids)
-		if err == nil {
-			err = fmt.Errorf("reply larger than %d bytes", maxBufferedReply)
+		if other != nil {
+			other.AbortAll(l.Rids)
+		}
+		if errors.Is(err, errReplyBudget) {
+			x.overBudget(ctx, l.B)
+			return
 		}
 		x.upstreamError(ctx, "upstream_error", fmt.Errorf("engine %s: reading the reply: %w", l.B.Name, err))
 		return
 	}
-	if !x.writeEngineReply(ctx, code, l.ContentType(), body, l.B) {
+	if !x.writeEngineReply(ctx, code, l.ContentType(), body, l.B, charge) {
 		x.cut(x.lastLeak, l.B, l.Rids, other)
+	} else if x.errMsg == "reply_over_budget" {
+		l.B.AbortAll(l.Rids)
+		if other != nil {
+			other.AbortAll(l.Rids)
+		}
 	}
 }
 
@@ -327,13 +371,19 @@ func (x *exchange) upstreamError(ctx *fasthttp.RequestCtx, code string, detail e
 // writeEngineReply passes an engine's whole reply on with its status, normalised and scanned
 // (normaliseBody). It returns false when the scan found a foreign marker: the client then gets a
 // 502 instead. A reply that is not JSON is never passed on (a client could decode it some other
-// way): the client gets an error of our own.
-func (x *exchange) writeEngineReply(ctx *fasthttp.RequestCtx, code int, contentType []byte, body []byte, b *backends.Backend) bool {
-	out, v, err := x.normaliseBody(contentType, body)
+// way): the client gets an error of our own. Every step is charged to c
+// (upstream.max_buffered_bytes); a reply that does not fit gets 503 (x.errMsg
+// "reply_over_budget"), and the caller aborts its engine request.
+func (x *exchange) writeEngineReply(ctx *fasthttp.RequestCtx, code int, contentType []byte, body []byte, b *backends.Backend, c *replyCharge) bool {
+	out, v, err := x.normaliseBody(contentType, body, c)
+	body = nil // the body is garbage from here: nothing may keep it alive
 	if code >= 200 && code <= 299 {
 		x.noteUsage(v) // kvgate limits: the reply as decoded (nil when it is refused)
 	}
 	switch {
+	case errors.Is(err, errReplyBudget):
+		x.overBudget(ctx, b)
+		return true
 	case errors.Is(err, errLeak):
 		x.integrityError(ctx)
 		return false
@@ -356,7 +406,9 @@ func (x *exchange) writeEngineReply(ctx *fasthttp.RequestCtx, code int, contentT
 	x.status = code
 	ctx.SetStatusCode(code)
 	ctx.SetContentType("application/json")
-	ctx.SetBody(out)
+	// The output stays charged until fasthttp has written it; SetBody would also copy it into a
+	// pooled buffer that outlives the reply.
+	ctx.Response.SetBodyStream(&chargedBody{Reader: bytes.NewReader(out), c: c}, len(out))
 	return true
 }
 
@@ -366,30 +418,53 @@ var errLeak = errors.New("foreign canary marker in the reply")
 // normaliseBody is a whole reply as the client will get it: transcoded to UTF-8, decoded as one
 // JSON value, scanned (engine errors too: they may quote the prompt they refused), and
 // re-serialised from the scanned value. A body that is not JSON is still scanned as text, so a
-// marker in it is recorded, but it is never passed on.
-func (x *exchange) normaliseBody(contentType, body []byte) ([]byte, any, error) {
+// marker in it is recorded, but it is never passed on. Each step is charged to c before it
+// allocates; errReplyBudget when c refuses.
+func (x *exchange) normaliseBody(contentType, body []byte, c *replyCharge) ([]byte, any, error) {
 	gd := x.newGuard()
-	text, err := toUTF8(body, charsetOf(contentType))
+	if gd != nil {
+		gd.spend = c.spend
+	}
+	cs := charsetOf(contentType)
+	if !c.spend(int64(transcodedLen(body, cs))) {
+		return nil, nil, errReplyBudget
+	}
+	text, err := toUTF8(body, cs)
+	body = nil
 	var v any
 	var shadowed []any
 	if err == nil {
-		v, shadowed, err = decodeStrict(text)
+		v, shadowed, err = decodeStrictSpending(text, c.spend)
+	}
+	if errors.Is(err, errReplyBudget) {
+		return nil, nil, err
 	}
 	if err != nil {
-		if gd != nil && !gd.detectIn(string(text), v, shadowed) {
+		if gd != nil && (!c.spend(int64(len(text))) || !gd.detectIn(string(text), v, shadowed)) {
+			if gd.overBudget || gd.leak == nil {
+				return nil, nil, errReplyBudget
+			}
 			x.lastLeak = gd.leak
 			return nil, nil, errLeak
 		}
 		return nil, nil, err
 	}
+	text = nil // the decoded value holds copies of everything it needs
 	if gd != nil {
 		var ok bool
 		if v, ok = gd.body(v); !ok {
+			if gd.overBudget {
+				return nil, nil, errReplyBudget
+			}
 			x.lastLeak = gd.leak
 			return nil, nil, errLeak
 		}
 	}
-	return canonicalJSON(v), v, nil
+	n := jsonLen(v)
+	if !c.spend(int64(n)) {
+		return nil, nil, errReplyBudget
+	}
+	return appendJSON(make([]byte, 0, n), v), v, nil
 }
 
 func (x *exchange) integrityError(ctx *fasthttp.RequestCtx) {

@@ -25,9 +25,11 @@ func BenchmarkNormaliseBody(b *testing.B) {
 	b.SetBytes(int64(len(benchReply)))
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
-		if _, _, err := x.normaliseBody(nil, benchReply); err != nil {
+		c := x.g.newCharge()
+		if _, _, err := x.normaliseBody(nil, benchReply, c); err != nil {
 			b.Fatal(err)
 		}
+		c.done()
 	}
 }
 

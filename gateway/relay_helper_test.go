@@ -37,6 +37,8 @@ func (s *testStream) take() ([]byte, bool) {
 
 // bodyOf is a whole reply as the client gets it; false on a leak or a body that is not JSON.
 func bodyOf(x *exchange, raw []byte) ([]byte, bool) {
-	out, _, err := x.normaliseBody(nil, raw)
+	c := x.g.newCharge()
+	defer c.done()
+	out, _, err := x.normaliseBody(nil, raw, c)
 	return out, err == nil
 }

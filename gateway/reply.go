@@ -119,7 +119,7 @@ func toUTF8(b []byte, charset string) ([]byte, error) {
 				enc = "utf-32be"
 			}
 		case "iso-8859-1", "latin1", "latin-1":
-			var out []byte
+			out := make([]byte, 0, 2*len(b))
 			for _, c := range b {
 				out = utf8.AppendRune(out, rune(c))
 			}
@@ -128,7 +128,9 @@ func toUTF8(b []byte, charset string) ([]byte, error) {
 			return nil, fmt.Errorf("%w: %q", errCharset, charset)
 		}
 	}
-	var out []byte
+	// Sized once (UTF-16 code units become at most 3 bytes each, UTF-32 at most 4 per 4), as
+	// transcodedLen charges.
+	out := make([]byte, 0, len(b)*3/2+4)
 	switch enc {
 	case "utf-16le", "utf-16be":
 		if len(b)%2 != 0 {
@@ -160,6 +162,19 @@ func toUTF8(b []byte, charset string) ([]byte, error) {
 		}
 	}
 	return out, nil
+}
+
+// transcodedLen bounds what toUTF8 allocates for b: nothing for UTF-8 (the common case), at
+// most three times b's size otherwise.
+func transcodedLen(b []byte, charset string) int {
+	if len(b) >= 2 && (b[0] == 0 || b[1] == 0 || b[0] == 0xFE || b[0] == 0xFF) {
+		return 3 * len(b)
+	}
+	switch charset {
+	case "", "utf-8", "utf8", "us-ascii", "ascii":
+		return 0
+	}
+	return 3 * len(b)
 }
 
 // replyHeaders are the engine reply headers a client may see. Everything else an engine sets

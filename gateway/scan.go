@@ -1,11 +1,11 @@
 package gateway
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/request"
@@ -29,9 +29,13 @@ type guard struct {
 	whole bool
 	// lastBlock: the index of the last Anthropic content block seen in a stream
 	lastBlock json.Number
-	// one scans whole values (reset for each), oneBuf its output buffer
-	one    *canary.Loose
-	oneBuf []byte
+	// one scans whole values (reset for each), oneIn and oneBuf its input and output buffers
+	one           *canary.Loose
+	oneIn, oneBuf []byte
+	// spend, for a whole reply, accounts what scanning a large value allocates
+	// (upstream.max_buffered_bytes); overBudget says a scan stopped because it refused.
+	spend      func(int64) bool
+	overBudget bool
 }
 
 // fieldScan is the stateful scan of one field path: the folded-text detector first (it sees the
@@ -61,6 +65,10 @@ func (gd *guard) field(key string) *fieldScan {
 
 // feed scans one piece of streamed text; it returns what may be emitted now.
 func (gd *guard) feed(key, text string) (string, bool) {
+	// In a whole reply (logprobs items): the text's copy, two scanners' output, the string.
+	if !gd.afford(4 * len(text)) {
+		return "", false
+	}
 	f := gd.field(key)
 	mid, h := f.loose.Feed(gd.buf[:0], []byte(text))
 	gd.buf = mid[:0]
@@ -92,6 +100,9 @@ func (gd *guard) noteLeak(h *canary.Hit) {
 	}
 }
 
+// scanPiece is how much of a long value the folded detector is fed at a time.
+const scanPiece = 1 << 20
+
 // scanString scans a whole value.
 func (gd *guard) scanString(s string) (string, bool) {
 	if inert(s) {
@@ -103,21 +114,53 @@ func (gd *guard) scanString(s string) (string, bool) {
 	}
 	l := gd.one
 	l.Reset(gd.x.tenant.Name, gd.x.echoes)
-	mid, h := l.Feed(gd.oneBuf[:0], []byte(s))
-	gd.oneBuf = mid[:0]
+	// The folded detector passes text on unchanged (or cut before a leak), so only its verdict
+	// matters here: it reads a long value a piece at a time (cut at rune boundaries, as a stream's
+	// events are) through one small buffer, instead of two whole copies of a value that may be a
+	// 60 MB reply.
+	var h *canary.Hit
+	for i := 0; i < len(s) && h == nil; {
+		j := min(len(s), i+scanPiece)
+		for j < len(s) && j > i+1 && !utf8.RuneStart(s[j]) {
+			j--
+		}
+		gd.oneIn = append(gd.oneIn[:0], s[i:j]...)
+		var mid []byte
+		mid, h = l.Feed(gd.oneBuf[:0], gd.oneIn)
+		gd.oneBuf = mid[:0]
+		i = j
+	}
 	if h == nil {
-		mid, h = l.Flush(mid)
+		_, h = l.Flush(gd.oneBuf[:0])
 	}
 	if h != nil {
 		gd.noteLeak(h)
 		return "", false
 	}
-	if !bytes.Contains(mid, []byte("KVG")) {
-		return string(mid), true
+	if !strings.Contains(s, "KVG") {
+		return s, true
 	}
-	out, v := k.ScanAll(gd.x.tenant.Name, gd.x.echoes, mid)
+	// The prefix scanner's copy of the text, its output and the string made of it.
+	if !gd.afford(3 * len(s)) {
+		return "", false
+	}
+	out, v := k.ScanAll(gd.x.tenant.Name, gd.x.echoes, []byte(s))
 	gd.note(v)
 	return string(out), v.Leak == nil
+}
+
+// afford accounts n bytes a scan of a whole reply is about to allocate (large values only: small
+// ones are covered by the reply's reservation). False: the reply is over
+// upstream.max_buffered_bytes, to be refused (gd.overBudget), which is not a leak.
+func (gd *guard) afford(n int) bool {
+	if gd.spend == nil || n < 64<<10 {
+		return true
+	}
+	if !gd.spend(int64(n)) {
+		gd.overBudget = true
+		return false
+	}
+	return true
 }
 
 // detectIn looks for a foreign marker in a reply part that will be refused anyway (not JSON,

@@ -22,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
@@ -66,6 +67,8 @@ type Gateway struct {
 	quarantine *state.Quarantines
 
 	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/limits.go)
+
+	replies *replyBudget // upstream.max_buffered_bytes (budget.go)
 
 	// oversized marks requests (by their header, which lives as long as the connection's
 	// RequestCtx) whose declared Content-Length is over max_body_bytes; nOversized counts the
@@ -124,6 +127,12 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	g.metrics = newMetrics(set, g.ratio.Get, g.degraded)
 	g.exact.metrics = g.metrics
 	g.lim = newLimitsState(g) // kvgate limits
+	g.replies = newReplyBudget(cfg.Upstream.MaxBufferedBytes)
+	g.metrics.repliesOverBudget = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_replies_over_budget_total",
+		Help: "Non-streaming replies refused (503) because upstream.max_buffered_bytes was spent."})
+	g.metrics.reg.MustRegister(g.metrics.repliesOverBudget, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_buffered_reply_bytes",
+		Help: "Bytes charged to upstream.max_buffered_bytes now (replies in flight, and finished ones until a collection ran)."},
+		func() float64 { return float64(g.replies.inUse()) }))
 	g.metricsH = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(g.metrics.reg, promhttp.HandlerOpts{}))
 	prev := set.OnCapacityChange
 	set.OnCapacityChange = func(b *backends.Backend, old, cur *backends.Capacity) {
@@ -300,7 +309,11 @@ func (g *Gateway) Handle(ctx *fasthttp.RequestCtx) {
 	case "/readyz":
 		g.readyz(ctx)
 	case "/metrics":
-		g.metricsH(ctx)
+		if g.cfg.Server.MetricsListen != "" {
+			writeError(ctx, apierr.NotFound) // served on server.metrics_listen only
+			return
+		}
+		g.ServeMetrics(ctx)
 	case "/v1/models":
 		if method != fasthttp.MethodGet {
 			writeError(ctx, apierr.Method)
@@ -375,6 +388,16 @@ func bearer(ctx *fasthttp.RequestCtx) ([]byte, bool) {
 		return nil, false
 	}
 	return h[len(p):], true
+}
+
+// ServeMetrics answers /metrics (on the main listener, or alone on server.metrics_listen):
+// behind the admin key when server.metrics_auth is admin, since the series name tenants and
+// their token volumes.
+func (g *Gateway) ServeMetrics(ctx *fasthttp.RequestCtx) {
+	if g.cfg.Server.MetricsAuth == config.MetricsAuthAdmin && !g.adminAuth(ctx) {
+		return
+	}
+	g.metricsH(ctx)
 }
 
 func (g *Gateway) adminAuth(ctx *fasthttp.RequestCtx) bool {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -58,6 +59,27 @@ func Start(ctx context.Context, cfg *config.Config, log *zap.Logger) (*Gateway, 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	if addr := cfg.Server.MetricsListen; addr != "" {
+		// /metrics alone, on its own address (a scraper's private network). It closes with ctx.
+		mln, err := net.Listen("tcp", addr)
+		if err != nil {
+			_ = ln.Close()
+			return nil, nil, fmt.Errorf("server.metrics_listen %s: %w", addr, err)
+		}
+		ms := &fasthttp.Server{Name: "kvgate", ReadTimeout: cfg.Server.ReadTimeout, IdleTimeout: cfg.Server.IdleTimeout,
+			Handler: func(rc *fasthttp.RequestCtx) {
+				if string(rc.Path()) != "/metrics" {
+					rc.Error("not found", fasthttp.StatusNotFound)
+					return
+				}
+				gw.ServeMetrics(rc)
+			}}
+		go func() { _ = ms.Serve(mln) }()
+		go func() {
+			<-ctx.Done()
+			_ = ms.Shutdown()
+		}()
 	}
 	go func() {
 		if err := gw.Serve(ln); err != nil && !errors.Is(err, net.ErrClosed) {

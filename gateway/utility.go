@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/request"
 )
 
@@ -104,7 +106,22 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 		return
 	}
 	x := &exchange{g: g, tenant: t, rid: rid}
-	out, v, err := x.normaliseBody(resp.ContentType, resp.Body)
+	// The reply is already read (bounded by backends' maxCallReply); what normalising it costs is
+	// charged to upstream.max_buffered_bytes like any whole reply.
+	c := g.newCharge()
+	defer c.done()
+	var out []byte
+	var v any
+	if c.reserve(config.ReplyCostFactor * int64(len(resp.Body))) {
+		out, v, err = x.normaliseBody(resp.ContentType, resp.Body, c)
+	} else {
+		err = errReplyBudget
+	}
+	if errors.Is(err, errReplyBudget) {
+		g.metrics.repliesOverBudget.Inc()
+		fail(apierr.ReplyOverBudget())
+		return
+	}
 	if err != nil {
 		g.log.Warn("utility reply refused", zap.String("request_id", rid), zap.String("backend", b.Name), zap.Error(err))
 		fail(apierr.UpstreamFailed("The engine's reply could not be used."))

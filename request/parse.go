@@ -105,6 +105,8 @@ type Request struct {
 	extra        string // tools / functions / response_format JSON, rendered into the prompt
 	// texts for completions / generate: the prompt strings (nil when ids)
 	texts []string
+	// idsField names the field the prompt's token ids came from (for errors)
+	idsField string
 	// suffix: completions' fill-in-the-middle suffix, counted with every prompt
 	suffix string
 
@@ -171,6 +173,9 @@ func Parse(kind Kind, body []byte) (*Request, *apierr.Error) {
 		err = r.parseGenerate()
 	default:
 		err = r.parseMore()
+	}
+	if err == nil {
+		err = r.checkIDLists()
 	}
 	if err != nil {
 		return nil, err
@@ -386,18 +391,80 @@ func (r *Request) idsOrTexts(name string, raw json.RawMessage) *apierr.Error {
 	}
 	var ids []int
 	if json.Unmarshal(raw, &ids) == nil && len(ids) > 0 {
+		r.idsField = name
 		r.Prompts = []Prompt{{IDs: len(ids), HasIDs: true, Tokens: ids}}
 		return nil
 	}
 	var batch [][]int
 	if json.Unmarshal(raw, &batch) == nil && len(batch) > 0 {
 		r.Batch = true
+		r.idsField = name
 		for _, b := range batch {
 			r.Prompts = append(r.Prompts, Prompt{IDs: len(b), HasIDs: true, Tokens: b})
 		}
 		return nil
 	}
 	return apierr.BadRequest(name, fmt.Sprintf("'%s' must be a string, a non-empty list of strings, or token ids.", name))
+}
+
+// maxTokenID bounds token ids: no vocabulary is near 2^31, and engines keep ids in 32-bit
+// tensors. SGLang reports no vocabulary size (neither /server_info nor /v1/models), so a tighter
+// bound is the engine's to check.
+const maxTokenID = 1<<31 - 1
+
+// checkTokenIDs refuses ids no vocabulary has: negative ones index from the end of an engine's
+// embedding table (or crash it), huge ones overflow it.
+func checkTokenIDs(name string, ids []int) *apierr.Error {
+	for i, id := range ids {
+		if id < 0 || id > maxTokenID {
+			return apierr.BadRequest(name, fmt.Sprintf("'%s' must hold token ids from 0 to %d; item %d is %d.", name, maxTokenID, i, id))
+		}
+	}
+	return nil
+}
+
+// idListFields are the other fields that carry token ids, by route: checked like prompts when
+// they are lists of integers (anything else is the engine's to refuse).
+var idListFields = map[Kind][]string{
+	Chat:        {"stop_token_ids"},
+	Completions: {"stop_token_ids"},
+	Score:       {"label_token_ids"},
+}
+
+// checkIDLists applies checkTokenIDs to the prompt's token ids, the route's other token-id fields
+// and /generate's sampling_params.stop_token_ids.
+func (r *Request) checkIDLists() *apierr.Error {
+	for i, p := range r.Prompts {
+		if !p.HasIDs {
+			continue
+		}
+		name := r.idsField
+		if r.Batch {
+			name = fmt.Sprintf("%s[%d]", name, i)
+		}
+		if e := checkTokenIDs(name, p.Tokens); e != nil {
+			return e
+		}
+	}
+	check := func(name string, raw json.RawMessage) *apierr.Error {
+		var ids []int
+		if len(raw) == 0 || json.Unmarshal(raw, &ids) != nil {
+			return nil
+		}
+		return checkTokenIDs(name, ids)
+	}
+	for _, k := range idListFields[r.Kind] {
+		if e := check(k, r.Fields[k]); e != nil {
+			return e
+		}
+	}
+	if r.Kind == Generate {
+		var sp map[string]json.RawMessage
+		if json.Unmarshal(r.Fields["sampling_params"], &sp) == nil {
+			return check("sampling_params.stop_token_ids", sp["stop_token_ids"])
+		}
+	}
+	return nil
 }
 
 func (r *Request) parseCompletions() *apierr.Error {

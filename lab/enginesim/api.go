@@ -193,6 +193,8 @@ type generateReq struct {
 	BootstrapPort  json.RawMessage `json:"bootstrap_port"`
 	BootstrapRoom  json.RawMessage `json:"bootstrap_room"`
 	CacheSalt      json.RawMessage `json:"cache_salt"`
+	// ExtraKey is the native route's name for the prefix-cache salt.
+	ExtraKey json.RawMessage `json:"extra_key"`
 }
 
 func (s *Server) parseGenerate(body []byte) ([]*item, bool, bool, error) {
@@ -201,6 +203,9 @@ func (s *Server) parseGenerate(body []byte) ([]*item, bool, bool, error) {
 		return nil, false, false, badf("invalid JSON body: %v", err)
 	}
 	if err := s.noteSalt(req.CacheSalt); err != nil {
+		return nil, false, false, err
+	}
+	if err := s.noteSaltAs(req.ExtraKey, "extra_key"); err != nil {
 		return nil, false, false, err
 	}
 	texts, batchT, err := strings1(req.Text, "text")

@@ -147,7 +147,7 @@ type SimStats struct {
 	ForeignReplies int `json:"foreign_replies"`
 	// RequestIDs are the X-Request-Id headers of the last 256 generation requests, oldest first.
 	RequestIDs []string `json:"request_ids"`
-	// CacheSalts counts the distinct cache_salt values seen: the simulator
+	// CacheSalts counts the distinct cache_salt values seen (and /generate's extra_key): the simulator
 	// has no prefix cache to partition, so this is what a test can check.
 	CacheSalts int `json:"cache_salts"`
 	Pool       struct {

@@ -27,8 +27,11 @@ const maxSalts = 1 << 16
 // noteSalt records cache_salt values. The simulator has no prefix cache to
 // partition, so it only counts distinct salts: enough for a test to see
 // that a gateway sets one per tenant.
-func (s *Server) noteSalt(raw json.RawMessage) error {
-	salts, _, err := strings1(raw, "cache_salt")
+func (s *Server) noteSalt(raw json.RawMessage) error { return s.noteSaltAs(raw, "cache_salt") }
+
+// noteSaltAs is noteSalt for a field of another name (/generate's extra_key).
+func (s *Server) noteSaltAs(raw json.RawMessage, field string) error {
+	salts, _, err := strings1(raw, field)
 	if err != nil {
 		return err
 	}
