@@ -8,11 +8,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"net"
 	"os"
 	"strconv"
-
-	"github.com/valyala/fasthttp"
 )
 
 // Error is one error answer.
@@ -161,13 +158,17 @@ func UpstreamIntegrity() *Error {
 // ErrPrefillTimeout: decode answered but prefill did not within upstream.response_header_timeout.
 var ErrPrefillTimeout = errors.New("the prefill engine did not answer within upstream.response_header_timeout")
 
+// ErrUpstreamTimeout marks an upstream call that ran out of time where the client library's own
+// error does not say so (fasthttp's dial timeout): wrap it with this.
+var ErrUpstreamTimeout = errors.New("the engine did not answer in time")
+
 // FromUpstream is the one mapping from a failed upstream call to what the client sees: 504 when
 // the engine did not answer in time, 502 otherwise, always with a generic message (backend
 // names, addresses and transport errors go only to the log).
 func FromUpstream(err error) *Error {
-	var ne net.Error
-	if errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) || errors.Is(err, ErrPrefillTimeout) ||
-		errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+	var te interface{ Timeout() bool }
+	if errors.Is(err, ErrUpstreamTimeout) || errors.Is(err, ErrPrefillTimeout) ||
+		errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &te) && te.Timeout()) {
 		return &Error{Status: 504, Type: "server_error", Code: "upstream_timeout", Message: "The engine did not answer in time."}
 	}
 	return UpstreamFailed("The engine could not be reached.")

@@ -28,7 +28,7 @@ func TestMapUpstreamError(t *testing.T) {
 		status int
 	}{
 		{fasthttp.ErrTimeout, 504},
-		{fasthttp.ErrDialTimeout, 504},
+		{fmt.Errorf("%w: %w", ErrUpstreamTimeout, fasthttp.ErrDialTimeout), 504},
 		{fmt.Errorf("wrapped: %w", os.ErrDeadlineExceeded), 504},
 		{timeoutErr{}, 504},
 		{ErrPrefillTimeout, 504},

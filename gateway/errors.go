@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"strconv"
 
 	"github.com/valyala/fasthttp"
@@ -38,6 +40,15 @@ func envelopeOf(k request.Kind) apierr.Envelope {
 		return apierr.Responses
 	}
 	return apierr.OpenAI
+}
+
+// fromUpstream maps a failed engine call (apierr.FromUpstream); fasthttp's dial timeout says it
+// timed out only in its text, so it is marked.
+func fromUpstream(err error) *apierr.Error {
+	if errors.Is(err, fasthttp.ErrDialTimeout) {
+		err = fmt.Errorf("%w: %w", apierr.ErrUpstreamTimeout, err)
+	}
+	return apierr.FromUpstream(err)
 }
 
 // errorEvent ends a stream of kind with e, in the shape that route's clients read.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/config"
+	"github.com/kvgate/kvgate/reply"
 	"github.com/kvgate/kvgate/request"
 )
 
@@ -277,7 +278,7 @@ func mustGather(t *testing.T, g *Gateway) []byte {
 
 // sameEvent: two single data events carry equal JSON values.
 func sameEvent(a, b []byte) bool {
-	va, ea := decodeOne(bytes.TrimSpace(bytes.TrimPrefix(a, []byte("data:"))))
-	vb, eb := decodeOne(bytes.TrimSpace(bytes.TrimPrefix(b, []byte("data:"))))
-	return ea == nil && eb == nil && string(canonicalJSON(va)) == string(canonicalJSON(vb))
+	va, _, ea := reply.DecodeStrict(bytes.TrimSpace(bytes.TrimPrefix(a, []byte("data:"))))
+	vb, _, eb := reply.DecodeStrict(bytes.TrimSpace(bytes.TrimPrefix(b, []byte("data:"))))
+	return ea == nil && eb == nil && string(reply.CanonicalJSON(va)) == string(reply.CanonicalJSON(vb))
 }

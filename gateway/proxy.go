@@ -15,6 +15,7 @@ import (
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
+	"github.com/kvgate/kvgate/reply"
 	"github.com/kvgate/kvgate/request"
 	"github.com/kvgate/kvgate/state"
 )
@@ -139,7 +140,7 @@ func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange) {
 // the log only.
 func (x *exchange) failUpstream(ctx *fasthttp.RequestCtx, b *backends.Backend, err error) {
 	x.g.log.Warn("engine call failed", zap.String("request_id", x.rid), zap.String("backend", b.Name), zap.Error(err))
-	x.fail(ctx, apierr.FromUpstream(err))
+	x.fail(ctx, fromUpstream(err))
 }
 
 func (x *exchange) attemptUnified(ctx *fasthttp.RequestCtx) {
@@ -223,13 +224,13 @@ func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (
 		}
 		// The engine's own error, with its status (scanned like any reply).
 		x.errMsg = "prefill_failed"
-		c := x.g.newCharge()
-		if !c.reserve(config.ReplyCostFactor * int64(len(pf.Body))) {
+		c := x.g.replies.NewCharge()
+		if !c.Reserve(config.ReplyCostFactor * int64(len(pf.Body))) {
 			x.overBudget(ctx, p)
 		} else if !x.writeEngineReply(ctx, pf.Status, pf.ContentType, pf.Body, p, c) {
 			x.cut(x.lastLeak, p, rids, d)
 		}
-		c.done() // at most 1 MiB: given back at once (the body stream's Close is then a no-op)
+		c.Done() // at most 1 MiB: given back at once (the body stream's Close is then a no-op)
 		x.close()
 		return true
 	}
@@ -269,9 +270,9 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *backends.Leg, other *backe
 	copyReplyHeaders(ctx, l)
 	ctx.Response.Header.Set("X-Request-Id", x.rid)
 	if code >= 200 && code <= 299 && code != 204 && x.req.Stream {
-		src, err := decodedBody(l)
-		if cs := charsetOf(l.ContentType()); err == nil && cs != "" && cs != "utf-8" && cs != "utf8" {
-			err = fmt.Errorf("%w %q on an event stream (the format is UTF-8 only)", errCharset, cs)
+		src, err := reply.Decoded(string(l.Header(fasthttp.HeaderContentEncoding)), l.Body())
+		if cs := reply.CharsetOf(l.ContentType()); err == nil && cs != "" && cs != "utf-8" && cs != "utf8" {
+			err = fmt.Errorf("%w %q on an event stream (the format is UTF-8 only)", reply.ErrCharset, cs)
 		}
 		if err != nil {
 			defer x.closeLeg(l)
@@ -297,31 +298,31 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *backends.Leg, other *backe
 		x.upstreamError(ctx, "upstream_error", fmt.Errorf("engine %s answered %d with no reply body", l.B.Name, code))
 		return
 	}
-	src, err := decodedBody(l)
+	src, err := reply.Decoded(string(l.Header(fasthttp.HeaderContentEncoding)), l.Body())
 	if err != nil {
 		l.B.AbortAll(l.Rids)
 		x.upstreamError(ctx, "upstream_unreadable", fmt.Errorf("engine %s: %w", l.B.Name, err))
 		return
 	}
-	charge := x.g.newCharge()
-	// Given back when the client has the output (chargedBody) or, on every other way out, here;
+	charge := x.g.replies.NewCharge()
+	// Given back when the client has the output (reply.ChargedBody) or, on every other way out, here;
 	// done is once-only, so the later of the two gives nothing twice.
 	defer func() {
 		if !ctx.Response.IsBodyStream() {
-			charge.done()
+			charge.Done()
 		}
 	}()
 	declared := -1
 	if len(l.Header(fasthttp.HeaderContentEncoding)) == 0 {
 		declared = l.ContentLength()
 	}
-	body, err := readReply(src, declared, x.g.maxReply(), charge)
+	body, err := reply.ReadWhole(src, declared, x.g.cfg.Upstream.MaxReplyBytes, charge)
 	if err != nil {
 		l.B.AbortAll(l.Rids)
 		if other != nil {
 			other.AbortAll(l.Rids)
 		}
-		if errors.Is(err, errReplyBudget) {
+		if errors.Is(err, reply.ErrBudget) {
 			x.overBudget(ctx, l.B)
 			return
 		}
@@ -351,12 +352,9 @@ func (x *exchange) scanHeaders(l *backends.Leg) *canary.Hit {
 	if gd == nil {
 		return nil
 	}
-	l.VisitHeaders(func(k, v []byte) {
-		if gd.leak == nil {
-			gd.scanString(string(k) + ": " + string(v))
-		}
-	})
-	return gd.leak
+	var leak *canary.Hit
+	l.VisitHeaders(func(k, v []byte) { leak = gd.ScanText(string(k) + ": " + string(v)) })
+	return leak
 }
 
 // upstreamError answers 502 with a generic message; the detail (backend names, addresses,
@@ -374,17 +372,18 @@ func (x *exchange) upstreamError(ctx *fasthttp.RequestCtx, code string, detail e
 // way): the client gets an error of our own. Every step is charged to c
 // (upstream.max_buffered_bytes); a reply that does not fit gets 503 (x.errMsg
 // "reply_over_budget"), and the caller aborts its engine request.
-func (x *exchange) writeEngineReply(ctx *fasthttp.RequestCtx, code int, contentType []byte, body []byte, b *backends.Backend, c *replyCharge) bool {
-	out, v, err := x.normaliseBody(contentType, body, c)
+func (x *exchange) writeEngineReply(ctx *fasthttp.RequestCtx, code int, contentType []byte, body []byte, b *backends.Backend, c *reply.Charge) bool {
+	out, v, leak, err := reply.Body(x.newGuard(), contentType, body, c)
 	body = nil // the body is garbage from here: nothing may keep it alive
 	if code >= 200 && code <= 299 {
 		x.noteUsage(v) // kvgate limits: the reply as decoded (nil when it is refused)
 	}
 	switch {
-	case errors.Is(err, errReplyBudget):
+	case errors.Is(err, reply.ErrBudget):
 		x.overBudget(ctx, b)
 		return true
-	case errors.Is(err, errLeak):
+	case errors.Is(err, reply.ErrLeak):
+		x.lastLeak = leak
 		x.integrityError(ctx)
 		return false
 	case err != nil:
@@ -408,63 +407,25 @@ func (x *exchange) writeEngineReply(ctx *fasthttp.RequestCtx, code int, contentT
 	ctx.SetContentType("application/json")
 	// The output stays charged until fasthttp has written it; SetBody would also copy it into a
 	// pooled buffer that outlives the reply.
-	ctx.Response.SetBodyStream(&chargedBody{Reader: bytes.NewReader(out), c: c}, len(out))
+	ctx.Response.SetBodyStream(reply.ChargedBody(out, c), len(out))
 	return true
 }
 
-// errLeak: the reply carried a foreign marker (x.lastLeak says which).
-var errLeak = errors.New("foreign canary marker in the reply")
+// newGuard is the reply scanner for this exchange (nil when canaries are off).
+func (x *exchange) newGuard() *reply.Guard {
+	return reply.NewGuard(reply.Scope{Keyring: x.g.keyring, Requester: x.tenant.Name, Echoes: x.echoes, Kind: x.kind,
+		EngineRID: x.engineRID, OnEcho: func(h canary.Hit) { x.g.recordIncident(x, state.KindEcho, h) }})
+}
 
-// normaliseBody is a whole reply as the client will get it: transcoded to UTF-8, decoded as one
-// JSON value, scanned (engine errors too: they may quote the prompt they refused), and
-// re-serialised from the scanned value. A body that is not JSON is still scanned as text, so a
-// marker in it is recorded, but it is never passed on. Each step is charged to c before it
-// allocates; errReplyBudget when c refuses.
-func (x *exchange) normaliseBody(contentType, body []byte, c *replyCharge) ([]byte, any, error) {
-	gd := x.newGuard()
-	if gd != nil {
-		gd.spend = c.spend
-	}
-	cs := charsetOf(contentType)
-	if !c.spend(int64(transcodedLen(body, cs))) {
-		return nil, nil, errReplyBudget
-	}
-	text, err := toUTF8(body, cs)
-	body = nil
-	var v any
-	var shadowed []any
-	if err == nil {
-		v, shadowed, err = decodeStrictSpending(text, c.spend)
-	}
-	if errors.Is(err, errReplyBudget) {
-		return nil, nil, err
-	}
-	if err != nil {
-		if gd != nil && (!c.spend(int64(len(text))) || !gd.detectIn(string(text), v, shadowed)) {
-			if gd.overBudget || gd.leak == nil {
-				return nil, nil, errReplyBudget
-			}
-			x.lastLeak = gd.leak
-			return nil, nil, errLeak
-		}
-		return nil, nil, err
-	}
-	text = nil // the decoded value holds copies of everything it needs
-	if gd != nil {
-		var ok bool
-		if v, ok = gd.body(v); !ok {
-			if gd.overBudget {
-				return nil, nil, errReplyBudget
-			}
-			x.lastLeak = gd.leak
-			return nil, nil, errLeak
-		}
-	}
-	n := jsonLen(v)
-	if !c.spend(int64(n)) {
-		return nil, nil, errReplyBudget
-	}
-	return appendJSON(make([]byte, 0, n), v), v, nil
+// overBudget answers a reply that does not fit in upstream.max_buffered_bytes: 503 with
+// Retry-After in the route's envelope. The caller aborts the engine's request.
+func (x *exchange) overBudget(ctx *fasthttp.RequestCtx, b *backends.Backend) {
+	x.g.metrics.repliesOverBudget.Inc()
+	x.g.log.Warn("engine reply over the buffered-reply budget", zap.String("request_id", x.rid), zap.String("backend", b.Name),
+		zap.Int64("max_buffered_bytes", x.g.replies.Max()))
+	writeError(ctx, apierr.ReplyOverBudget())
+	ctx.Response.Header.Set("X-Request-Id", x.rid)
+	x.status, x.errMsg = 503, "reply_over_budget"
 }
 
 func (x *exchange) integrityError(ctx *fasthttp.RequestCtx) {
@@ -491,4 +452,22 @@ func (x *exchange) learn(reply any, b *backends.Backend) {
 		return
 	}
 	x.g.ratio.Observe(x.estimate, backends.PromptCount(reply)) // the same reader as settlement
+}
+
+// replyHeaders are the engine reply headers a client may see. Everything else an engine sets
+// (its own diagnostics, cookies, a simulator's ground truth) stays behind: headers are text a
+// client reads, and only these carry nothing a tenant could learn another's data from.
+func copyReplyHeaders(ctx *fasthttp.RequestCtx, l *backends.Leg) {
+	if ra := l.Header(fasthttp.HeaderRetryAfter); len(ra) > 0 && len(ra) <= 6 && allDigits(ra) {
+		ctx.Response.Header.SetBytesV(fasthttp.HeaderRetryAfter, ra)
+	}
+}
+
+func allDigits(b []byte) bool {
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }

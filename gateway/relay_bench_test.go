@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/config"
+	"github.com/kvgate/kvgate/reply"
 	"github.com/kvgate/kvgate/request"
 )
 
@@ -25,11 +26,11 @@ func BenchmarkNormaliseBody(b *testing.B) {
 	b.SetBytes(int64(len(benchReply)))
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
-		c := x.g.newCharge()
-		if _, _, err := x.normaliseBody(nil, benchReply, c); err != nil {
+		c := x.g.replies.NewCharge()
+		if _, _, _, err := reply.Body(x.newGuard(), nil, benchReply, c); err != nil {
 			b.Fatal(err)
 		}
-		c.done()
+		c.Done()
 	}
 }
 

@@ -34,6 +34,7 @@ import (
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/internal/panics"
 	"github.com/kvgate/kvgate/policy"
+	"github.com/kvgate/kvgate/reply"
 	"github.com/kvgate/kvgate/request"
 	"github.com/kvgate/kvgate/state"
 	"github.com/kvgate/kvgate/tokenize"
@@ -68,7 +69,7 @@ type Gateway struct {
 
 	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/limits.go)
 
-	replies *replyBudget // upstream.max_buffered_bytes (budget.go)
+	replies *reply.Budget // upstream.max_buffered_bytes (budget.go)
 
 	// oversized marks requests (by their header, which lives as long as the connection's
 	// RequestCtx) whose declared Content-Length is over max_body_bytes; nOversized counts the
@@ -127,12 +128,12 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	g.metrics = newMetrics(set, g.ratio.Get, g.degraded)
 	g.exact.metrics = g.metrics
 	g.lim = newLimitsState(g) // kvgate limits
-	g.replies = newReplyBudget(cfg.Upstream.MaxBufferedBytes)
+	g.replies = reply.NewBudget(cfg.Upstream.MaxBufferedBytes)
 	g.metrics.repliesOverBudget = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_replies_over_budget_total",
 		Help: "Non-streaming replies refused (503) because upstream.max_buffered_bytes was spent."})
 	g.metrics.reg.MustRegister(g.metrics.repliesOverBudget, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_buffered_reply_bytes",
 		Help: "Bytes charged to upstream.max_buffered_bytes now (replies in flight, and finished ones until a collection ran)."},
-		func() float64 { return float64(g.replies.inUse()) }))
+		func() float64 { return float64(g.replies.InUse()) }))
 	g.metricsH = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(g.metrics.reg, promhttp.HandlerOpts{}))
 	prev := set.OnCapacityChange
 	set.OnCapacityChange = func(b *backends.Backend, old, cur *backends.Capacity) {

@@ -13,6 +13,7 @@ import (
 	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/config"
+	"github.com/kvgate/kvgate/reply"
 	"github.com/kvgate/kvgate/request"
 )
 
@@ -102,22 +103,22 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 	resp, err := b.Call(path, body, utilityTimeout)
 	if err != nil {
 		g.log.Warn("utility call failed", zap.String("request_id", rid), zap.String("backend", b.Name), zap.Error(err))
-		fail(apierr.FromUpstream(err))
+		fail(fromUpstream(err))
 		return
 	}
 	x := &exchange{g: g, tenant: t, rid: rid}
 	// The reply is already read (bounded by backends' maxCallReply); what normalising it costs is
 	// charged to upstream.max_buffered_bytes like any whole reply.
-	c := g.newCharge()
-	defer c.done()
+	c := g.replies.NewCharge()
+	defer c.Done()
 	var out []byte
 	var v any
-	if c.reserve(config.ReplyCostFactor * int64(len(resp.Body))) {
-		out, v, err = x.normaliseBody(resp.ContentType, resp.Body, c)
+	if c.Reserve(config.ReplyCostFactor * int64(len(resp.Body))) {
+		out, v, _, err = reply.Body(x.newGuard(), resp.ContentType, resp.Body, c)
 	} else {
-		err = errReplyBudget
+		err = reply.ErrBudget
 	}
-	if errors.Is(err, errReplyBudget) {
+	if errors.Is(err, reply.ErrBudget) {
 		g.metrics.repliesOverBudget.Inc()
 		fail(apierr.ReplyOverBudget())
 		return

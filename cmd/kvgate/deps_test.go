@@ -55,3 +55,24 @@ func TestNoPackageImportsTestkit(t *testing.T) {
 		}
 	}
 }
+
+// The reply path is bytes in, bytes out: it links no HTTP server library, so it can be fuzzed
+// and reasoned about on its own.
+func TestReplyPathLinksNoFasthttp(t *testing.T) {
+	root, err := testkit.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "list", "-deps", "./reply")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	if !strings.Contains(string(out), "github.com/kvgate/kvgate/canary") {
+		t.Fatalf("go list printed no plausible dependency list: %q", out)
+	}
+	if strings.Contains(string(out), "valyala/fasthttp") {
+		t.Fatal("package reply links fasthttp")
+	}
+}

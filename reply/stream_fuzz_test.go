@@ -1,4 +1,4 @@
-package gateway
+package reply
 
 import (
 	"bytes"
@@ -7,9 +7,7 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/canary"
-	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/request"
 )
 
@@ -22,8 +20,8 @@ func FuzzEventRelay(f *testing.F) {
 	f.Add([]byte("data: {\"a\":\"\"}\r\rdata: [DONE]\r\r"), uint16(11), uint8(3), uint8(1))
 	f.Add([]byte(": c\nid: 1\nevent: e\ndata: {\"text\":\"\",\ndata: \"x\":1}\n\n"), uint16(43), uint8(5), uint8(3))
 	f.Add([]byte("data: [\"\", \"\"]\n\n"), uint16(8), uint8(7), uint8(2))
-	g := guardGateway(f)
-	victim, _ := g.keyring.Current("bob", time.Now())
+	kr := canary.NewKeyring([]byte("s"), time.Hour, 24*time.Hour, []string{"alice", "bob"})
+	victim, _ := kr.Current("bob", time.Now())
 	disguises := []func(string) string{
 		func(m string) string { return m },
 		func(m string) string { return m[len(canary.MarkerPrefix):] },
@@ -35,20 +33,20 @@ func FuzzEventRelay(f *testing.F) {
 		if len(raw) > 1<<14 {
 			return
 		}
-		x := &exchange{g: g, tenant: &tenant{Tenant: config.Tenant{Name: "alice"}}, kind: request.Chat, rid: "r", route: &backends.Route{}}
 		if plant%2 == 1 {
 			p := int(at) % (len(raw) + 1)
 			m := disguises[int(plant/2)%len(disguises)](victim)
 			raw = append(raw[:p:p], append([]byte(m), raw[p:]...)...)
 		}
-		e := x.newEventRelay(nil)
+		e := NewStream(StreamOptions{Guard: NewGuard(Scope{Keyring: kr, Requester: "alice", Kind: request.Chat}), MaxEventBytes: 1 << 20,
+			FailEvent: []byte("data: {\"error\":{}}\n\ndata: [DONE]\n\n"), CutEvent: []byte("data: {\"error\":{}}\n\ndata: [DONE]\n\n")})
 		n := 1 + int(piece)%32
-		for i := 0; i < len(raw) && !e.ended; i += n {
-			e.write(raw[i:min(i+n, len(raw))])
+		for i := 0; i < len(raw) && !e.Ended(); i += n {
+			e.Write(raw[i:min(i+n, len(raw))])
 		}
-		e.end()
+		e.End()
 		var view strings.Builder
-		for _, ev := range strings.SplitAfter(string(e.out), "\n\n") {
+		for _, ev := range strings.SplitAfter(string(e.Pending()), "\n\n") {
 			if ev == "" {
 				continue
 			}
@@ -59,20 +57,20 @@ func FuzzEventRelay(f *testing.F) {
 			}
 			data, ok := strings.CutPrefix(ev, "data: ")
 			if !ok || strings.Contains(data, "\n") {
-				t.Fatalf("malformed client event %q in %q", ev, e.out)
+				t.Fatalf("malformed client event %q in %q", ev, e.Pending())
 			}
 			if data == "[DONE]" {
 				continue
 			}
-			v, err := decodeOne([]byte(data))
+			v, _, err := DecodeStrict([]byte(data))
 			if err != nil {
 				t.Fatalf("client event is not JSON: %q", data)
 			}
 			collectStrings(v, &view)
 		}
-		view.Write(e.out)
+		view.Write(e.Pending())
 		if frag := foldedFragment(view.String(), victim); frag >= canary.FragmentMin {
-			t.Fatalf("%d characters of the marker reached the client: %q", frag, e.out)
+			t.Fatalf("%d characters of the marker reached the client: %q", frag, e.Pending())
 		}
 	})
 }

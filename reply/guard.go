@@ -1,4 +1,4 @@
-package gateway
+package reply
 
 import (
 	"encoding/json"
@@ -9,16 +9,26 @@ import (
 
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/request"
-	"github.com/kvgate/kvgate/state"
 )
 
-// guard scans one reply for canary markers, on the decoded values a client reads. Every string
+// Scope is whose reply a Guard scans and what it may hold.
+type Scope struct {
+	Keyring   *canary.Keyring
+	Requester string   // the tenant the reply goes to: its own marker is stripped
+	Echoes    []string // foreign markers (or fragments) the requester's own prompt held
+	Kind      request.Kind
+	EngineRID string // the rid held text is released under (/generate)
+	// OnEcho records an echoed marker (the requester's own text coming back).
+	OnEcho func(canary.Hit)
+}
+
+// Guard scans one reply for canary markers, on the decoded values a client reads. Every string
 // (and map key, and byte array) is scanned. In a stream, every string also goes through a
 // stateful scanner of its field path, because clients concatenate what a path carries across
 // events (SDKs accumulate every delta field, tool-call names and ids included): a marker split
 // across events is still seen whole. /generate's cumulative text is scanned on its new suffix.
-type guard struct {
-	x      *exchange
+type Guard struct {
+	sc     Scope
 	fields map[string]*fieldScan
 	order  []string // field keys in creation order, for a deterministic flush
 	// generate: raw cumulative text seen so far and what was emitted of it, per index
@@ -45,26 +55,39 @@ type fieldScan struct {
 	strict *canary.Scanner
 }
 
-func (x *exchange) newGuard() *guard {
-	if x.g.keyring == nil {
+// NewGuard is a guard for one reply; nil when canaries are off (no keyring).
+func NewGuard(sc Scope) *Guard {
+	if sc.Keyring == nil {
 		return nil
 	}
-	return &guard{x: x, fields: map[string]*fieldScan{}, rawCum: map[string]string{}, outCum: map[string]string{}, lastBlock: "0"}
+	return &Guard{sc: sc, fields: map[string]*fieldScan{}, rawCum: map[string]string{}, outCum: map[string]string{}, lastBlock: "0"}
 }
 
-func (gd *guard) field(key string) *fieldScan {
+func (gd *Guard) field(key string) *fieldScan {
 	f := gd.fields[key]
 	if f == nil {
-		k := gd.x.g.keyring
-		f = &fieldScan{loose: k.NewLoose(gd.x.tenant.Name, gd.x.echoes), strict: k.NewScanner(gd.x.tenant.Name, gd.x.echoes)}
+		k := gd.sc.Keyring
+		f = &fieldScan{loose: k.NewLoose(gd.sc.Requester, gd.sc.Echoes), strict: k.NewScanner(gd.sc.Requester, gd.sc.Echoes)}
 		gd.fields[key] = f
 		gd.order = append(gd.order, key)
 	}
 	return f
 }
 
+// ScanText scans one whole text that is not passed on (a header line); it returns the first
+// foreign marker found so far, or nil.
+func (gd *Guard) ScanText(s string) *Hit {
+	if gd.leak == nil {
+		gd.scanString(s)
+	}
+	return gd.leak
+}
+
+// Leak is the first foreign marker found, or nil.
+func (gd *Guard) Leak() *Hit { return gd.leak }
+
 // feed scans one piece of streamed text; it returns what may be emitted now.
-func (gd *guard) feed(key, text string) (string, bool) {
+func (gd *Guard) feed(key, text string) (string, bool) {
 	// In a whole reply (logprobs items): the text's copy, two scanners' output, the string.
 	if !gd.afford(4 * len(text)) {
 		return "", false
@@ -85,16 +108,18 @@ func (gd *guard) feed(key, text string) (string, bool) {
 	return string(out), true
 }
 
-func (gd *guard) note(v canary.Verdict) {
+func (gd *Guard) note(v canary.Verdict) {
 	for _, e := range v.Echoes {
-		gd.x.g.recordIncident(gd.x, state.KindEcho, e)
+		if gd.sc.OnEcho != nil {
+			gd.sc.OnEcho(e)
+		}
 	}
 	if v.Leak != nil {
 		gd.noteLeak(v.Leak)
 	}
 }
 
-func (gd *guard) noteLeak(h *canary.Hit) {
+func (gd *Guard) noteLeak(h *canary.Hit) {
 	if gd.leak == nil {
 		gd.leak = h
 	}
@@ -104,16 +129,16 @@ func (gd *guard) noteLeak(h *canary.Hit) {
 const scanPiece = 1 << 20
 
 // scanString scans a whole value.
-func (gd *guard) scanString(s string) (string, bool) {
+func (gd *Guard) scanString(s string) (string, bool) {
 	if inert(s) {
 		return s, true
 	}
-	k := gd.x.g.keyring
+	k := gd.sc.Keyring
 	if gd.one == nil {
-		gd.one = k.NewLoose(gd.x.tenant.Name, gd.x.echoes)
+		gd.one = k.NewLoose(gd.sc.Requester, gd.sc.Echoes)
 	}
 	l := gd.one
-	l.Reset(gd.x.tenant.Name, gd.x.echoes)
+	l.Reset(gd.sc.Requester, gd.sc.Echoes)
 	// The folded detector passes text on unchanged (or cut before a leak), so only its verdict
 	// matters here: it reads a long value a piece at a time (cut at rune boundaries, as a stream's
 	// events are) through one small buffer, instead of two whole copies of a value that may be a
@@ -144,7 +169,7 @@ func (gd *guard) scanString(s string) (string, bool) {
 	if !gd.afford(3 * len(s)) {
 		return "", false
 	}
-	out, v := k.ScanAll(gd.x.tenant.Name, gd.x.echoes, []byte(s))
+	out, v := k.ScanAll(gd.sc.Requester, gd.sc.Echoes, []byte(s))
 	gd.note(v)
 	return string(out), v.Leak == nil
 }
@@ -152,7 +177,7 @@ func (gd *guard) scanString(s string) (string, bool) {
 // afford accounts n bytes a scan of a whole reply is about to allocate (large values only: small
 // ones are covered by the reply's reservation). False: the reply is over
 // upstream.max_buffered_bytes, to be refused (gd.overBudget), which is not a leak.
-func (gd *guard) afford(n int) bool {
+func (gd *Guard) afford(n int) bool {
 	if gd.spend == nil || n < 64<<10 {
 		return true
 	}
@@ -166,7 +191,7 @@ func (gd *guard) afford(n int) bool {
 // detectIn looks for a foreign marker in a reply part that will be refused anyway (not JSON,
 // or JSON with duplicate keys): its raw text, and every string of what did decode, shadowed
 // duplicates included. False means a leak, to be recorded.
-func (gd *guard) detectIn(raw string, decoded any, shadowed []any) bool {
+func (gd *Guard) detectIn(raw string, decoded any, shadowed []any) bool {
 	if _, ok := gd.scanString(raw); !ok {
 		return false
 	}
@@ -178,7 +203,7 @@ func (gd *guard) detectIn(raw string, decoded any, shadowed []any) bool {
 	return true
 }
 
-func (gd *guard) detectAny(v any) bool {
+func (gd *Guard) detectAny(v any) bool {
 	switch t := v.(type) {
 	case string:
 		_, ok := gd.scanString(t)
@@ -247,7 +272,7 @@ func lastSeg(path string) string { return path[strings.LastIndexByte(path, '.')+
 // walk scans every string, map key and byte array in v and returns the cleaned value. seq marks
 // a sequence (anything under a logprobs object) whose items keep their own text: they are
 // detected statefully but each cleaned on its own.
-func (gd *guard) walk(v any, path string, seq bool, changed *bool) (any, bool) {
+func (gd *Guard) walk(v any, path string, seq bool, changed *bool) (any, bool) {
 	switch t := v.(type) {
 	case string:
 		out, ok := gd.scanField(t, path, seq)
@@ -326,7 +351,7 @@ func (gd *guard) walk(v any, path string, seq bool, changed *bool) (any, bool) {
 }
 
 // scanField scans one string value at path.
-func (gd *guard) scanField(s, path string, seq bool) (string, bool) {
+func (gd *Guard) scanField(s, path string, seq bool) (string, bool) {
 	if !gd.whole && !seq && mainText(lastSeg(path)) {
 		return gd.feed(path, s)
 	}
@@ -389,12 +414,12 @@ var errTrailing = errors.New("data after the JSON value")
 
 // decodeOne decodes exactly one JSON value (decodeStrict's value; a duplicate key is an error).
 func decodeOne(b []byte) (any, error) {
-	v, _, err := decodeStrict(b)
+	v, _, err := DecodeStrict(b)
 	return v, err
 }
 
 // body scans a whole decoded reply in place; false means a foreign marker was found.
-func (gd *guard) body(v any) (any, bool) {
+func (gd *Guard) body(v any) (any, bool) {
 	changed := false
 	gd.whole = true
 	v, ok := gd.walk(v, "", false, &changed)
@@ -405,7 +430,7 @@ func (gd *guard) body(v any) (any, bool) {
 }
 
 // flushHeld settles every scanner at the end of a whole body; true means a leak.
-func (gd *guard) flushHeld() bool {
+func (gd *Guard) flushHeld() bool {
 	for _, key := range gd.order {
 		f := gd.fields[key]
 		rest, h := f.loose.Flush(nil)
@@ -425,17 +450,17 @@ func (gd *guard) flushHeld() bool {
 
 // event scans one decoded SSE event's data. It returns the value to send and false when the
 // reply must be cut.
-func (gd *guard) event(v any) (any, bool) {
+func (gd *Guard) event(v any) (any, bool) {
 	obj, isObj := v.(map[string]any)
 	changed := false
 	if !isObj {
 		return gd.walk(v, "", false, &changed)
 	}
-	if idx, ok := obj["index"].(json.Number); ok && gd.x.kind == request.Messages {
+	if idx, ok := obj["index"].(json.Number); ok && gd.sc.Kind == request.Messages {
 		gd.lastBlock = idx // where held text of a content block goes back
 	}
 	var restore func()
-	if gd.x.kind == request.Generate {
+	if gd.sc.Kind == request.Generate {
 		if t, ok := obj["text"].(string); ok {
 			key := "0"
 			if idx, ok := obj["index"].(json.Number); ok {
@@ -473,7 +498,7 @@ type heldEvent struct {
 // flush releases text the scanners held back at the end of the stream, as events of the reply's
 // own shape for its main text fields; what other fields held (at most a few characters) is
 // dropped. Any leak settled here is recorded in gd.leak.
-func (gd *guard) flush() []heldEvent {
+func (gd *Guard) flush() []heldEvent {
 	var out []heldEvent
 	for _, key := range gd.order {
 		f := gd.fields[key]
@@ -494,16 +519,16 @@ func (gd *guard) flush() []heldEvent {
 		}
 		if idx, ok := strings.CutPrefix(key, "gen:"); ok {
 			gd.outCum[idx] += string(rest)
-			out = append(out, heldEvent{data: canonicalJSON(map[string]any{"text": gd.outCum[idx], "meta_info": map[string]any{"id": gd.x.engineRID}})})
+			out = append(out, heldEvent{data: CanonicalJSON(map[string]any{"text": gd.outCum[idx], "meta_info": map[string]any{"id": gd.sc.EngineRID}})})
 			continue
 		}
 		switch key {
 		case ".delta": // Responses API: response.output_text.delta
 			out = append(out, heldEvent{name: "response.output_text.delta",
-				data: canonicalJSON(map[string]any{"type": "response.output_text.delta", "delta": string(rest)})})
+				data: CanonicalJSON(map[string]any{"type": "response.output_text.delta", "delta": string(rest)})})
 			continue
 		case ".delta.text": // Anthropic: content_block_delta
-			out = append(out, heldEvent{name: "content_block_delta", data: canonicalJSON(map[string]any{"type": "content_block_delta",
+			out = append(out, heldEvent{name: "content_block_delta", data: CanonicalJSON(map[string]any{"type": "content_block_delta",
 				"index": gd.lastBlock, "delta": map[string]any{"type": "text_delta", "text": string(rest)}})})
 			continue
 		}
@@ -518,10 +543,10 @@ func (gd *guard) flush() []heldEvent {
 		}
 		switch {
 		case len(parts) == 5 && parts[3] == "delta" && (parts[4] == "content" || parts[4] == "reasoning_content"):
-			out = append(out, heldEvent{data: canonicalJSON(map[string]any{"object": "chat.completion.chunk", "choices": []any{
+			out = append(out, heldEvent{data: CanonicalJSON(map[string]any{"object": "chat.completion.chunk", "choices": []any{
 				map[string]any{"index": n, "delta": map[string]any{parts[4]: string(rest)}, "finish_reason": nil}}})})
 		case len(parts) == 4 && parts[3] == "text":
-			out = append(out, heldEvent{data: canonicalJSON(map[string]any{"object": "text_completion", "choices": []any{
+			out = append(out, heldEvent{data: CanonicalJSON(map[string]any{"object": "text_completion", "choices": []any{
 				map[string]any{"index": n, "text": string(rest), "finish_reason": nil}}})})
 		}
 	}

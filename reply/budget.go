@@ -1,4 +1,4 @@
-package gateway
+package reply
 
 import (
 	"bytes"
@@ -9,15 +9,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/valyala/fasthttp"
-	"go.uber.org/zap"
-
-	"github.com/kvgate/kvgate/apierr"
-	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/config"
 )
 
-// This file is upstream.max_buffered_bytes: the memory that all non-streaming replies in flight
+// Budget is upstream.max_buffered_bytes: the memory that all non-streaming replies in flight
 // together may hold. A whole reply is buffered to be scanned before the client gets any of it,
 // so without a bound a few large replies take the process's memory (four 60 MB replies took the
 // gateway past 1 GB of RSS, never given back).
@@ -37,7 +32,7 @@ const replyBudgetWait = 2 * time.Second
 // ones at once (a collection per small reply would cost more than their bytes).
 const reclaimAfter = 4 << 20
 
-type replyBudget struct {
+type Budget struct {
 	max int64
 
 	mu    sync.Mutex
@@ -54,12 +49,12 @@ type replyBudget struct {
 	start   sync.Once
 }
 
-func newReplyBudget(max int64) *replyBudget {
-	return &replyBudget{max: max, freed: make(chan struct{}), kick: make(chan struct{}, 1), active: map[uint64]struct{}{}}
+func NewBudget(max int64) *Budget {
+	return &Budget{max: max, freed: make(chan struct{}), kick: make(chan struct{}, 1), active: map[uint64]struct{}{}}
 }
 
 // take charges n bytes, waiting up to wait for others to give bytes back. False: over budget.
-func (b *replyBudget) take(n int64, wait time.Duration) bool {
+func (b *Budget) take(n int64, wait time.Duration) bool {
 	if n > b.max {
 		return false
 	}
@@ -90,7 +85,7 @@ func (b *replyBudget) take(n int64, wait time.Duration) bool {
 	}
 }
 
-func (b *replyBudget) give(n int64) {
+func (b *Budget) give(n int64) {
 	if n <= 0 {
 		return
 	}
@@ -103,7 +98,7 @@ func (b *replyBudget) give(n int64) {
 
 // release gives back what a finished reply was charged: small amounts at once, large ones after
 // the next collection.
-func (b *replyBudget) release(n int64) {
+func (b *Budget) release(n int64) {
 	if n < reclaimAfter {
 		b.give(n)
 		return
@@ -120,7 +115,7 @@ func (b *replyBudget) release(n int64) {
 
 // reclaim runs one collection per batch of finished large replies and then gives their bytes
 // back. It lives as long as the process (one goroutine, idle on a channel).
-func (b *replyBudget) reclaim() {
+func (b *Budget) reclaim() {
 	for range b.kick {
 		b.mu.Lock()
 		n := b.pending
@@ -138,15 +133,15 @@ func (b *replyBudget) reclaim() {
 	}
 }
 
-// inUse is what is charged now (pending reclaim included).
-func (b *replyBudget) inUse() int64 {
+// InUse is what is charged now (pending reclaim included).
+func (b *Budget) InUse() int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.used
 }
 
 // oldest says whether ticket is the oldest reply in flight.
-func (b *replyBudget) oldest(ticket uint64) bool {
+func (b *Budget) oldest(ticket uint64) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for t := range b.active {
@@ -157,21 +152,21 @@ func (b *replyBudget) oldest(ticket uint64) bool {
 	return true
 }
 
-// replyCharge is one reply's account with the budget: held is taken from the budget, spent is
+// Charge is one reply's account with the budget: held is taken from the budget, spent is
 // what the reply's steps have allocated so far (never more than held).
-type replyCharge struct {
-	b           *replyBudget
+type Charge struct {
+	b           *Budget
 	ticket      uint64
 	held, spent int64
 	once        sync.Once
 }
 
-// reserve takes n bytes ahead of the steps that will spend them (ReplyCostFactor times what is
+// Reserve takes n bytes ahead of the steps that will spend them (ReplyCostFactor times what is
 // read). A reply that holds nothing yet waits for bytes to come back, and so does the oldest
 // reply in flight; any other reply that holds bytes and cannot grow is refused at once. Replies
 // that waited while holding could block each other until all of them failed; this way the
 // younger ones give way and the oldest is served.
-func (c *replyCharge) reserve(n int64) bool {
+func (c *Charge) Reserve(n int64) bool {
 	if n <= 0 {
 		return true
 	}
@@ -186,21 +181,21 @@ func (c *replyCharge) reserve(n int64) bool {
 	return true
 }
 
-// spend accounts n bytes a step is about to allocate, taking more from the budget when the
+// Spend accounts n bytes a step is about to allocate, taking more from the budget when the
 // reservation is used up; false means the budget is spent (the reply must be refused).
-func (c *replyCharge) spend(n int64) bool {
+func (c *Charge) Spend(n int64) bool {
 	if n <= 0 {
 		return true
 	}
-	if over := c.spent + n - c.held; over > 0 && !c.reserve(max(over, 1<<20)) {
+	if over := c.spent + n - c.held; over > 0 && !c.Reserve(max(over, 1<<20)) {
 		return false
 	}
 	c.spent += n
 	return true
 }
 
-// done gives everything back (once).
-func (c *replyCharge) done() {
+// Done gives everything back (once).
+func (c *Charge) Done() {
 	c.once.Do(func() {
 		c.b.mu.Lock()
 		delete(c.b.active, c.ticket)
@@ -209,35 +204,34 @@ func (c *replyCharge) done() {
 	})
 }
 
-func (g *Gateway) newCharge() *replyCharge {
-	b := g.replies
+// Max is the budget in bytes.
+func (b *Budget) Max() int64 { return b.max }
+
+// NewCharge opens one reply's account.
+func (b *Budget) NewCharge() *Charge {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.ticket++
 	b.active[b.ticket] = struct{}{}
-	return &replyCharge{b: b, ticket: b.ticket}
+	return &Charge{b: b, ticket: b.ticket}
 }
 
-// maxReply is upstream.max_reply_bytes.
-func (g *Gateway) maxReply() int { return g.cfg.Upstream.MaxReplyBytes }
-
-// errReplyTooLarge: a reply over upstream.max_reply_bytes (a 502: the engine's reply is unusable).
-var errReplyTooLarge = errors.New("reply larger than upstream.max_reply_bytes")
+var ErrTooLarge = errors.New("reply larger than upstream.max_reply_bytes")
 
 // readPiece is how a reply of undeclared length is read: pieces of this size, joined once.
 const readPiece = 1 << 20
 
-// readReply reads a whole reply body of at most maxBytes, reserving ReplyCostFactor times what it
+// ReadWhole reads a whole reply body of at most maxBytes, reserving ReplyCostFactor times what it
 // reads before reading it (the decoded value and the output that follow cost about as much as
 // the body each). A declared length is read into one buffer of that size; otherwise the body is
 // read in pieces and joined once, so it costs one more copy, and no series of doubling buffers.
-func readReply(src io.Reader, declared, maxBytes int, c *replyCharge) ([]byte, error) {
+func ReadWhole(src io.Reader, declared, maxBytes int, c *Charge) ([]byte, error) {
 	if declared > maxBytes {
-		return nil, fmt.Errorf("%w (%d, declared)", errReplyTooLarge, maxBytes)
+		return nil, fmt.Errorf("%w (%d, declared)", ErrTooLarge, maxBytes)
 	}
 	if declared >= 0 {
-		if !c.reserve(config.ReplyCostFactor * int64(declared)) {
-			return nil, errReplyBudget
+		if !c.Reserve(config.ReplyCostFactor * int64(declared)) {
+			return nil, ErrBudget
 		}
 		c.spent += int64(declared)
 		body := make([]byte, declared)
@@ -253,8 +247,8 @@ func readReply(src io.Reader, declared, maxBytes int, c *replyCharge) ([]byte, e
 		if len(pieces) == 0 {
 			size = 64 << 10 // most replies are small
 		}
-		if !c.reserve(config.ReplyCostFactor*int64(size)) || !c.spend(int64(size)) {
-			return nil, errReplyBudget
+		if !c.Reserve(config.ReplyCostFactor*int64(size)) || !c.Spend(int64(size)) {
+			return nil, ErrBudget
 		}
 		p := make([]byte, size)
 		n := 0
@@ -266,7 +260,7 @@ func readReply(src io.Reader, declared, maxBytes int, c *replyCharge) ([]byte, e
 		}
 		total += n
 		if total > maxBytes {
-			return nil, fmt.Errorf("%w (%d)", errReplyTooLarge, maxBytes)
+			return nil, fmt.Errorf("%w (%d)", ErrTooLarge, maxBytes)
 		}
 		pieces = append(pieces, p[:n])
 		if err == io.EOF {
@@ -279,8 +273,8 @@ func readReply(src io.Reader, declared, maxBytes int, c *replyCharge) ([]byte, e
 	if len(pieces) == 1 {
 		return pieces[0], nil
 	}
-	if !c.spend(int64(total)) {
-		return nil, errReplyBudget
+	if !c.Spend(int64(total)) {
+		return nil, ErrBudget
 	}
 	body := make([]byte, 0, total)
 	for _, p := range pieces {
@@ -289,26 +283,19 @@ func readReply(src io.Reader, declared, maxBytes int, c *replyCharge) ([]byte, e
 	return body, nil
 }
 
-// chargedBody is a reply's output as the client's body: its charge is given back when fasthttp
+// ChargedBody is a reply's output as the client's body: its charge is given back when the server
 // has written it (or dropped it), not when the handler returns, so a slow reader's buffered
 // reply stays counted.
+func ChargedBody(out []byte, c *Charge) io.ReadCloser {
+	return &chargedBody{Reader: bytes.NewReader(out), c: c}
+}
+
 type chargedBody struct {
 	*bytes.Reader
-	c *replyCharge
+	c *Charge
 }
 
 func (b *chargedBody) Close() error {
-	b.c.done()
+	b.c.Done()
 	return nil
-}
-
-// overBudget answers a reply that does not fit in upstream.max_buffered_bytes: 503 with
-// Retry-After in the route's envelope. The caller aborts the engine's request.
-func (x *exchange) overBudget(ctx *fasthttp.RequestCtx, b *backends.Backend) {
-	x.g.metrics.repliesOverBudget.Inc()
-	x.g.log.Warn("engine reply over the buffered-reply budget", zap.String("request_id", x.rid), zap.String("backend", b.Name),
-		zap.Int64("max_buffered_bytes", x.g.replies.max))
-	writeError(ctx, apierr.ReplyOverBudget())
-	ctx.Response.Header.Set("X-Request-Id", x.rid)
-	x.status, x.errMsg = 503, "reply_over_budget"
 }

@@ -1,4 +1,9 @@
-package gateway
+// Package reply turns what an engine sends into what the client gets, and nothing else: content
+// encodings undone (or refused), one charset (UTF-8), event streams parsed, every value decoded
+// once (duplicate keys refused), scanned for other tenants' canary markers as the client will
+// assemble it, and re-serialised from the scanned value; whole replies under one memory budget.
+// It knows nothing of HTTP servers or of the exchange: tests and fuzzers drive it with bytes.
+package reply
 
 import (
 	"bytes"
@@ -12,10 +17,6 @@ import (
 	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
-
-	"github.com/valyala/fasthttp"
-
-	"github.com/kvgate/kvgate/backends"
 )
 
 // This file normalises what an engine sends into the one form the scanner reads and the client
@@ -23,23 +24,23 @@ import (
 // the decoded value. The engine is untrusted: nothing it sends reaches the client except what was
 // decoded and scanned, so a client cannot decode anything the scanner did not see.
 
-// errUnsupportedEncoding is a Content-Encoding the gateway cannot decode: the reply is refused.
-var errUnsupportedEncoding = errors.New("unsupported content encoding")
+// ErrUnsupportedEncoding is a Content-Encoding the gateway cannot decode: the reply is refused.
+var ErrUnsupportedEncoding = errors.New("unsupported content encoding")
 
-// errCharset is a charset the gateway does not transcode.
-var errCharset = errors.New("unsupported charset")
+// ErrCharset is a charset the gateway does not transcode.
+var ErrCharset = errors.New("unsupported charset")
 
-// decodedBody is the reply body with its Content-Encoding undone (gzip, deflate, layered in
-// the order given). Anything else (br, zstd, compress) is refused rather than passed unread.
-func decodedBody(l *backends.Leg) (io.Reader, error) {
-	r := l.Body()
-	enc := strings.TrimSpace(string(l.Header(fasthttp.HeaderContentEncoding)))
+// Decoded is a reply body r with its Content-Encoding (the header's value) undone: gzip,
+// deflate, layered in the order given. Anything else (br, zstd, compress) is refused rather than
+// passed unread.
+func Decoded(contentEncoding string, r io.Reader) (io.Reader, error) {
+	enc := strings.TrimSpace(contentEncoding)
 	if enc == "" {
 		return r, nil
 	}
 	codings := strings.Split(enc, ",")
 	if len(codings) > 2 {
-		return nil, fmt.Errorf("%w: %q", errUnsupportedEncoding, enc)
+		return nil, fmt.Errorf("%w: %q", ErrUnsupportedEncoding, enc)
 	}
 	// The last coding applied is listed last: undo them from the end.
 	for i := len(codings) - 1; i >= 0; i-- {
@@ -54,7 +55,7 @@ func decodedBody(l *backends.Leg) (io.Reader, error) {
 		case "deflate":
 			r = deflateReader(r)
 		default:
-			return nil, fmt.Errorf("%w: %q", errUnsupportedEncoding, c)
+			return nil, fmt.Errorf("%w: %q", ErrUnsupportedEncoding, c)
 		}
 	}
 	return r, nil
@@ -74,8 +75,8 @@ func deflateReader(r io.Reader) io.Reader {
 	return flate.NewReader(all)
 }
 
-// charsetOf is the charset parameter of a Content-Type, lower case ("" when absent).
-func charsetOf(contentType []byte) string {
+// CharsetOf is the charset parameter of a Content-Type, lower case ("" when absent).
+func CharsetOf(contentType []byte) string {
 	_, params, err := mime.ParseMediaType(string(contentType))
 	if err != nil {
 		return ""
@@ -83,10 +84,10 @@ func charsetOf(contentType []byte) string {
 	return strings.ToLower(params["charset"])
 }
 
-// toUTF8 transcodes a JSON body to UTF-8 the way Python's json.loads reads bytes (the parser
+// ToUTF8 transcodes a JSON body to UTF-8 the way Python's json.loads reads bytes (the parser
 // real clients and SGLang use): a BOM or the pattern of zero bytes in the first four says
 // UTF-32 or UTF-16, a UTF-8 BOM is dropped; a declared charset is honoured when there is no BOM.
-func toUTF8(b []byte, charset string) ([]byte, error) {
+func ToUTF8(b []byte, charset string) ([]byte, error) {
 	enc := ""
 	switch {
 	case bytes.HasPrefix(b, []byte("\xEF\xBB\xBF")):
@@ -125,11 +126,11 @@ func toUTF8(b []byte, charset string) ([]byte, error) {
 			}
 			return out, nil
 		default:
-			return nil, fmt.Errorf("%w: %q", errCharset, charset)
+			return nil, fmt.Errorf("%w: %q", ErrCharset, charset)
 		}
 	}
 	// Sized once (UTF-16 code units become at most 3 bytes each, UTF-32 at most 4 per 4), as
-	// transcodedLen charges.
+	// TranscodedLen charges.
 	out := make([]byte, 0, len(b)*3/2+4)
 	switch enc {
 	case "utf-16le", "utf-16be":
@@ -164,9 +165,9 @@ func toUTF8(b []byte, charset string) ([]byte, error) {
 	return out, nil
 }
 
-// transcodedLen bounds what toUTF8 allocates for b: nothing for UTF-8 (the common case), at
+// TranscodedLen bounds what toUTF8 allocates for b: nothing for UTF-8 (the common case), at
 // most three times b's size otherwise.
-func transcodedLen(b []byte, charset string) int {
+func TranscodedLen(b []byte, charset string) int {
 	if len(b) >= 2 && (b[0] == 0 || b[1] == 0 || b[0] == 0xFE || b[0] == 0xFF) {
 		return 3 * len(b)
 	}
@@ -175,24 +176,6 @@ func transcodedLen(b []byte, charset string) int {
 		return 0
 	}
 	return 3 * len(b)
-}
-
-// replyHeaders are the engine reply headers a client may see. Everything else an engine sets
-// (its own diagnostics, cookies, a simulator's ground truth) stays behind: headers are text a
-// client reads, and only these carry nothing a tenant could learn another's data from.
-func copyReplyHeaders(ctx *fasthttp.RequestCtx, l *backends.Leg) {
-	if ra := l.Header(fasthttp.HeaderRetryAfter); len(ra) > 0 && len(ra) <= 6 && allDigits(ra) {
-		ctx.Response.Header.SetBytesV(fasthttp.HeaderRetryAfter, ra)
-	}
-}
-
-func allDigits(b []byte) bool {
-	for _, c := range b {
-		if c < '0' || c > '9' {
-			return false
-		}
-	}
-	return true
 }
 
 // errDuplicateKey: an object of the reply names a key twice. Parsers disagree on which value

@@ -1,4 +1,4 @@
-package gateway
+package reply
 
 import (
 	"encoding/json"
@@ -29,8 +29,8 @@ type jsonReader struct {
 	owed  int64
 }
 
-// errReplyBudget: the reply does not fit in upstream.max_buffered_bytes.
-var errReplyBudget = errors.New("reply over the buffered-reply budget")
+// ErrBudget: the reply does not fit in upstream.max_buffered_bytes.
+var ErrBudget = errors.New("reply over the buffered-reply budget")
 
 // What decoded values cost beyond their bytes (Go's layouts, with the garbage that growing
 // slices and maps leaves until the next collection): an interface or string header, an array
@@ -53,7 +53,7 @@ func (r *jsonReader) owe(n int64) error {
 	}
 	n, r.owed = r.owed, 0
 	if !r.spend(n) {
-		return errReplyBudget
+		return ErrBudget
 	}
 	return nil
 }
@@ -382,13 +382,13 @@ func (r *jsonReader) hex4() (uint16, bool) {
 // decodeStrict decodes exactly one JSON value from an engine. Values hidden behind a later
 // duplicate key are returned in shadowed, so the caller can scan them before it refuses the
 // reply (parsers disagree on which value wins); anything after the value is an error.
-func decodeStrict(b []byte) (v any, shadowed []any, err error) {
-	return decodeStrictSpending(b, nil)
+func DecodeStrict(b []byte) (v any, shadowed []any, err error) {
+	return DecodeStrictSpending(b, nil)
 }
 
 // decodeStrictSpending is decodeStrict asking spend (when not nil) before it allocates: a
-// refusal ends the decoding with errReplyBudget.
-func decodeStrictSpending(b []byte, spend func(int64) bool) (v any, shadowed []any, err error) {
+// refusal ends the decoding with ErrBudget.
+func DecodeStrictSpending(b []byte, spend func(int64) bool) (v any, shadowed []any, err error) {
 	r := &jsonReader{b: b, spend: spend}
 	v, err = r.value(0)
 	if err != nil {
@@ -406,11 +406,11 @@ func decodeStrictSpending(b []byte, spend func(int64) bool) (v any, shadowed []a
 
 // canonicalJSON serialises a decoded value: keys sorted, one per object, valid UTF-8, no HTML
 // escaping (byte for byte what encoding/json's Encoder writes with SetEscapeHTML(false)).
-func canonicalJSON(v any) []byte {
-	return appendJSON(make([]byte, 0, 256), v)
+func CanonicalJSON(v any) []byte {
+	return AppendJSON(make([]byte, 0, 256), v)
 }
 
-func appendJSON(b []byte, v any) []byte {
+func AppendJSON(b []byte, v any) []byte {
 	switch t := v.(type) {
 	case nil:
 		return append(b, "null"...)
@@ -429,7 +429,7 @@ func appendJSON(b []byte, v any) []byte {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = appendJSON(b, e)
+			b = AppendJSON(b, e)
 		}
 		return append(b, ']')
 	case map[string]any:
@@ -445,7 +445,7 @@ func appendJSON(b []byte, v any) []byte {
 			}
 			b = appendString(b, k)
 			b = append(b, ':')
-			b = appendJSON(b, t[k])
+			b = AppendJSON(b, t[k])
 		}
 		return append(b, '}')
 	case int:
@@ -514,9 +514,9 @@ func appendString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-// jsonLen is len(canonicalJSON(v)), computed without writing it, so the output of a large
+// jsonLen is len(CanonicalJSON(v)), computed without writing it, so the output of a large
 // reply is allocated once at its size (and charged before it is).
-func jsonLen(v any) int {
+func JSONLen(v any) int {
 	switch t := v.(type) {
 	case nil:
 		return 4
@@ -535,19 +535,19 @@ func jsonLen(v any) int {
 	case []any:
 		n := 2 + max(len(t)-1, 0)
 		for _, e := range t {
-			n += jsonLen(e)
+			n += JSONLen(e)
 		}
 		return n
 	case map[string]any:
 		n := 2 + max(len(t)-1, 0)
 		for k, e := range t {
-			n += stringLen(k) + 1 + jsonLen(e)
+			n += stringLen(k) + 1 + JSONLen(e)
 		}
 		return n
 	case int:
 		return len(strconv.AppendInt(nil, int64(t), 10))
 	}
-	return len(appendJSON(nil, v))
+	return len(AppendJSON(nil, v))
 }
 
 // stringLen is the length appendString writes for s.

@@ -1,4 +1,4 @@
-package gateway
+package reply
 
 import (
 	"bytes"
@@ -40,7 +40,7 @@ var jsonSeeds = []string{
 }
 
 func checkAgainstStd(t *testing.T, in []byte) {
-	got, shadowed, err := decodeStrict(in)
+	got, shadowed, err := DecodeStrict(in)
 	want, werr := stdDecode(in)
 	if err != nil && !(err == errDuplicateKey) {
 		if werr == nil && !errorsIsDepth(err) {
@@ -61,17 +61,17 @@ func checkAgainstStd(t *testing.T, in []byte) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("%q: decoded %#v, encoding/json %#v", in, got, want)
 	}
-	if a, b := canonicalJSON(got), stdEncode(got); !bytes.Equal(a, b) {
+	if a, b := CanonicalJSON(got), stdEncode(got); !bytes.Equal(a, b) {
 		t.Fatalf("%q: wrote %s, encoding/json %s", in, a, b)
 	}
 	// The output of a buffered reply is allocated (and charged) at jsonLen's size.
-	if n, a := jsonLen(got), canonicalJSON(got); n != len(a) {
+	if n, a := JSONLen(got), CanonicalJSON(got); n != len(a) {
 		t.Fatalf("%q: jsonLen %d, canonicalJSON wrote %d bytes", in, n, len(a))
 	}
 	// With a budget that refuses nothing, decoding spends at least what the value holds.
 	var spent int64
-	if v, _, err := decodeStrictSpending(in, func(n int64) bool { spent += n; return true }); err == nil && spent > 0 && spent < int64(len(canonicalJSON(v)))/2 {
-		t.Fatalf("%q: spent %d for %d bytes of value", in, spent, len(canonicalJSON(v)))
+	if v, _, err := DecodeStrictSpending(in, func(n int64) bool { spent += n; return true }); err == nil && spent > 0 && spent < int64(len(CanonicalJSON(v)))/2 {
+		t.Fatalf("%q: spent %d for %d bytes of value", in, spent, len(CanonicalJSON(v)))
 	}
 }
 
@@ -81,13 +81,13 @@ func TestJSONValueMatchesEncodingJSON(t *testing.T) {
 	for _, s := range jsonSeeds {
 		checkAgainstStd(t, []byte(s))
 	}
-	if _, sh, err := decodeStrict([]byte(`{"t":"KVG-x","t":"hi","u":{"k":1,"k":2}}`)); err != errDuplicateKey || len(sh) != 4 {
+	if _, sh, err := DecodeStrict([]byte(`{"t":"KVG-x","t":"hi","u":{"k":1,"k":2}}`)); err != errDuplicateKey || len(sh) != 4 {
 		t.Fatalf("duplicates: %v %v", err, sh)
 	}
 	// A reply whose decoded value would pass the budget is refused before it is built.
 	big := []byte(`{"a":"` + strings.Repeat("x", 1<<20) + `","b":[` + strings.Repeat("1,", 1<<16) + `1]}`)
 	var spent int64
-	if _, _, err := decodeStrictSpending(big, func(n int64) bool { spent += n; return spent <= 1<<20 }); err != errReplyBudget {
+	if _, _, err := DecodeStrictSpending(big, func(n int64) bool { spent += n; return spent <= 1<<20 }); err != ErrBudget {
 		t.Fatalf("over budget: %v (spent %d)", err, spent)
 	}
 }

@@ -1,0 +1,62 @@
+package reply
+
+import (
+	"errors"
+
+	"github.com/kvgate/kvgate/canary"
+)
+
+// Hit is a foreign marker found in a reply.
+type Hit = canary.Hit
+
+// ErrLeak: the reply carried a foreign marker.
+var ErrLeak = errors.New("foreign canary marker in the reply")
+
+// Body is a whole reply as the client will get it: transcoded to UTF-8, decoded as one JSON
+// value, scanned by gd (nil: canaries off; engine errors too: they may quote the prompt they
+// refused), and re-serialised from the scanned value. A body that is not JSON is still scanned as
+// text, so a marker in it is recorded, but it is never passed on. Each step is charged to c
+// before it allocates. Errors: ErrBudget when c refuses; ErrLeak with the hit; any other error
+// means the body is not usable JSON.
+func Body(gd *Guard, contentType, body []byte, c *Charge) (out []byte, v any, leak *Hit, err error) {
+	if gd != nil {
+		gd.spend = c.Spend
+	}
+	cs := CharsetOf(contentType)
+	if !c.Spend(int64(TranscodedLen(body, cs))) {
+		return nil, nil, nil, ErrBudget
+	}
+	text, err := ToUTF8(body, cs)
+	body = nil
+	var shadowed []any
+	if err == nil {
+		v, shadowed, err = DecodeStrictSpending(text, c.Spend)
+	}
+	if errors.Is(err, ErrBudget) {
+		return nil, nil, nil, err
+	}
+	if err != nil {
+		if gd != nil && (!c.Spend(int64(len(text))) || !gd.detectIn(string(text), v, shadowed)) {
+			if gd.overBudget || gd.leak == nil {
+				return nil, nil, nil, ErrBudget
+			}
+			return nil, nil, gd.leak, ErrLeak
+		}
+		return nil, nil, nil, err
+	}
+	text = nil // the decoded value holds copies of everything it needs
+	if gd != nil {
+		var ok bool
+		if v, ok = gd.body(v); !ok {
+			if gd.overBudget {
+				return nil, nil, nil, ErrBudget
+			}
+			return nil, nil, gd.leak, ErrLeak
+		}
+	}
+	n := JSONLen(v)
+	if !c.Spend(int64(n)) {
+		return nil, nil, nil, ErrBudget
+	}
+	return AppendJSON(make([]byte, 0, n), v), v, nil, nil
+}
