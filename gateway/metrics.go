@@ -72,7 +72,7 @@ var (
 		"Backend limits as last read: pool (max_total_num_tokens), max_req_input_len, context (max_model_len).",
 		[]string{"backend", "role", "kind"}, nil)
 	mismatchDesc = prometheus.NewDesc("kvgate_backend_pool_below_context",
-		"1 when a backend's KV pool is smaller than its advertised context (the incident's precondition).",
+		"1 when a backend's KV pool is smaller than its advertised context, or than its own max_req_input_len (the incident's precondition).",
 		[]string{"backend"}, nil)
 	upDesc = prometheus.NewDesc("kvgate_backend_usable",
 		"1 when the backend answers, reports its configured role and is not quarantined.", []string{"backend"}, nil)
@@ -99,7 +99,7 @@ func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(capDesc, prometheus.GaugeValue, float64(cp.PoolTokens), b.Name, string(b.Role), "pool")
 			ch <- prometheus.MustNewConstMetric(capDesc, prometheus.GaugeValue, float64(cp.MaxReqInputLen), b.Name, string(b.Role), "max_req_input_len")
 			ch <- prometheus.MustNewConstMetric(capDesc, prometheus.GaugeValue, float64(cp.ContextLen), b.Name, string(b.Role), "context")
-			ch <- prometheus.MustNewConstMetric(mismatchDesc, prometheus.GaugeValue, b01(cp.PoolBelowContext()), b.Name)
+			ch <- prometheus.MustNewConstMetric(mismatchDesc, prometheus.GaugeValue, b01(cp.PoolAlarm()), b.Name)
 			ch <- prometheus.MustNewConstMetric(roleDesc, prometheus.GaugeValue, b01(!b.RoleMatches()), b.Name)
 		}
 		ch <- prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, b01(st.Usable), b.Name)
