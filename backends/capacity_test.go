@@ -81,3 +81,30 @@ func TestDecodeCapacityValidates(t *testing.T) {
 		}
 	}
 }
+
+// /tokenize's count decides admission in the gray zone: only a whole, non-negative integer
+// (or the length of the token list, agreeing with the count when both are given) is a count.
+func TestDecodeTokenizeCount(t *testing.T) {
+	for _, c := range []struct {
+		body string
+		want int
+	}{
+		{`{"tokens":[1,2,3],"count":3,"max_model_len":8192}`, 3},
+		{`{"count":7}`, 7},
+		{`{"tokens":[5,6]}`, 2},
+		{`{"tokens":[],"count":0}`, 0},
+	} {
+		if n, err := decodeTokenizeCount([]byte(c.body)); err != nil || n != c.want {
+			t.Errorf("%s: got %d %v, want %d", c.body, n, err, c.want)
+		}
+	}
+	for _, body := range []string{
+		`{"count":-5}`, `{"count":"12"}`, `{"count":1.5}`, `{"count":1e9}`, `{"count":true}`, `{"count":null}`,
+		`{"count":99999999999999999999}`, `{"tokens":[1,2],"count":1}`, `{"tokens":"abc"}`, `{"tokens":{"a":1}}`,
+		`{}`, `[]`, `null`, `<html>`, ``, `{"count":3`,
+	} {
+		if n, err := decodeTokenizeCount([]byte(body)); err == nil {
+			t.Errorf("%s: accepted as %d", body, n)
+		}
+	}
+}

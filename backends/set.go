@@ -124,6 +124,9 @@ type Set struct {
 	log    *zap.Logger
 	// OnCapacityChange is called (from the poller) when a backend's limits change; may be nil.
 	OnCapacityChange func(b *Backend, old, cur *Capacity)
+	// OnPolled is called (from the poller, after OnCapacityChange) after every successful
+	// reading: work that must be retried until it succeeds (calibration); may be nil.
+	OnPolled func(b *Backend)
 }
 
 // OptionsFrom takes the set's timings from the gateway configuration.
@@ -262,6 +265,9 @@ func (s *Set) PollOnce(b *Backend) {
 		if s.OnCapacityChange != nil {
 			s.OnCapacityChange(b, old, cur)
 		}
+	}
+	if s.OnPolled != nil {
+		s.OnPolled(b)
 	}
 }
 

@@ -133,6 +133,14 @@ func capacityUnknown() *apiError {
 		Message: "The gateway has no current capacity reading for any backend, so it cannot check that the request fits. Retry shortly."}
 }
 
+// countUnavailable: the prompt is over what the byte bound and the estimate can admit for the
+// engines' tokenizer, and no engine gave a usable exact count (its /tokenize failed, was
+// saturated or answered implausibly, or it was never calibrated).
+func countUnavailable() *apiError {
+	return &apiError{Status: 503, Type: "server_error", Code: "count_unavailable", RetryAfter: 2,
+		Message: "The gateway could not count this prompt's tokens with the engine's tokenizer, so it cannot check that the prompt fits. Retry shortly."}
+}
+
 func noBackend() *apiError {
 	return &apiError{Status: 503, Type: "server_error", Code: "no_backend", RetryAfter: 5,
 		Message: "No backend is available (all are down, quarantined or report the wrong role)."}

@@ -20,6 +20,7 @@ type metrics struct {
 	requests     *prometheus.CounterVec
 	capChanges   *prometheus.CounterVec
 	exactCalls   *prometheus.CounterVec
+	calibrations *prometheus.CounterVec
 	ratio        prometheus.GaugeFunc
 
 	canaryInjected prometheus.Counter
@@ -46,6 +47,8 @@ func newMetrics(set *backends.Set, ratio func() float64, degraded func() bool) *
 		Help: "Times a backend's reported limits changed (first reading included)."}, []string{"backend"})
 	m.exactCalls = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_exact_count_calls_total",
 		Help: "Calls to engines' /tokenize for gray-zone prompts, by result (ok, error, saturated)."}, []string{"result"})
+	m.calibrations = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_tokenizer_calibrations_total",
+		Help: "Attempts to calibrate an engine's tokenizer against its /tokenize, by result (ok, failed: estimates for its paths stay refuse-only and it is retried)."}, []string{"backend", "result"})
 	m.ratio = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_tokenizer_safety_ratio",
 		Help: "Current safety ratio applied to tiktoken estimates."}, ratio)
 	m.canaryInjected = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_canary_injected_total",
@@ -62,7 +65,7 @@ func newMetrics(set *backends.Set, ratio func() float64, degraded func() bool) *
 	m.overheadStream = m.overhead.WithLabelValues(phaseStreamRead)
 	m.reg.MustRegister(m.overhead)
 	m.reg.MustRegister(m.canaryInjected, m.canarySkipped, m.incidents, m.degraded, panics.Total)
-	m.reg.MustRegister(m.decisions, m.admitSeconds, m.upstream, m.requests, m.capChanges, m.exactCalls, m.ratio,
+	m.reg.MustRegister(m.decisions, m.admitSeconds, m.upstream, m.requests, m.capChanges, m.exactCalls, m.calibrations, m.ratio,
 		&backendCollector{set: set}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

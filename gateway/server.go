@@ -51,8 +51,9 @@ type Gateway struct {
 	metricsH fasthttp.RequestHandler
 	draining atomic.Bool
 	// calib is per backend what tokenizer calibration found (see calibrate).
-	calibMu sync.RWMutex
-	calib   map[string]*calibration
+	calibMu    sync.RWMutex
+	calib      map[string]*calibration
+	calibRetry map[string]*calibRetry // engines whose calibration failed, until one succeeds
 
 	// Canaries and shared state. keyring is nil when canaries are disabled.
 	keyring    *canary.Keyring
@@ -101,7 +102,7 @@ func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Ga
 		cfg: cfg, log: log.Named("gateway"), access: log.Named("access"), backends: set, enc: enc,
 		ratio: tokenize.NewSafetyRatio(cfg.Tokenizer.SafetyRatio, cfg.Tokenizer.SafetyRatioMax),
 	}
-	g.state, g.calib = st, map[string]*calibration{}
+	g.state, g.calib, g.calibRetry = st, map[string]*calibration{}, map[string]*calibRetry{}
 	g.quarantine = newQuarantine(st.Quarantine, set.SetQuarantine)
 	if cfg.Canary.Enabled {
 		names := make([]string, len(cfg.Tenants))
@@ -128,6 +129,17 @@ func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Ga
 		g.calibrate(b)
 		if prev != nil {
 			prev(b, old, cur)
+		}
+	}
+	prevPolled := set.OnPolled
+	set.OnPolled = func(b *backends.Backend) {
+		// A failed calibration is retried on the poll schedule (backing off) until it succeeds,
+		// not only when the engine's capacity changes.
+		if g.calibrationDue(b, time.Now()) {
+			g.calibrate(b)
+		}
+		if prevPolled != nil {
+			prevPolled(b)
 		}
 	}
 	g.server = &fasthttp.Server{
