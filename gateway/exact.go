@@ -202,8 +202,9 @@ type pathCounter struct {
 	cache  map[string]int    // tokenizer key + prompt index → count
 }
 
-// errImplausible: an engine's exact count contradicts its calibration.
-var errImplausible = errors.New("exact count below what the engine's calibration allows")
+// errImplausible: an engine's exact count is below what its calibration (or, without one, any
+// tokenizer) allows.
+var errImplausible = errors.New("exact count below what the engine's tokenizer allows")
 
 var _ policy.ExactCounter = (*pathCounter)(nil)
 
@@ -233,10 +234,14 @@ func (p *pathCounter) Exact(ctx context.Context, text string) (int, error) {
 			if n, err = p.g.exact.countOn(ctx, b, text); err != nil {
 				return 0, err
 			}
-			// Each engine's count is checked against its own calibration: the largest count
-			// decides, so one engine answering low must not hide behind another's.
-			if c := p.g.calibrationOf(b); n < 1 || c != nil && p.est != nil && p.est.done &&
-				float64(n) < c.floor*float64(p.est.n) {
+			// Each engine's count is checked against its own calibration (the largest count
+			// decides, so one engine answering low must not hide behind another's); an engine
+			// not calibrated gets the bound calibration itself applies.
+			floor := 1.0 / calibrationMinShare
+			if c := p.g.calibrationOf(b); c != nil {
+				floor = c.floor
+			}
+			if n < 1 || p.est != nil && p.est.done && float64(n) < floor*float64(p.est.n) {
 				p.g.exact.count("implausible")
 				return 0, errImplausible
 			}

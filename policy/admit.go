@@ -123,10 +123,6 @@ type Request struct {
 	// seen counting more than estimate × ratio (calibration against its /tokenize), or it could
 	// not be calibrated at all.
 	DistrustEstimate bool
-	// ExactFloor (0: none) is the smallest plausible ratio of an exact count to the estimate for
-	// the engines that count (from their calibration): a count below estimate × ExactFloor
-	// contradicts what the engine's tokenizer showed, and is read as no count.
-	ExactFloor float64
 }
 
 // Decision is the outcome of counting against a limit.
@@ -147,8 +143,9 @@ type Decision struct {
 // input ids are exact; the byte bound admits most traffic without tokenizing; the estimate
 // with early exit decides clear cases; the rest (the gray zone, and every prompt over the byte
 // bound when the estimate is distrusted) needs an exact count (exact nil: none). An exact count
-// that is not plausible (below one token, above the byte bound, or below the estimate ×
-// ExactFloor) is no count. Without one, nothing is decided: Undecided, never an admit.
+// that is not plausible (below one token, above the byte bound) is no count; the counter checks
+// each engine's count against that engine's calibration. Without a count, nothing is decided:
+// Undecided, never an admit.
 func Decide(ctx context.Context, req Request, limit int, est Estimator, ratio float64, exact ExactCounter) Decision {
 	d := Decision{Limit: limit}
 	if req.HasInputIDs {
@@ -184,7 +181,7 @@ func Decide(ctx context.Context, req Request, limit int, est Estimator, ratio fl
 		return d
 	}
 	if exact != nil {
-		if e, err := exact.Exact(ctx, req.Text); err == nil && plausible(e, n, bound, req.ExactFloor) {
+		if e, err := exact.Exact(ctx, req.Text); err == nil && plausible(e, bound) {
 			d.Tier, d.Tokens, d.Admit = TierExact, e, e <= limit
 			return d
 		}
@@ -195,13 +192,9 @@ func Decide(ctx context.Context, req Request, limit int, est Estimator, ratio fl
 	return d
 }
 
-// plausible says whether an engine's exact count e of a text can be true: at least one token,
-// at most the byte bound (no tokenizer in use emits more than a token per byte), and not below
-// the estimate n times the engine's calibrated floor. (n may be an early-exit count, which is
-// at most the full estimate, so the floor check never rejects a count the full one would pass.)
-func plausible(e, n, bound int, floor float64) bool {
-	return e >= 1 && e <= bound && float64(e) >= float64(n)*floor
-}
+// plausible says whether an engine's exact count e of a non-empty text can be true: at least one
+// token, at most the byte bound (no tokenizer in use emits more than a token per byte).
+func plausible(e, bound int) bool { return e >= 1 && e <= bound }
 
 // upper is the estimate scaled by the ratio, never above the byte bound (which is sound).
 func upper(n int, r float64, bytes int) int {

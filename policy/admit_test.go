@@ -133,8 +133,6 @@ func TestDecideTiers(t *testing.T) {
 		{"exact negative is no count", Request{Text: words(100), Bytes: 500}, 110, &fixedExact{n: -100000}, false, TierUnavailable, 1},
 		{"exact above the byte bound is no count", Request{Text: words(100), Bytes: 500}, 110, &fixedExact{n: 503}, false, TierUnavailable, 1},
 		{"exact at the byte bound + overhead counts", Request{Text: words(100), Bytes: 500, Overhead: 2}, 110, &fixedExact{n: 502}, false, TierExact, 1},
-		{"exact below the calibrated floor is no count", Request{Text: words(100), Bytes: 500, ExactFloor: 0.5}, 110, &fixedExact{n: 49}, false, TierUnavailable, 1},
-		{"exact at the calibrated floor counts", Request{Text: words(100), Bytes: 500, ExactFloor: 0.5}, 110, &fixedExact{n: 50}, true, TierExact, 1},
 		{"distrusted, admit zone, exact fits", Request{Text: words(100), Bytes: 500, DistrustEstimate: true}, 130, &fixedExact{n: 129}, true, TierExact, 1},
 		{"distrusted, admit zone, exact down: undecided", Request{Text: words(100), Bytes: 500, DistrustEstimate: true}, 130, &fixedExact{err: errors.New("404")}, false, TierUnavailable, 1},
 		{"distrusted, refuse zone: the estimate still refuses", Request{Text: words(200), Bytes: 1000, DistrustEstimate: true}, 100, &fixedExact{}, false, TierEstimate, 0},
