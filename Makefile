@@ -40,7 +40,7 @@ bench-micro: build
 # Every fuzz target, FUZZTIME each (make test replays their corpora under testdata/fuzz).
 FUZZTIME ?= 15s
 FUZZ_TARGETS := tokenize:FuzzCount canary:FuzzScanner canary:FuzzLoose gateway:FuzzParseRequest \
-	gateway:FuzzEventRelay gateway:FuzzJSONValue internal/sse:FuzzParser backends:FuzzDecodeCapacity backends:FuzzSumField \
+	gateway:FuzzEventRelay gateway:FuzzJSONValue internal/sse:FuzzParser backends:FuzzDecodeCapacity backends:FuzzTokenizeCount backends:FuzzSumField \
 	backends:FuzzSumGauge config:FuzzParse enginesim:FuzzParseGenerate enginesim:FuzzParseOpenAI enginesim:FuzzRouteBodies
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \

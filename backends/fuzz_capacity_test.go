@@ -88,3 +88,30 @@ func FuzzSumGauge(f *testing.F) {
 		}
 	})
 }
+
+// FuzzTokenizeCount: /tokenize's reply decides gray-zone admission. No input panics; a count is
+// never negative or over the capacity bound, and agrees with the token list when both are given.
+func FuzzTokenizeCount(f *testing.F) {
+	for _, s := range []string{
+		`{"tokens":[1,2,3],"count":3,"max_model_len":8192}`, `{"count":-5}`, `{"count":"12"}`, `{"count":1.5}`,
+		`{"count":1e9}`, `{"tokens":[1,2],"count":1}`, `{"tokens":"abc"}`, `null`, `<html>`, `{"count":99999999999999999999}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		n, err := decodeTokenizeCount(b)
+		if err != nil {
+			return
+		}
+		if n < 0 || n > maxCapacity {
+			t.Fatalf("%q: count %d", b, n)
+		}
+		var raw struct {
+			Count  *json.RawMessage `json:"count"`
+			Tokens []json.RawMessage
+		}
+		if json.Unmarshal(b, &raw) == nil && raw.Count != nil && string(*raw.Count) != "null" && raw.Tokens != nil && len(raw.Tokens) != n {
+			t.Fatalf("%q: count %d disagrees with %d tokens", b, n, len(raw.Tokens))
+		}
+	})
+}

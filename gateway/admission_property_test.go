@@ -406,3 +406,58 @@ func (e *lyingEngine) tell(kind, lie string, real, request []byte) (int, []byte)
 // honesty is the probability that a draw tells the truth: lies often enough to matter, truth
 // often enough that requests are admitted and served.
 const honesty = 0.8
+
+// Issue 15's second finding, alone: a chunk4 engine whose /tokenize answers 404 at calibration
+// (its tokenizer comes up after its /server_info). Before: never distrusted, never recalibrated,
+// and an estimate admitted prompts the engine then rejected. Now: while /tokenize is down, a
+// prompt over the byte bound gets 503 count_unavailable (never the engine); once it is up,
+// calibration is retried and succeeds, and exact counts decide both ways.
+func TestCalibrationDownAtStartFailsClosedThenRetries(t *testing.T) {
+	sim := testkit.StartSim(t, "--mode", "combined", "--tokenizer", "chunk4", "--pool-tokens", "4096", "--context-length", "16384", "--page-size", "16")
+	target, _ := url.Parse(sim.URL)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	var mu sync.Mutex
+	tokenizerUp := false
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		up := tokenizerUp
+		mu.Unlock()
+		if r.URL.Path == "/tokenize" && !up {
+			http.Error(w, `{"detail":"Not Found"}`, 404)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("policy: {mode: enforce}\ntokenizer: {calibration_retry_max: 400ms}\n",
+		[3]string{"sim", proxy.URL, "unified"})))
+	const mril = 4090
+	rng := rand.New(rand.NewSource(4))
+	over, nOver := prose(rng, 4600) // cl100k estimate ~1,900: × 1.3 would admit
+	fits, nFits := prose(rng, 3000) // over the byte bound (~6 KB), under the limit
+	if nOver < mril || nFits >= mril || len(fits) < mril {
+		t.Fatalf("prompts not where the test needs them: %d, %d tokens, %d bytes", nOver, nFits, len(fits))
+	}
+	body := func(s string) string { return fmt.Sprintf(`{"text":%q,"sampling_params":{"max_new_tokens":1}}`, s) }
+	for _, text := range []string{over, fits} {
+		r := post(t, gw.URL, "/generate", tenantKey, body(text))
+		if r.status != 503 || checkEnvelope(t, "/generate", r) != "count_unavailable" {
+			t.Fatalf("tokenizer down: want 503 count_unavailable, got %d %s", r.status, r.body)
+		}
+	}
+	mu.Lock()
+	tokenizerUp = true
+	mu.Unlock()
+	eventually(t, 5*time.Second, "calibration retried and succeeded", func() bool {
+		return strings.Contains(string(get(t, gw.URL+"/metrics", "").body), `kvgate_tokenizer_calibrations_total{backend="sim",result="ok"} 1`)
+	})
+	if r := post(t, gw.URL, "/generate", tenantKey, body(over)); r.status != 413 {
+		t.Fatalf("%d-token prompt: want 413, got %d %s", nOver, r.status, r.body)
+	}
+	if r := post(t, gw.URL, "/generate", tenantKey, body(fits)); r.status != 200 || r.header.Get("X-Kvgate-Tier") != "exact" {
+		t.Fatalf("%d-token prompt: want 200 by exact count, got %d (%s) %s", nFits, r.status, r.header.Get("X-Kvgate-Tier"), r.body)
+	}
+	if st := sim.Stats(t); st.MaxPromptTokens >= mril || len(st.Rejected) != 0 {
+		t.Fatalf("the engine received a prompt over its limit: %d, rejected %v", st.MaxPromptTokens, st.Rejected)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/internal/panics"
 	"github.com/kvgate/kvgate/policy"
 	"github.com/kvgate/kvgate/tokenize"
 )
@@ -76,10 +77,12 @@ type calibration struct {
 	floor float64
 }
 
-// calibRetry is an engine whose calibration failed: when to try again.
+// calibRetry is an engine whose calibration failed: when to try again, and whether an attempt
+// is running now.
 type calibRetry struct {
 	failures int
 	next     time.Time
+	running  bool
 }
 
 // calibrationFloorSlack divides the smallest sample ratio into the floor: a prompt unlike every
@@ -99,17 +102,32 @@ func (g *Gateway) calibrationOf(b *backends.Backend) *calibration {
 	return g.calib[b.Name]
 }
 
-// calibrationDue says whether b has no calibration and its next attempt is due. Called on every
-// successful poll, so attempts follow the poll interval, backing off up to
-// tokenizer.calibration_retry_max.
-func (g *Gateway) calibrationDue(b *backends.Backend, now time.Time) bool {
-	g.calibMu.RLock()
-	defer g.calibMu.RUnlock()
-	if g.calib[b.Name] != nil {
-		return false
-	}
+// retryCalibration starts a new calibration attempt for b, in the background, when b has none,
+// its last attempt failed, the next is due and none is running. Called on every successful poll,
+// so attempts follow the poll interval, backing off up to tokenizer.calibration_retry_max; off the
+// poller's goroutine, so a /tokenize that hangs cannot make the capacity reading stale.
+func (g *Gateway) retryCalibration(b *backends.Backend, now time.Time) {
+	g.calibMu.Lock()
 	r := g.calibRetry[b.Name]
-	return r == nil || !now.Before(r.next)
+	due := g.calib[b.Name] == nil && r != nil && !r.running && !now.Before(r.next)
+	if due {
+		r.running = true
+	}
+	g.calibMu.Unlock()
+	if !due {
+		return
+	}
+	go func() {
+		defer panics.Recover(g.log, "calibration")
+		defer func() {
+			g.calibMu.Lock()
+			if r := g.calibRetry[b.Name]; r != nil {
+				r.running = false
+			}
+			g.calibMu.Unlock()
+		}()
+		g.calibrate(b)
+	}()
 }
 
 // calibrate compares the engine's exact count of each calibration sample with the local
@@ -120,6 +138,12 @@ func (g *Gateway) calibrationDue(b *backends.Backend, now time.Time) bool {
 // be calibrated (its /tokenize fails, or answers what no tokenizer could) is not trusted: its
 // paths get refuse-only estimates until a retry succeeds.
 func (g *Gateway) calibrate(b *backends.Backend) {
+	// Only the latest attempt may store its result: a background retry that started before a
+	// capacity change (perhaps another tokenizer) must not overwrite what came after it.
+	g.calibMu.Lock()
+	g.calibGen[b.Name]++
+	gen := g.calibGen[b.Name]
+	g.calibMu.Unlock()
 	var fp strings.Builder
 	c := &calibration{floor: math.Inf(1)}
 	worstLocal, worstEngine := 0, 0
@@ -133,7 +157,7 @@ func (g *Gateway) calibrate(b *backends.Backend) {
 			err = fmt.Errorf("implausible count %d of a %d-byte %s sample (estimate %d)", engine, len(s.Text), s.Kind, local)
 		}
 		if err != nil {
-			g.calibrationFailed(b, err)
+			g.calibrationFailed(b, gen, err)
 			return
 		}
 		fmt.Fprintf(&fp, "%d,", engine)
@@ -147,6 +171,10 @@ func (g *Gateway) calibrate(b *backends.Backend) {
 	g.ratio.Observe(worstLocal, worstEngine)
 	c.distrust = c.worst > g.cfg.Tokenizer.SafetyRatio
 	g.calibMu.Lock()
+	if g.calibGen[b.Name] != gen {
+		g.calibMu.Unlock()
+		return
+	}
 	old := g.calib[b.Name]
 	g.calib[b.Name] = c
 	retried := g.calibRetry[b.Name]
@@ -167,8 +195,12 @@ func (g *Gateway) calibrate(b *backends.Backend) {
 // calibrationFailed forgets b's calibration (a failure after a capacity change may mean another
 // tokenizer) and schedules the next attempt: one poll interval after the first failure,
 // doubling, capped at tokenizer.calibration_retry_max.
-func (g *Gateway) calibrationFailed(b *backends.Backend, err error) {
+func (g *Gateway) calibrationFailed(b *backends.Backend, gen uint64, err error) {
 	g.calibMu.Lock()
+	if g.calibGen[b.Name] != gen {
+		g.calibMu.Unlock()
+		return
+	}
 	delete(g.calib, b.Name)
 	r := g.calibRetry[b.Name]
 	if r == nil {

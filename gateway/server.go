@@ -54,6 +54,7 @@ type Gateway struct {
 	calibMu    sync.RWMutex
 	calib      map[string]*calibration
 	calibRetry map[string]*calibRetry // engines whose calibration failed, until one succeeds
+	calibGen   map[string]uint64      // attempts started per engine: only the latest stores
 
 	// Canaries and shared state. keyring is nil when canaries are disabled.
 	keyring    *canary.Keyring
@@ -102,7 +103,7 @@ func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Ga
 		cfg: cfg, log: log.Named("gateway"), access: log.Named("access"), backends: set, enc: enc,
 		ratio: tokenize.NewSafetyRatio(cfg.Tokenizer.SafetyRatio, cfg.Tokenizer.SafetyRatioMax),
 	}
-	g.state, g.calib, g.calibRetry = st, map[string]*calibration{}, map[string]*calibRetry{}
+	g.state, g.calib, g.calibRetry, g.calibGen = st, map[string]*calibration{}, map[string]*calibRetry{}, map[string]uint64{}
 	g.quarantine = newQuarantine(st.Quarantine, set.SetQuarantine)
 	if cfg.Canary.Enabled {
 		names := make([]string, len(cfg.Tenants))
@@ -135,9 +136,7 @@ func New(cfg *config.Config, set *backends.Set, st *State, log *zap.Logger) (*Ga
 	set.OnPolled = func(b *backends.Backend) {
 		// A failed calibration is retried on the poll schedule (backing off) until it succeeds,
 		// not only when the engine's capacity changes.
-		if g.calibrationDue(b, time.Now()) {
-			g.calibrate(b)
-		}
+		g.retryCalibration(b, time.Now())
 		if prevPolled != nil {
 			prevPolled(b)
 		}
