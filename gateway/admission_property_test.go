@@ -461,3 +461,50 @@ func TestCalibrationDownAtStartFailsClosedThenRetries(t *testing.T) {
 		t.Fatalf("the engine received a prompt over its limit: %d, rejected %v", st.MaxPromptTokens, st.Rejected)
 	}
 }
+
+// Issue 15's third finding through a whole gateway: an engine reporting max_req_input_len
+// 100,000 over a 4,006-token pool had 99,999 advertised and a 30,000-token prompt admitted. Now
+// /v1/models advertises no more than the pool, the prompt is a 413 that never reaches the engine,
+// and the reading raises the pool alarm metric.
+func TestInconsistentLimitsAreHeldToThePool(t *testing.T) {
+	var generated sync.Mutex
+	calls := 0
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Path {
+		case "/server_info":
+			fmt.Fprint(w, `{"max_total_num_tokens":4006,"max_req_input_len":100000,"page_size":1,"disaggregation_mode":"null"}`)
+		case "/v1/models":
+			fmt.Fprint(w, `{"object":"list","data":[{"id":"m","max_model_len":100000}]}`)
+		case "/generate":
+			generated.Lock()
+			calls++
+			generated.Unlock()
+			fmt.Fprint(w, `{"text":"ok","meta_info":{"prompt_tokens":1,"completion_tokens":1}}`)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(eng.Close)
+	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("policy: {mode: enforce}\n", [3]string{"eng", eng.URL, "unified"})))
+	var models struct {
+		Data []struct {
+			MaxModelLen int `json:"max_model_len"`
+		}
+	}
+	if r := get(t, gw.URL+"/v1/models", tenantKey); json.Unmarshal(r.body, &models) != nil || len(models.Data) != 1 || models.Data[0].MaxModelLen > 4006 {
+		t.Fatalf("advertised more than the 4,006-token pool: %s", r.body)
+	}
+	ids := strings.TrimSuffix(strings.Repeat("7,", 30000), ",")
+	if r := post(t, gw.URL, "/generate", tenantKey, `{"input_ids":[`+ids+`],"sampling_params":{"max_new_tokens":1}}`); r.status != 413 {
+		t.Fatalf("30,000 tokens over a 4,006-token pool: want 413, got %d %.300s", r.status, r.body)
+	}
+	generated.Lock()
+	defer generated.Unlock()
+	if calls != 0 {
+		t.Fatalf("the engine received %d requests", calls)
+	}
+	if m := get(t, gw.URL+"/metrics", "").body; !strings.Contains(string(m), `kvgate_backend_pool_below_context{backend="eng"} 1`) {
+		t.Fatal("no pool alarm for an inconsistent reading")
+	}
+}
