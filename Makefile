@@ -44,7 +44,7 @@ bench-micro: build
 # Every fuzz target, FUZZTIME each (make test replays their corpora under testdata/fuzz).
 FUZZTIME ?= 15s
 FUZZ_TARGETS := tokenize:FuzzCount canary:FuzzScanner canary:FuzzLoose request:FuzzParseRequest request:FuzzCheckKeys \
-	reply:FuzzEventRelay reply:FuzzJSONValue gateway:FuzzHostileEngine internal/sse:FuzzParser backends:FuzzDecodeCapacity backends:FuzzSumField \
+	reply:FuzzEventRelay reply:FuzzJSONValue gateway:FuzzHostileEngine internal/sse:FuzzParser backends:FuzzDecodeCapacity backends:FuzzTokenizeCount backends:FuzzSumField \
 	backends:FuzzSumGauge config:FuzzParse lab/enginesim:FuzzParseGenerate lab/enginesim:FuzzParseOpenAI lab/enginesim:FuzzRouteBodies
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \

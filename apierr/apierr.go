@@ -131,6 +131,14 @@ func CapacityUnknown() *Error {
 		Message: "The gateway has no current capacity reading for any backend, so it cannot check that the request fits. Retry shortly."}
 }
 
+// CountUnavailable: the prompt is over what the byte bound and the estimate can admit for the
+// engines' tokenizer, and no engine gave a usable exact count (its /tokenize failed, was
+// saturated or answered implausibly, or it was never calibrated).
+func CountUnavailable() *Error {
+	return &Error{Status: 503, Type: "server_error", Code: "count_unavailable", RetryAfter: 2,
+		Message: "The gateway could not count this prompt's tokens with the engine's tokenizer, so it cannot check that the prompt fits. Retry shortly."}
+}
+
 // NoBackend: every backend is down, quarantined or in the wrong role.
 func NoBackend() *Error {
 	return &Error{Status: 503, Type: "server_error", Code: "no_backend", RetryAfter: 5,

@@ -43,17 +43,39 @@ func (b *Backend) Tokenize(ctx context.Context, prompt string, timeout time.Dura
 	if resp.StatusCode() != fasthttp.StatusOK {
 		return 0, fmt.Errorf("tokenize on %s: status %d", b.Name, resp.StatusCode())
 	}
-	var out struct {
-		Count  *int  `json:"count"`
-		Tokens []int `json:"tokens"`
+	n, err := decodeTokenizeCount(resp.Body())
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", b.Name, err)
 	}
-	if err := json.Unmarshal(resp.Body(), &out); err != nil {
-		return 0, fmt.Errorf("tokenize on %s: %w", b.Name, err)
+	return n, nil
+}
+
+// decodeTokenizeCount reads /tokenize's count, an engine number that admission rests on: an
+// integer literal from 0 to maxCapacity in "count", or the length of "tokens" (a list of
+// integers); when both are given they must agree. Anything else is an error (no count), never 0.
+func decodeTokenizeCount(body []byte) (int, error) {
+	var out map[string]json.RawMessage
+	if err := json.Unmarshal(body, &out); err != nil || out == nil {
+		return 0, fmt.Errorf("tokenize: reply is not a JSON object")
 	}
-	if out.Count != nil {
-		return *out.Count, nil
+	n, err := optInt(out, "count", 0, -1)
+	if err != nil {
+		return 0, fmt.Errorf("tokenize: %w", err)
 	}
-	return len(out.Tokens), nil
+	if raw, ok := out["tokens"]; ok && !isNull(raw) {
+		var toks []json.Number
+		if err := json.Unmarshal(raw, &toks); err != nil {
+			return 0, fmt.Errorf("tokenize: tokens is not a list of numbers")
+		}
+		if n >= 0 && n != len(toks) {
+			return 0, fmt.Errorf("tokenize: count %d disagrees with %d tokens", n, len(toks))
+		}
+		n = len(toks)
+	}
+	if n < 0 {
+		return 0, fmt.Errorf("tokenize: no count")
+	}
+	return n, nil
 }
 
 // Detokenize asks the engine for the text of token ids (SGLang's /detokenize, with the engine's

@@ -25,15 +25,21 @@ import (
 	"github.com/kvgate/kvgate/policy"
 )
 
-// Capacity is one reading of an engine's limits.
+// Capacity is one validated reading of an engine's limits (see decodeCapacity): every number
+// is in range, and each limit is the smallest the engine stated.
 type Capacity struct {
-	PoolTokens     int    `json:"max_total_num_tokens"`
-	MaxReqInputLen int    `json:"max_req_input_len"`
-	ContextLen     int    `json:"max_model_len"`
-	PageSize       int    `json:"page_size"`
-	Mode           string `json:"disaggregation_mode"`
-	BootstrapPort  int    `json:"disaggregation_bootstrap_port"`
-	Model          string `json:"model"`
+	PoolTokens int `json:"max_total_num_tokens"`
+	// MaxReqInputLen is what admission uses: the reported max_req_input_len, cut to SGLang's
+	// derivation from the pool and the context when it was larger.
+	MaxReqInputLen int `json:"max_req_input_len"`
+	// ReportedMaxReqInputLen is the engine's own number when it was larger than that (the
+	// reading was inconsistent); 0 otherwise.
+	ReportedMaxReqInputLen int    `json:"reported_max_req_input_len,omitempty"`
+	ContextLen             int    `json:"max_model_len"`
+	PageSize               int    `json:"page_size"`
+	Mode                   string `json:"disaggregation_mode"`
+	BootstrapPort          int    `json:"disaggregation_bootstrap_port"`
+	Model                  string `json:"model"`
 	// UsedTokens is the engine's num_used_tokens (summed over DP ranks) from /v1/loads; -1 unknown.
 	UsedTokens int       `json:"num_used_tokens"`
 	ReadAt     time.Time `json:"read_at"`
@@ -42,6 +48,13 @@ type Capacity struct {
 // PoolBelowContext reports the incident's precondition: prompts in [mril, ctx) are rejected by
 // the engine, or, on affected PD versions, leaked.
 func (c *Capacity) PoolBelowContext() bool { return c.PoolTokens < c.ContextLen }
+
+// Inconsistent: the engine reported a max_req_input_len its own pool and context cannot hold.
+func (c *Capacity) Inconsistent() bool { return c.ReportedMaxReqInputLen > 0 }
+
+// PoolAlarm is when the pool is smaller than what the engine advertises (its context, or its own
+// max_req_input_len): the same alarm and metric for both, since both are the incident's shape.
+func (c *Capacity) PoolAlarm() bool { return c.PoolBelowContext() || c.Inconsistent() }
 
 // Backend is one configured engine.
 type Backend struct {
@@ -111,6 +124,9 @@ type Set struct {
 	log    *zap.Logger
 	// OnCapacityChange is called (from the poller) when a backend's limits change; may be nil.
 	OnCapacityChange func(b *Backend, old, cur *Capacity)
+	// OnPolled is called (from the poller, after OnCapacityChange) after every successful
+	// reading: work that must be retried until it succeeds (calibration); may be nil.
+	OnPolled func(b *Backend)
 }
 
 // OptionsFrom takes the set's timings from the gateway configuration.
@@ -236,17 +252,24 @@ func (s *Set) PollOnce(b *Backend) {
 		}
 	}
 	old := b.capacity.Swap(cur)
-	if old == nil || old.PoolTokens != cur.PoolTokens || old.MaxReqInputLen != cur.MaxReqInputLen || old.ContextLen != cur.ContextLen || old.Mode != cur.Mode {
+	if old == nil || old.PoolTokens != cur.PoolTokens || old.MaxReqInputLen != cur.MaxReqInputLen || old.ContextLen != cur.ContextLen ||
+		old.ReportedMaxReqInputLen != cur.ReportedMaxReqInputLen || old.Mode != cur.Mode {
 		fields := []zap.Field{zap.String("backend", b.Name), zap.Int("pool_tokens", cur.PoolTokens),
 			zap.Int("max_req_input_len", cur.MaxReqInputLen), zap.Int("context_len", cur.ContextLen), zap.String("mode", cur.Mode)}
-		if cur.PoolBelowContext() {
-			s.log.Error("KV pool is smaller than the advertised context: prompts between max_req_input_len and the context are rejected by the engine, or leaked by affected PD versions; kvgate refuses them", fields...)
+		if cur.Inconsistent() {
+			fields = append(fields, zap.Int("reported_max_req_input_len", cur.ReportedMaxReqInputLen))
+		}
+		if cur.PoolAlarm() {
+			s.log.Error("KV pool is smaller than the advertised context or max_req_input_len: prompts between max_req_input_len and the context are rejected by the engine, or leaked by affected PD versions; kvgate refuses them", fields...)
 		} else {
 			s.log.Info("backend capacity", fields...)
 		}
 		if s.OnCapacityChange != nil {
 			s.OnCapacityChange(b, old, cur)
 		}
+	}
+	if s.OnPolled != nil {
+		s.OnPolled(b)
 	}
 }
 
@@ -290,46 +313,141 @@ func (s *Set) read(b *Backend) (*Capacity, error) {
 }
 
 // decodeCapacity reads a capacity from the bodies of /server_info and /v1/models, engine bytes
-// that are untrusted: a reading without the pool, the input limit or the context is an error
-// (the backend's capacity is then unknown, so it is not used).
+// that are untrusted. Every number must be a JSON integer in range (no strings, fractions,
+// exponents, signs or zeros where a size belongs): a reading with any number wrong, or without
+// the pool, the input limit or the context, is an error, so the backend's capacity is unknown
+// and admission fails closed. Where the engine states one limit in several places, the smallest
+// is taken (capacity is the minimum of what the engine reports), and a max_req_input_len larger
+// than SGLang's own derivation from the pool and the context is cut to it and flagged.
 func decodeCapacity(infoBody, modelsBody []byte) (*Capacity, error) {
-	var info struct {
-		PoolTokens     *int    `json:"max_total_num_tokens"`
-		MaxReqInputLen *int    `json:"max_req_input_len"`
-		PageSize       int     `json:"page_size"`
-		Mode           *string `json:"disaggregation_mode"`
-		BootstrapPort  *int    `json:"disaggregation_bootstrap_port"`
-		Served         string  `json:"served_model_name"`
+	var info map[string]json.RawMessage
+	if err := json.Unmarshal(infoBody, &info); err != nil || info == nil {
+		return nil, fmt.Errorf("reading server info: not a JSON object")
 	}
-	if err := json.Unmarshal(infoBody, &info); err != nil {
+	c := &Capacity{UsedTokens: -1}
+	var err error
+	if c.PoolTokens, err = needInt(info, "max_total_num_tokens", 1); err != nil {
 		return nil, fmt.Errorf("reading server info: %w", err)
 	}
-	if info.PoolTokens == nil || info.MaxReqInputLen == nil {
-		return nil, fmt.Errorf("reading server info: max_total_num_tokens or max_req_input_len missing")
+	reportedMRIL, err := needInt(info, "max_req_input_len", 1)
+	if err != nil {
+		return nil, fmt.Errorf("reading server info: %w", err)
+	}
+	if c.PageSize, err = optInt(info, "page_size", 1, 0); err != nil {
+		return nil, fmt.Errorf("reading server info: %w", err)
+	}
+	if c.BootstrapPort, err = optInt(info, "disaggregation_bootstrap_port", 0, 0); err != nil || c.BootstrapPort > 65535 {
+		return nil, fmt.Errorf("reading server info: disaggregation_bootstrap_port is not a port")
+	}
+	if raw, ok := info["disaggregation_mode"]; ok && !isNull(raw) {
+		if json.Unmarshal(raw, &c.Mode) != nil {
+			return nil, fmt.Errorf("reading server info: disaggregation_mode is not a string")
+		}
+	}
+	// The CLI flag (null unless set) caps the context when given.
+	ctxFlag, err := optInt(info, "context_length", 1, 0)
+	if err != nil {
+		return nil, fmt.Errorf("reading server info: %w", err)
+	}
+	// Each DP rank's own pool: the top-level number is rank 0's.
+	if raw, ok := info["internal_states"]; ok && !isNull(raw) {
+		var states []map[string]json.RawMessage
+		if json.Unmarshal(raw, &states) != nil {
+			return nil, fmt.Errorf("reading server info: internal_states is not a list of objects")
+		}
+		for _, st := range states {
+			var mem map[string]json.RawMessage
+			if raw, ok := st["memory_usage"]; ok && !isNull(raw) {
+				if json.Unmarshal(raw, &mem) != nil {
+					return nil, fmt.Errorf("reading server info: internal_states memory_usage is not an object")
+				}
+			}
+			n, err := optInt(mem, "token_capacity", 1, 0)
+			if err != nil {
+				return nil, fmt.Errorf("reading server info: internal_states: %w", err)
+			}
+			if n > 0 {
+				c.PoolTokens = min(c.PoolTokens, n)
+			}
+		}
 	}
 	var models struct {
-		Data []struct {
-			ID          string `json:"id"`
-			MaxModelLen *int   `json:"max_model_len"`
-		} `json:"data"`
+		Data []map[string]json.RawMessage `json:"data"`
 	}
 	if err := json.Unmarshal(modelsBody, &models); err != nil {
+		return nil, fmt.Errorf("reading /v1/models: not a model list")
+	}
+	if len(models.Data) == 0 {
+		return nil, fmt.Errorf("reading /v1/models: no model")
+	}
+	if c.ContextLen, err = needInt(models.Data[0], "max_model_len", 1); err != nil {
 		return nil, fmt.Errorf("reading /v1/models: %w", err)
 	}
-	if len(models.Data) == 0 || models.Data[0].MaxModelLen == nil {
-		return nil, fmt.Errorf("reading /v1/models: no max_model_len")
+	for _, m := range models.Data[1:] { // other served names (adapters) share the engine's limits
+		n, err := optInt(m, "max_model_len", 1, 0)
+		if err != nil {
+			return nil, fmt.Errorf("reading /v1/models: %w", err)
+		}
+		if n > 0 {
+			c.ContextLen = min(c.ContextLen, n)
+		}
 	}
-	c := &Capacity{
-		PoolTokens: *info.PoolTokens, MaxReqInputLen: *info.MaxReqInputLen, ContextLen: *models.Data[0].MaxModelLen,
-		PageSize: info.PageSize, Model: models.Data[0].ID, UsedTokens: -1, ReadAt: time.Now(),
+	if ctxFlag > 0 {
+		c.ContextLen = min(c.ContextLen, ctxFlag)
 	}
-	if info.Mode != nil {
-		c.Mode = *info.Mode
+	if raw, ok := models.Data[0]["id"]; ok && json.Unmarshal(raw, &c.Model) != nil {
+		return nil, fmt.Errorf("reading /v1/models: id is not a string")
 	}
-	if info.BootstrapPort != nil {
-		c.BootstrapPort = *info.BootstrapPort
+	// SGLang derives max_req_input_len = min(context − 1, pool − 1) − 5 and its scheduler
+	// rejects P ≥ it; a larger number is a reading that contradicts its own pool or context.
+	c.MaxReqInputLen = reportedMRIL
+	if derived := DerivedMaxReqInputLen(c.PoolTokens, c.ContextLen); reportedMRIL > derived {
+		c.MaxReqInputLen = max(derived, 0)
+		c.ReportedMaxReqInputLen = reportedMRIL
 	}
+	c.ReadAt = time.Now()
 	return c, nil
+}
+
+// DerivedMaxReqInputLen is SGLang's max_req_input_len for a pool and a context:
+// min(context − 1, pool − 1) − 5.
+func DerivedMaxReqInputLen(pool, ctx int) int { return min(ctx-1, pool-1) - 5 }
+
+// maxCapacity bounds any size an engine reports (tokens, ports aside): far above any real
+// pool or context, and small enough that sums of a few of them cannot overflow.
+const maxCapacity = 1 << 40
+
+func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }
+
+// needInt reads obj[name] as a JSON integer from lo to maxCapacity.
+func needInt(obj map[string]json.RawMessage, name string, lo int) (int, error) {
+	raw, ok := obj[name]
+	if !ok || isNull(raw) {
+		return 0, fmt.Errorf("%s missing", name)
+	}
+	return strictInt(raw, name, lo)
+}
+
+// optInt is needInt for a field that may be absent or null (then def).
+func optInt(obj map[string]json.RawMessage, name string, lo, def int) (int, error) {
+	raw, ok := obj[name]
+	if !ok || isNull(raw) {
+		return def, nil
+	}
+	return strictInt(raw, name, lo)
+}
+
+// strictInt accepts only an integer literal: "4096", never "4096.0", "4e3", "\"4096\"" or true.
+// Python's json writes ints that way, so anything else is not an honest engine's number.
+func strictInt(raw json.RawMessage, name string, lo int) (int, error) {
+	n, err := strconv.ParseInt(string(bytes.TrimSpace(raw)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s is not an integer", name)
+	}
+	if n < int64(lo) || n > maxCapacity {
+		return 0, fmt.Errorf("%s = %d is out of range", name, n)
+	}
+	return int(n), nil
 }
 
 // sumGauge adds up a gauge over its label sets (one per DP rank) in Prometheus text, under
@@ -511,14 +629,16 @@ func (s *Set) Routes(now time.Time) ([]Route, error) {
 	var routes []Route
 	for _, u := range unified {
 		c := u.Capacity()
-		routes = append(routes, Route{Path: policy.Path{Backends: []string{u.Name}, MaxReqInputLen: c.MaxReqInputLen, ContextLen: c.ContextLen}, Unified: u})
+		routes = append(routes, Route{Path: policy.Path{Backends: []string{u.Name}, MaxReqInputLen: c.MaxReqInputLen,
+			ContextLen: c.ContextLen, PoolTokens: c.PoolTokens}, Unified: u})
 	}
 	for _, p := range prefill {
 		for _, d := range decode {
 			pc, dc := p.Capacity(), d.Capacity()
 			routes = append(routes, Route{
 				Path: policy.Path{Backends: []string{p.Name, d.Name},
-					MaxReqInputLen: min(pc.MaxReqInputLen, dc.MaxReqInputLen), ContextLen: min(pc.ContextLen, dc.ContextLen)},
+					MaxReqInputLen: min(pc.MaxReqInputLen, dc.MaxReqInputLen), ContextLen: min(pc.ContextLen, dc.ContextLen),
+					PoolTokens: min(pc.PoolTokens, dc.PoolTokens)},
 				Prefill: p, Decode: d,
 			})
 		}

@@ -110,7 +110,8 @@ type Tenant struct {
 type Policy struct {
 	// Mode is enforce (default) or monitor (the token rule is logged, not enforced).
 	Mode Mode `yaml:"mode"`
-	// Strict refuses to start when a backend's KV pool is smaller than its context.
+	// Strict refuses to start when a backend's KV pool is smaller than its context, or than its
+	// own max_req_input_len (an inconsistent reading).
 	Strict bool `yaml:"strict"`
 	// DefaultMaxTokens is the output reserved for OpenAI routes that name none; 0 reserves none.
 	DefaultMaxTokens int `yaml:"default_max_tokens"`
@@ -136,6 +137,11 @@ type Tokenizer struct {
 	ExactConcurrency int `yaml:"exact_concurrency"`
 	// ExactTimeout bounds one /tokenize call. Default 2s.
 	ExactTimeout time.Duration `yaml:"exact_timeout"`
+	// CalibrationRetryMax caps the backoff between attempts to calibrate an engine whose
+	// /tokenize failed or answered implausibly (first retry after one capacity.poll_interval,
+	// doubling). Until one succeeds, estimates for paths through that engine are refuse-only.
+	// Default 30s.
+	CalibrationRetryMax time.Duration `yaml:"calibration_retry_max"`
 }
 
 // State says where shared state lives.
@@ -315,6 +321,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Tokenizer.ExactTimeout == 0 {
 		c.Tokenizer.ExactTimeout = 2 * time.Second
+	}
+	if c.Tokenizer.CalibrationRetryMax == 0 {
+		c.Tokenizer.CalibrationRetryMax = 30 * time.Second
 	}
 	if c.State.RedisMode == "" {
 		c.State.RedisMode = RedisStandalone
@@ -522,6 +531,7 @@ func (c *Config) Validate() error {
 		{"capacity.poll_interval", c.Capacity.PollInterval}, {"capacity.max_age", c.Capacity.MaxAge},
 		{"capacity.timeout", c.Capacity.Timeout}, {"upstream.response_header_timeout", c.Upstream.ResponseHeaderTimeout},
 		{"upstream.idle_timeout", c.Upstream.IdleTimeout}, {"tokenizer.exact_timeout", c.Tokenizer.ExactTimeout},
+		{"tokenizer.calibration_retry_max", c.Tokenizer.CalibrationRetryMax},
 		{"canary.epoch", c.Canary.Epoch}, {"canary.detect_window", c.Canary.DetectWindow},
 		{"canary.quarantine_ttl", c.Canary.QuarantineTTL},
 		{"server.header_timeout", c.Server.HeaderTimeout}, {"server.read_timeout", c.Server.ReadTimeout},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/internal/panics"
 	"github.com/kvgate/kvgate/policy"
 	"github.com/kvgate/kvgate/tokenize"
 )
@@ -69,7 +71,27 @@ type calibration struct {
 	distrust bool
 	worst    float64
 	kind     string
+	// floor is the smallest plausible ratio of the engine's exact count to the local estimate:
+	// half the smallest ratio seen on the samples. A later count below it contradicts what the
+	// engine's tokenizer showed, and is not believed.
+	floor float64
 }
+
+// calibRetry is an engine whose calibration failed: when to try again, and whether an attempt
+// is running now.
+type calibRetry struct {
+	failures int
+	next     time.Time
+	running  bool
+}
+
+// calibrationFloorSlack divides the smallest sample ratio into the floor: a prompt unlike every
+// sample may count lower than any of them, but not by half.
+const calibrationFloorSlack = 2
+
+// calibrationMinShare: an engine's count of a sample below a 1/8 of the local estimate is no
+// real tokenizer (vocabularies differ by tens of percent, not eightfold): the answer is a lie.
+const calibrationMinShare = 8
 
 func (g *Gateway) calibrationOf(b *backends.Backend) *calibration {
 	if b == nil {
@@ -80,44 +102,123 @@ func (g *Gateway) calibrationOf(b *backends.Backend) *calibration {
 	return g.calib[b.Name]
 }
 
+// retryCalibration starts a new calibration attempt for b, in the background, when b has none,
+// its last attempt failed, the next is due and none is running. Called on every successful poll,
+// so attempts follow the poll interval, backing off up to tokenizer.calibration_retry_max; off the
+// poller's goroutine, so a /tokenize that hangs cannot make the capacity reading stale.
+func (g *Gateway) retryCalibration(b *backends.Backend, now time.Time) {
+	g.calibMu.Lock()
+	r := g.calibRetry[b.Name]
+	due := g.calib[b.Name] == nil && r != nil && !r.running && !now.Before(r.next)
+	if due {
+		r.running = true
+	}
+	g.calibMu.Unlock()
+	if !due {
+		return
+	}
+	go func() {
+		defer panics.Recover(g.log, "calibration")
+		defer func() {
+			g.calibMu.Lock()
+			if r := g.calibRetry[b.Name]; r != nil {
+				r.running = false
+			}
+			g.calibMu.Unlock()
+		}()
+		g.calibrate(b)
+	}()
+}
+
 // calibrate compares the engine's exact count of each calibration sample with the local
 // estimate; the worst ratio decides. An engine whose tokenizer counts more than estimate × ratio
 // on any kind of text makes estimates unsafe for admission on paths through it (they may still
 // refuse); the ratio also learns from it, up to its cap. It runs on the poller's goroutine,
-// before the backend counts as read, so no request is decided before it.
+// before the backend counts as read, so no request is decided before it. An engine that cannot
+// be calibrated (its /tokenize fails, or answers what no tokenizer could) is not trusted: its
+// paths get refuse-only estimates until a retry succeeds.
 func (g *Gateway) calibrate(b *backends.Backend) {
+	// Only the latest attempt may store its result: a background retry that started before a
+	// capacity change (perhaps another tokenizer) must not overwrite what came after it.
+	g.calibMu.Lock()
+	g.calibGen[b.Name]++
+	gen := g.calibGen[b.Name]
+	g.calibMu.Unlock()
 	var fp strings.Builder
-	c := &calibration{}
+	c := &calibration{floor: math.Inf(1)}
 	worstLocal, worstEngine := 0, 0
 	for _, s := range tokenize.CalibrationSamples {
 		ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Tokenizer.ExactTimeout)
 		engine, err := b.Tokenize(ctx, s.Text, g.cfg.Tokenizer.ExactTimeout)
 		cancel()
-		if err != nil {
-			g.log.Info("tokenizer calibration skipped: engine has no usable /tokenize", zap.String("backend", b.Name), zap.Error(err))
-			g.calibMu.Lock()
-			delete(g.calib, b.Name)
-			g.calibMu.Unlock()
-			return
-		}
 		local, _ := g.enc.Count(s.Text, -1)
 		local += specialTokenAllowance // the engine's count includes its special tokens
+		if err == nil && (engine < 1 || engine > len(s.Text)+specialTokenAllowance || engine*calibrationMinShare < local) {
+			err = fmt.Errorf("implausible count %d of a %d-byte %s sample (estimate %d)", engine, len(s.Text), s.Kind, local)
+		}
+		if err != nil {
+			g.calibrationFailed(b, gen, err)
+			return
+		}
 		fmt.Fprintf(&fp, "%d,", engine)
-		if r := float64(engine) / float64(local); r > c.worst {
+		r := float64(engine) / float64(local)
+		if r > c.worst {
 			c.worst, c.kind, worstLocal, worstEngine = r, s.Kind, local, engine
 		}
+		c.floor = min(c.floor, r/calibrationFloorSlack)
 	}
 	c.fingerprint = fp.String()
 	g.ratio.Observe(worstLocal, worstEngine)
 	c.distrust = c.worst > g.cfg.Tokenizer.SafetyRatio
 	g.calibMu.Lock()
+	if g.calibGen[b.Name] != gen {
+		g.calibMu.Unlock()
+		return
+	}
 	old := g.calib[b.Name]
 	g.calib[b.Name] = c
+	retried := g.calibRetry[b.Name]
+	delete(g.calibRetry, b.Name)
 	g.calibMu.Unlock()
+	g.metrics.calibrations.WithLabelValues(b.Name, "ok").Inc()
+	if retried != nil {
+		g.log.Info("engine tokenizer calibrated after failed attempts: estimates for its paths follow calibration again",
+			zap.String("backend", b.Name), zap.Int("failed_attempts", retried.failures))
+	}
 	if c.distrust && (old == nil || !old.distrust) {
 		g.log.Warn("engine tokenizer counts more than estimate × safety_ratio: estimates will not admit prompts for paths through it that the byte bound cannot; borderline prompts are counted by the engine",
 			zap.String("backend", b.Name), zap.String("text_kind", c.kind), zap.Int("engine_count", worstEngine),
 			zap.Int("estimate", worstLocal), zap.Float64("safety_ratio", g.cfg.Tokenizer.SafetyRatio))
+	}
+}
+
+// calibrationFailed forgets b's calibration (a failure after a capacity change may mean another
+// tokenizer) and schedules the next attempt: one poll interval after the first failure,
+// doubling, capped at tokenizer.calibration_retry_max.
+func (g *Gateway) calibrationFailed(b *backends.Backend, gen uint64, err error) {
+	g.calibMu.Lock()
+	if g.calibGen[b.Name] != gen {
+		g.calibMu.Unlock()
+		return
+	}
+	delete(g.calib, b.Name)
+	r := g.calibRetry[b.Name]
+	if r == nil {
+		r = &calibRetry{}
+		g.calibRetry[b.Name] = r
+	}
+	r.failures++
+	delay := g.cfg.Tokenizer.CalibrationRetryMax
+	if shift := r.failures - 1; shift < 30 {
+		delay = min(delay, g.cfg.Capacity.PollInterval<<shift)
+	}
+	r.next = time.Now().Add(delay)
+	failures := r.failures
+	g.calibMu.Unlock()
+	g.metrics.calibrations.WithLabelValues(b.Name, "failed").Inc()
+	if failures == 1 {
+		g.log.Warn("engine tokenizer could not be calibrated: estimates for paths through it are refuse-only, every borderline prompt needs its exact count (503 count_unavailable without one); retrying with backoff",
+			zap.String("backend", b.Name), zap.Error(err), zap.Duration("next_attempt_in", delay))
 	}
 }
 
@@ -128,9 +229,14 @@ func (g *Gateway) calibrate(b *backends.Backend) {
 type pathCounter struct {
 	g      *Gateway
 	route  *backends.Route
-	prompt int            // index of the prompt being decided
-	cache  map[string]int // tokenizer key + prompt index → count
+	prompt int               // index of the prompt being decided
+	est    *cachingEstimator // its estimate (counted before any exact count is asked)
+	cache  map[string]int    // tokenizer key + prompt index → count
 }
+
+// errImplausible: an engine's exact count is below what its calibration (or, without one, any
+// tokenizer) allows.
+var errImplausible = errors.New("exact count below what the engine's tokenizer allows")
 
 var _ policy.ExactCounter = (*pathCounter)(nil)
 
@@ -141,8 +247,9 @@ func (p *pathCounter) Exact(ctx context.Context, text string) (int, error) {
 	}
 	counters := []*backends.Backend{first}
 	if d := p.route.Decode; d != nil {
+		// Only a calibration that shows the same tokenizer lets the prefill count for the decode.
 		fc, dc := p.g.calibrationOf(first), p.g.calibrationOf(d)
-		if dc != nil && (fc == nil || fc.fingerprint != dc.fingerprint) {
+		if dc == nil || fc == nil || fc.fingerprint != dc.fingerprint {
 			counters = append(counters, d)
 		}
 	}
@@ -159,6 +266,17 @@ func (p *pathCounter) Exact(ctx context.Context, text string) (int, error) {
 			if n, err = p.g.exact.countOn(ctx, b, text); err != nil {
 				return 0, err
 			}
+			// Each engine's count is checked against its own calibration (the largest count
+			// decides, so one engine answering low must not hide behind another's); an engine
+			// not calibrated gets the bound calibration itself applies.
+			floor := 1.0 / calibrationMinShare
+			if c := p.g.calibrationOf(b); c != nil {
+				floor = c.floor
+			}
+			if n < 1 || p.est != nil && p.est.done && float64(n) < floor*float64(p.est.n) {
+				p.g.exact.count("implausible")
+				return 0, errImplausible
+			}
 			p.cache[key] = n
 		}
 		best = max(best, n)
@@ -167,10 +285,11 @@ func (p *pathCounter) Exact(ctx context.Context, text string) (int, error) {
 }
 
 // distrusted says whether an estimate may not admit on r: some engine on it was calibrated to
-// count more than estimate × safety_ratio.
+// count more than estimate × safety_ratio, or could not be calibrated at all (unknown is not
+// trusted).
 func (g *Gateway) distrusted(r *backends.Route) bool {
-	for _, b := range []*backends.Backend{r.Unified, r.Prefill, r.Decode} {
-		if c := g.calibrationOf(b); c != nil && c.distrust {
+	for _, b := range r.All() {
+		if c := g.calibrationOf(b); c == nil || c.distrust {
 			return true
 		}
 	}

@@ -146,14 +146,23 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 	}
 	tenantMax := x.tenant.MaxPromptTokens
 	limit := policy.Limit(paths, output, tenantMax)
-	pick := x.decidePaths(routes, output, tenantMax, limit)
+	pick, undecided := x.decidePaths(routes, output, tenantMax, limit)
 	dur := time.Since(x.start)
 	g.metrics.admitSeconds.Observe(dur.Seconds())
 	ctx.Response.Header.Set("X-Kvgate-Tier", string(x.decision.Tier))
 	ctx.Response.Header.Set("X-Kvgate-Tokens", strconv.Itoa(x.decision.Tokens))
 	if !x.decision.Admit {
 		x.reason = policy.Reason(paths, x.decision.Tokens, output, tenantMax)
+		if undecided {
+			x.reason = reasonCountUnavailable
+		}
 		if g.cfg.Policy.Mode != config.ModeMonitor {
+			if undecided {
+				// Some path might admit it, but no sound count could say: not a 413 (the prompt
+				// may fit), and never an admit. Retryable.
+				g.metrics.decisions.WithLabelValues("unavailable", x.reason, string(x.decision.Tier)).Inc()
+				return apierr.CountUnavailable()
+			}
 			g.metrics.decisions.WithLabelValues("refuse", x.reason, string(x.decision.Tier)).Inc()
 			return x.tooLong(routes, output, limit)
 		}
@@ -185,8 +194,9 @@ func roomiest(routes []backends.Route, output, tenantMax int) int {
 // that admits it (so the least-loaded admitting one), with x.decision set. Counts are per path
 // because engines may tokenize differently: an estimate may admit only where calibration trusts
 // it, and an exact count comes from the engines of the path being decided. When no path admits,
-// x.decision is the roomiest path's refusal (with Limit = the overall limit) and -1 is returned.
-func (x *exchange) decidePaths(routes []backends.Route, output, tenantMax, limit int) int {
+// x.decision is the roomiest path's refusal (with Limit = the overall limit) and -1 is returned;
+// undecided then says whether some path refused only for want of a sound count.
+func (x *exchange) decidePaths(routes []backends.Route, output, tenantMax, limit int) (pick int, undecided bool) {
 	loads := make([]int64, len(routes))
 	for i := range routes {
 		loads[i] = routes[i].Load()
@@ -210,16 +220,21 @@ func (x *exchange) decidePaths(routes []backends.Route, output, tenantMax, limit
 		if d.Admit {
 			d.Limit = limit
 			x.decision = d
-			return i
+			return i, false
 		}
+		undecided = undecided || d.Undecided
 		if i == room {
 			refusal = d
 		}
 	}
 	refusal.Limit = limit
 	x.decision = refusal
-	return -1
+	return -1, undecided
 }
+
+// reasonCountUnavailable: no path admitted, and some path could not be decided without an exact
+// count that was not available.
+const reasonCountUnavailable = "count_unavailable"
 
 // decideOn counts every prompt of the request (a batch has several) against one path's limit.
 // The path admits only if all fit; the decision reported is the largest prompt's.
@@ -235,7 +250,7 @@ func (x *exchange) decideOn(r *backends.Route, limit int, ratio float64, ests []
 	var worst policy.Decision
 	for i, p := range x.req.Prompts {
 		if pc != nil {
-			pc.prompt = i
+			pc.prompt, pc.est = i, ests[i]
 		}
 		pr := policy.Request{Text: p.Text, Bytes: len(p.Text), InputIDs: p.IDs, HasInputIDs: p.HasIDs,
 			Overhead: specialTokenAllowance, DistrustEstimate: distrust}

@@ -20,6 +20,7 @@ type metrics struct {
 	requests     *prometheus.CounterVec
 	capChanges   *prometheus.CounterVec
 	exactCalls   *prometheus.CounterVec
+	calibrations *prometheus.CounterVec
 	ratio        prometheus.GaugeFunc
 
 	canaryInjected prometheus.Counter
@@ -49,6 +50,8 @@ func newMetrics(set *backends.Set, ratio func() float64, degraded func() bool) *
 		Help: "Times a backend's reported limits changed (first reading included)."}, []string{"backend"})
 	m.exactCalls = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_exact_count_calls_total",
 		Help: "Calls to engines' /tokenize for gray-zone prompts, by result (ok, error, saturated)."}, []string{"result"})
+	m.calibrations = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_tokenizer_calibrations_total",
+		Help: "Attempts to calibrate an engine's tokenizer against its /tokenize, by result (ok, failed: estimates for its paths stay refuse-only and it is retried)."}, []string{"backend", "result"})
 	m.ratio = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_tokenizer_safety_ratio",
 		Help: "Current safety ratio applied to tiktoken estimates."}, ratio)
 	m.canaryInjected = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_canary_injected_total",
@@ -65,7 +68,7 @@ func newMetrics(set *backends.Set, ratio func() float64, degraded func() bool) *
 	m.overheadStream = m.overhead.WithLabelValues(phaseStreamRead)
 	m.reg.MustRegister(m.overhead)
 	m.reg.MustRegister(m.canaryInjected, m.canarySkipped, m.incidents, m.degraded, panics.Total)
-	m.reg.MustRegister(m.decisions, m.admitSeconds, m.upstream, m.requests, m.capChanges, m.exactCalls, m.ratio,
+	m.reg.MustRegister(m.decisions, m.admitSeconds, m.upstream, m.requests, m.capChanges, m.exactCalls, m.calibrations, m.ratio,
 		&backendCollector{set: set}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -75,7 +78,7 @@ var (
 		"Backend limits as last read: pool (max_total_num_tokens), max_req_input_len, context (max_model_len).",
 		[]string{"backend", "role", "kind"}, nil)
 	mismatchDesc = prometheus.NewDesc("kvgate_backend_pool_below_context",
-		"1 when a backend's KV pool is smaller than its advertised context (the incident's precondition).",
+		"1 when a backend's KV pool is smaller than its advertised context, or than its own max_req_input_len (the incident's precondition).",
 		[]string{"backend"}, nil)
 	upDesc = prometheus.NewDesc("kvgate_backend_usable",
 		"1 when the backend answers, reports its configured role and is not quarantined.", []string{"backend"}, nil)
@@ -102,7 +105,7 @@ func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(capDesc, prometheus.GaugeValue, float64(cp.PoolTokens), b.Name, string(b.Role), "pool")
 			ch <- prometheus.MustNewConstMetric(capDesc, prometheus.GaugeValue, float64(cp.MaxReqInputLen), b.Name, string(b.Role), "max_req_input_len")
 			ch <- prometheus.MustNewConstMetric(capDesc, prometheus.GaugeValue, float64(cp.ContextLen), b.Name, string(b.Role), "context")
-			ch <- prometheus.MustNewConstMetric(mismatchDesc, prometheus.GaugeValue, b01(cp.PoolBelowContext()), b.Name)
+			ch <- prometheus.MustNewConstMetric(mismatchDesc, prometheus.GaugeValue, b01(cp.PoolAlarm()), b.Name)
 			ch <- prometheus.MustNewConstMetric(roleDesc, prometheus.GaugeValue, b01(!b.RoleMatches()), b.Name)
 		}
 		ch <- prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, b01(st.Usable), b.Name)

@@ -56,8 +56,10 @@ type Gateway struct {
 	metricsH fasthttp.RequestHandler
 	draining atomic.Bool
 	// calib is per backend what tokenizer calibration found (see calibrate).
-	calibMu sync.RWMutex
-	calib   map[string]*calibration
+	calibMu    sync.RWMutex
+	calib      map[string]*calibration
+	calibRetry map[string]*calibRetry // engines whose calibration failed, until one succeeds
+	calibGen   map[string]uint64      // attempts started per engine: only the latest stores
 
 	// Canaries and shared state. keyring is nil when canaries are disabled.
 	keyring    *canary.Keyring
@@ -108,7 +110,7 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 		cfg: cfg, log: log.Named("gateway"), access: log.Named("access"), backends: set, enc: enc,
 		ratio: tokenize.NewSafetyRatio(cfg.Tokenizer.SafetyRatio, cfg.Tokenizer.SafetyRatioMax),
 	}
-	g.state, g.calib = st, map[string]*calibration{}
+	g.state, g.calib, g.calibRetry, g.calibGen = st, map[string]*calibration{}, map[string]*calibRetry{}, map[string]uint64{}
 	g.quarantine = state.NewQuarantines(st.Quarantine, set.SetQuarantine)
 	if cfg.Canary.Enabled {
 		names := make([]string, len(cfg.Tenants))
@@ -141,6 +143,15 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 		g.calibrate(b)
 		if prev != nil {
 			prev(b, old, cur)
+		}
+	}
+	prevPolled := set.OnPolled
+	set.OnPolled = func(b *backends.Backend) {
+		// A failed calibration is retried on the poll schedule (backing off) until it succeeds,
+		// not only when the engine's capacity changes.
+		g.retryCalibration(b, time.Now())
+		if prevPolled != nil {
+			prevPolled(b)
 		}
 	}
 	g.server = &fasthttp.Server{

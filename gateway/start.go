@@ -51,8 +51,9 @@ func Start(ctx context.Context, cfg *config.Config, log *zap.Logger) (*Gateway, 
 			time.Sleep(20 * time.Millisecond)
 		}
 		for _, b := range set.All() {
-			if c := b.Capacity(); c != nil && c.PoolBelowContext() {
-				return nil, nil, fmt.Errorf("policy.strict: backend %s has a KV pool of %d tokens, smaller than its context of %d", b.Name, c.PoolTokens, c.ContextLen)
+			if c := b.Capacity(); c != nil && c.PoolAlarm() {
+				return nil, nil, fmt.Errorf("policy.strict: backend %s has a KV pool of %d tokens, smaller than its context of %d or its reported max_req_input_len of %d",
+					b.Name, c.PoolTokens, c.ContextLen, max(c.MaxReqInputLen, c.ReportedMaxReqInputLen))
 			}
 		}
 	}

@@ -17,13 +17,17 @@ type Path struct {
 	MaxReqInputLen int
 	// ContextLen is /v1/models max_model_len (min over the path).
 	ContextLen int
+	// PoolTokens is the KV pool, max_total_num_tokens (min over the path). Admission holds
+	// against the pool itself whatever else an engine says: a prompt never exceeds it, even
+	// when a reported max_req_input_len or context is larger (the incident's shape).
+	PoolTokens int
 }
 
 // MaxPrompt is the largest prompt P that the admission rule admits on p:
-// P < mril, P < ctx, P + O < ctx, and P ≤ tenantMax when tenantMax > 0. It may be negative
-// (nothing fits, e.g. when the requested output alone fills the context).
+// P < mril, P ≤ pool, P < ctx, P + O < ctx, and P ≤ tenantMax when tenantMax > 0. It may be
+// negative (nothing fits, e.g. when the requested output alone fills the context).
 func MaxPrompt(p Path, output, tenantMax int) int {
-	m := min(p.MaxReqInputLen-1, p.ContextLen-1, p.ContextLen-1-output)
+	m := min(p.MaxReqInputLen-1, p.PoolTokens, p.ContextLen-1, p.ContextLen-1-output)
 	if tenantMax > 0 {
 		m = min(m, tenantMax)
 	}
@@ -33,7 +37,7 @@ func MaxPrompt(p Path, output, tenantMax int) int {
 // Admits is the admission rule written exactly as DESIGN.md states it; MaxPrompt must agree with
 // it at every boundary (tested).
 func Admits(p Path, prompt, output, tenantMax int) bool {
-	return prompt < p.MaxReqInputLen && prompt < p.ContextLen && prompt+output < p.ContextLen &&
+	return prompt < p.MaxReqInputLen && prompt <= p.PoolTokens && prompt < p.ContextLen && prompt+output < p.ContextLen &&
 		(tenantMax == 0 || prompt <= tenantMax)
 }
 
@@ -86,7 +90,10 @@ const (
 	TierBound    Tier = "bound"     // bytes ≥ tokens, and the bytes fit
 	TierEstimate Tier = "estimate"  // tiktoken estimate × or ÷ the safety ratio decided
 	TierExact    Tier = "exact"     // the engine's /tokenize counted
-	TierFallback Tier = "fallback"  // gray zone, exact count unavailable: estimate × ratio decided
+	// TierUnavailable: the estimate could not decide and no usable exact count came (saturated,
+	// failed, or implausible). Nothing decided: the request is neither admitted nor called too
+	// long (the gateway answers 503 count_unavailable, retryable).
+	TierUnavailable Tier = "unavailable"
 )
 
 // Estimator counts tokens with early exit (tokenize.Encoder satisfies it).
@@ -112,8 +119,9 @@ type Request struct {
 	// Overhead is how many tokens the engine may add to a text prompt beyond its text (BOS,
 	// EOS): added to the byte bound and to estimates. Exact counts include them already.
 	Overhead int
-	// DistrustEstimate says the engine's tokenizer was seen counting more than estimate × ratio
-	// (calibration against its /tokenize): an estimate may then refuse but never admit.
+	// DistrustEstimate says an estimate may refuse but never admit: the engine's tokenizer was
+	// seen counting more than estimate × ratio (calibration against its /tokenize), or it could
+	// not be calibrated at all.
 	DistrustEstimate bool
 }
 
@@ -126,12 +134,18 @@ type Decision struct {
 	Tokens int
 	// Limit is the largest prompt some path admits.
 	Limit int
+	// Undecided: refused only because no count could decide (TierUnavailable); retrying may
+	// admit. Not a statement that the prompt is too long.
+	Undecided bool
 }
 
 // Decide counts req just as far as needed to compare it with limit, cheapest tier first:
 // input ids are exact; the byte bound admits most traffic without tokenizing; the estimate
-// with early exit decides clear cases; the gray zone asks exact (nil: skip) and otherwise falls
-// back to estimate × ratio.
+// with early exit decides clear cases; the rest (the gray zone, and every prompt over the byte
+// bound when the estimate is distrusted) needs an exact count (exact nil: none). An exact count
+// that is not plausible (below one token, above the byte bound) is no count; the counter checks
+// each engine's count against that engine's calibration. Without a count, nothing is decided:
+// Undecided, never an admit.
 func Decide(ctx context.Context, req Request, limit int, est Estimator, ratio float64, exact ExactCounter) Decision {
 	d := Decision{Limit: limit}
 	if req.HasInputIDs {
@@ -167,23 +181,20 @@ func Decide(ctx context.Context, req Request, limit int, est Estimator, ratio fl
 		return d
 	}
 	if exact != nil {
-		if e, err := exact.Exact(ctx, req.Text); err == nil {
+		if e, err := exact.Exact(ctx, req.Text); err == nil && plausible(e, bound) {
 			d.Tier, d.Tokens, d.Admit = TierExact, e, e <= limit
 			return d
 		}
 	}
-	d.Tier = TierFallback
-	up := upper(n, ratio, bound)
-	if req.DistrustEstimate {
-		up = bound // only the byte bound is sound against an unknown tokenizer
-	}
-	if up <= limit {
-		d.Admit, d.Tokens = true, up
-	} else {
-		d.Tokens = n
-	}
+	// An estimate × ratio in the gray zone is over the limit and the byte bound is too: no
+	// sound count admits, and none shows the prompt too long either.
+	d.Tier, d.Tokens, d.Undecided = TierUnavailable, n, true
 	return d
 }
+
+// plausible says whether an engine's exact count e of a non-empty text can be true: at least one
+// token, at most the byte bound (no tokenizer in use emits more than a token per byte).
+func plausible(e, bound int) bool { return e >= 1 && e <= bound }
 
 // upper is the estimate scaled by the ratio, never above the byte bound (which is sound).
 func upper(n int, r float64, bytes int) int {

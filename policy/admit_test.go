@@ -8,22 +8,27 @@ import (
 )
 
 // The incident's numbers: context 1,048,576, prefill pool 681,280 → mril = min(ctx-1, pool-1)-5.
-var incident = Path{MaxReqInputLen: 681280 - 1 - 5, ContextLen: 1048576}
+var incident = Path{MaxReqInputLen: 681280 - 1 - 5, ContextLen: 1048576, PoolTokens: 681280}
 
 func TestMaxPromptAgreesWithTheRuleAtEveryBoundary(t *testing.T) {
 	paths := []Path{
 		incident,
-		{MaxReqInputLen: 20474, ContextLen: 32768},
-		{MaxReqInputLen: 32762, ContextLen: 32768},
-		{MaxReqInputLen: 100, ContextLen: 100},
-		{MaxReqInputLen: 10, ContextLen: 5},
+		{MaxReqInputLen: 20474, ContextLen: 32768, PoolTokens: 20480},
+		{MaxReqInputLen: 32762, ContextLen: 32768, PoolTokens: 1 << 20},
+		{MaxReqInputLen: 100, ContextLen: 100, PoolTokens: 100},
+		{MaxReqInputLen: 10, ContextLen: 5, PoolTokens: 64},
+		// Inconsistent readings: the limits say more than the pool holds (issue 15's engine).
+		{MaxReqInputLen: 100000, ContextLen: 100000, PoolTokens: 4006},
+		{MaxReqInputLen: 5000, ContextLen: 8192, PoolTokens: 4096},
+		{MaxReqInputLen: 50, ContextLen: 100, PoolTokens: 0},
 	}
 	for _, p := range paths {
 		for _, out := range []int{0, 1, 127, 128, 1000, p.ContextLen - 1, p.ContextLen, p.ContextLen + 5} {
 			for _, cap := range []int{0, 1, 50, 20473, 20474} {
 				m := MaxPrompt(p, out, cap)
 				// Probe around every boundary: the limit itself and its neighbours.
-				for _, prompt := range []int{0, 1, m - 1, m, m + 1, p.MaxReqInputLen - 1, p.MaxReqInputLen, p.ContextLen - out - 1, p.ContextLen - out, cap, cap + 1} {
+				for _, prompt := range []int{0, 1, m - 1, m, m + 1, p.MaxReqInputLen - 1, p.MaxReqInputLen, p.ContextLen - out - 1, p.ContextLen - out,
+					p.PoolTokens, p.PoolTokens + 1, cap, cap + 1} {
 					if prompt < 0 {
 						continue
 					}
@@ -39,7 +44,7 @@ func TestMaxPromptAgreesWithTheRuleAtEveryBoundary(t *testing.T) {
 }
 
 func TestAdmitsBoundaries(t *testing.T) {
-	p := Path{MaxReqInputLen: 20474, ContextLen: 32768}
+	p := Path{MaxReqInputLen: 20474, ContextLen: 32768, PoolTokens: 20480}
 	cases := []struct {
 		name             string
 		prompt, out, cap int
@@ -122,7 +127,15 @@ func TestDecideTiers(t *testing.T) {
 		{"estimate refuses", Request{Text: words(200), Bytes: 1000}, 100, &fixedExact{}, false, TierEstimate, 0},
 		{"gray zone asks exact: fits", Request{Text: words(100), Bytes: 500}, 110, &fixedExact{n: 110}, true, TierExact, 1},
 		{"gray zone asks exact: over", Request{Text: words(100), Bytes: 500}, 110, &fixedExact{n: 111}, false, TierExact, 1},
-		{"gray zone, exact unavailable: fallback refuses", Request{Text: words(100), Bytes: 500}, 110, &fixedExact{err: errors.New("busy")}, false, TierFallback, 1},
+		{"gray zone, exact unavailable: undecided", Request{Text: words(100), Bytes: 500}, 110, &fixedExact{err: errors.New("busy")}, false, TierUnavailable, 1},
+		{"gray zone, no exact counter: undecided", Request{Text: words(100), Bytes: 500}, 110, nil, false, TierUnavailable, 0},
+		{"exact 0 is no count", Request{Text: words(100), Bytes: 500}, 110, &fixedExact{n: 0}, false, TierUnavailable, 1},
+		{"exact negative is no count", Request{Text: words(100), Bytes: 500}, 110, &fixedExact{n: -100000}, false, TierUnavailable, 1},
+		{"exact above the byte bound is no count", Request{Text: words(100), Bytes: 500}, 110, &fixedExact{n: 503}, false, TierUnavailable, 1},
+		{"exact at the byte bound + overhead counts", Request{Text: words(100), Bytes: 500, Overhead: 2}, 110, &fixedExact{n: 502}, false, TierExact, 1},
+		{"distrusted, admit zone, exact fits", Request{Text: words(100), Bytes: 500, DistrustEstimate: true}, 130, &fixedExact{n: 129}, true, TierExact, 1},
+		{"distrusted, admit zone, exact down: undecided", Request{Text: words(100), Bytes: 500, DistrustEstimate: true}, 130, &fixedExact{err: errors.New("404")}, false, TierUnavailable, 1},
+		{"distrusted, refuse zone: the estimate still refuses", Request{Text: words(200), Bytes: 1000, DistrustEstimate: true}, 100, &fixedExact{}, false, TierEstimate, 0},
 		{"nothing fits", Request{Text: words(3), Bytes: 15}, -5, nil, false, TierEstimate, 0},
 	}
 	for _, tc := range cases {
@@ -137,6 +150,9 @@ func TestDecideTiers(t *testing.T) {
 			}
 			if tc.exact != nil && tc.exact.calls != tc.wantCalls {
 				t.Fatalf("exact called %d times, want %d", tc.exact.calls, tc.wantCalls)
+			}
+			if d.Undecided != (d.Tier == TierUnavailable) || d.Undecided && d.Admit {
+				t.Fatalf("undecided must be exactly the unavailable tier, and never admit: %+v", d)
 			}
 			if d.Admit && d.Tokens > tc.limit {
 				t.Fatalf("admitted with tokens %d over limit %d", d.Tokens, tc.limit)
@@ -154,8 +170,8 @@ func TestDecideStopsEarly(t *testing.T) {
 }
 
 func TestEligibleAndLimit(t *testing.T) {
-	small := Path{Backends: []string{"p1", "d1"}, MaxReqInputLen: 1000, ContextLen: 4096}
-	large := Path{Backends: []string{"p2", "d2"}, MaxReqInputLen: 3000, ContextLen: 4096}
+	small := Path{Backends: []string{"p1", "d1"}, MaxReqInputLen: 1000, ContextLen: 4096, PoolTokens: 4096}
+	large := Path{Backends: []string{"p2", "d2"}, MaxReqInputLen: 3000, ContextLen: 4096, PoolTokens: 4096}
 	paths := []Path{small, large}
 	if got := Limit(paths, 0, 0); got != 2999 {
 		t.Fatalf("Limit = %d", got)
@@ -186,10 +202,31 @@ func TestDecideOverheadAndDistrust(t *testing.T) {
 	if d := Decide(ctx, Request{Text: text, Bytes: 50, DistrustEstimate: true}, 40, &wordEstimator{}, 1.3, ex); !d.Admit || d.Tier != TierExact || ex.calls != 1 {
 		t.Fatalf("distrusted estimate in the admit zone must ask for the exact count: %+v", d)
 	}
-	if d := Decide(ctx, Request{Text: text, Bytes: 50, DistrustEstimate: true}, 40, &wordEstimator{}, 1.3, &fixedExact{err: errors.New("down")}); d.Admit {
-		t.Fatalf("without an exact count a distrusted estimate falls back to the byte bound (50 > 40): %+v", d)
+	if d := Decide(ctx, Request{Text: text, Bytes: 50, DistrustEstimate: true}, 40, &wordEstimator{}, 1.3, &fixedExact{err: errors.New("down")}); d.Admit || !d.Undecided {
+		t.Fatalf("without an exact count a distrusted estimate decides nothing (the byte bound 50 > 40): %+v", d)
 	}
 	if d := Decide(ctx, Request{Text: text, Bytes: 50, DistrustEstimate: true}, 100, &wordEstimator{}, 1.3, nil); !d.Admit || d.Tier != TierBound {
 		t.Fatalf("the byte bound still admits: %+v", d)
+	}
+}
+
+// Admission holds against the pool whatever else the engine says: issue 15's engine reported
+// max_req_input_len 100,000 (and context 100,000) over a 4,006-token pool; 99,999 was
+// advertised and a 30,000-token prompt admitted.
+func TestPoolBindsOverInconsistentLimits(t *testing.T) {
+	p := Path{MaxReqInputLen: 100000, ContextLen: 100000, PoolTokens: 4006}
+	if got := Limit([]Path{p}, 0, 0); got > 4006 {
+		t.Fatalf("advertised %d over a 4,006-token pool", got)
+	}
+	if Admits(p, 30000, 0, 0) || Admits(p, 4007, 0, 0) || !Admits(p, 4006, 0, 0) {
+		t.Fatal("P ≤ pool must bind")
+	}
+	d := Decide(context.Background(), Request{InputIDs: 30000, HasInputIDs: true}, MaxPrompt(p, 0, 0), &wordEstimator{}, 1.3, nil)
+	if d.Admit {
+		t.Fatalf("30,000 tokens admitted: %+v", d)
+	}
+	// A PD pair: the smaller pool binds even when the other side's limits are larger.
+	if got := MaxPrompt(Path{MaxReqInputLen: 8186, ContextLen: 16384, PoolTokens: 2048}, 0, 0); got != 2048 {
+		t.Fatalf("MaxPrompt = %d, want the pool 2048", got)
 	}
 }

@@ -36,7 +36,7 @@ func TestOrderLeastLoadThenRandom(t *testing.T) {
 }
 
 func TestReasonNamesTheBindingLimit(t *testing.T) {
-	paths := []Path{{MaxReqInputLen: 4090, ContextLen: 8192}}
+	paths := []Path{{MaxReqInputLen: 4090, ContextLen: 8192, PoolTokens: 4096}}
 	if r := Reason(paths, 3000, 0, 2000); r != ReasonTenantMaxPrompt {
 		t.Fatalf("under the engines' limit, over the tenant's: %s", r)
 	}
