@@ -45,7 +45,7 @@ bench-micro: build
 FUZZTIME ?= 15s
 FUZZ_TARGETS := tokenize:FuzzCount canary:FuzzScanner canary:FuzzLoose request:FuzzParseRequest request:FuzzCheckKeys \
 	reply:FuzzEventRelay reply:FuzzJSONValue gateway:FuzzHostileEngine internal/sse:FuzzParser backends:FuzzDecodeCapacity backends:FuzzTokenizeCount backends:FuzzSumField \
-	backends:FuzzSumGauge config:FuzzParse lab/enginesim:FuzzParseGenerate lab/enginesim:FuzzParseOpenAI lab/enginesim:FuzzRouteBodies
+	backends:FuzzSumGauge config:FuzzParse lab/enginesim/wire:FuzzParseGenerate lab/enginesim/wire:FuzzParseOpenAI lab/enginesim:FuzzRouteBodies
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
 		echo "== $$fn ($$pkg, $(FUZZTIME))"; \

@@ -17,12 +17,12 @@ import (
 	"syscall"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/gateway"
 	"github.com/kvgate/kvgate/lab/enginesim"
+	"github.com/kvgate/kvgate/lab/enginesim/kvmodel"
+	"go.uber.org/zap"
 )
 
 // The demo's engines: a prefill pool far smaller than the context, as in the incident, and a
@@ -67,7 +67,7 @@ func startSim(cfg enginesim.Config) (*enginesim.Server, error) {
 
 func demo(ctx context.Context, once bool, listen string) error {
 	fmt.Println("kvgate demo: a prefill/decode pair of simulated engines with the disaggregation leak bug")
-	common := enginesim.Config{ContextLength: demoContext, PageSize: 64, Bug: enginesim.BugAdmitRejected, Seed: 1, BootstrapPort: 0}
+	common := enginesim.Config{ContextLength: demoContext, PageSize: 64, Bug: kvmodel.BugAdmitRejected, Seed: 1, BootstrapPort: 0}
 	pcfg, dcfg := common, common
 	pcfg.Mode, pcfg.PoolTokens = enginesim.ModePrefill, demoPrefill
 	dcfg.Mode, dcfg.PoolTokens = enginesim.ModeDecode, demoDecode

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/lab/enginesim"
+	"github.com/kvgate/kvgate/lab/enginesim/kvmodel"
 )
 
 // runSim runs `kvgate sim`: one simulated SGLang server. The first line on
@@ -25,10 +26,10 @@ func runSim(args []string) int {
 	fs.IntVar(&cfg.BootstrapPort, "bootstrap-port", enginesim.DefaultBootstrapPort,
 		"prefill: bootstrap port to bind (0 = ephemeral); decode: port used when a request's bootstrap_port is null")
 	fs.IntVar(&cfg.PageSize, "page-size", 64, "tokens per KV page")
-	fs.StringVar(&cfg.Allocator, "allocator", enginesim.AllocLIFO, "free-page policy: lifo | fifo | random")
+	fs.StringVar(&cfg.Allocator, "allocator", kvmodel.AllocLIFO, "free-page policy: lifo | fifo | random")
 	fs.StringVar(&cfg.Tokenizer, "tokenizer", "cl100k", "cl100k | chunk4")
-	fs.StringVar(&cfg.Bug, "bug", enginesim.BugNone, "admit-rejected | none")
-	fs.StringVar(&cfg.Fix, "fix", enginesim.FixNone, "none | reject-at-admission | zero-on-release | ownership-tags | decode-length-check")
+	fs.StringVar(&cfg.Bug, "bug", kvmodel.BugNone, "admit-rejected | none")
+	fs.StringVar(&cfg.Fix, "fix", kvmodel.FixNone, "none | reject-at-admission | zero-on-release | ownership-tags | decode-length-check")
 	seed := fs.Uint64("seed", 1, "seed of the model and of the random allocator")
 	fs.DurationVar(&cfg.TokenDelay, "token-delay", 0, "sleep between generated tokens")
 	fs.DurationVar(&cfg.TransferTimeout, "transfer-timeout", 5*time.Second, "decode: how long to wait for a room's KV")

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/kvgate/kvgate/lab/enginesim/kvmodel"
 )
 
 // Modes, as /server_info's disaggregation_mode reports them.
@@ -11,18 +13,6 @@ const (
 	ModeCombined = "combined" // reported as "null", as a unified SGLang server does
 	ModePrefill  = "prefill"
 	ModeDecode   = "decode"
-)
-
-// Bugs and fixes.
-const (
-	BugNone          = "none"
-	BugAdmitRejected = "admit-rejected" // prefill turns a pool rejection into an admitted one-token stub
-
-	FixNone              = "none"
-	FixRejectAtAdmission = "reject-at-admission" // prefill and decode answer 400, nothing is transferred
-	FixZeroOnRelease     = "zero-on-release"     // released pages are cleared: stale slots read as nothing
-	FixOwnershipTags     = "ownership-tags"      // reading a slot the request does not own is a 500
-	FixDecodeLengthCheck = "decode-length-check" // decode refuses (400) a transfer shorter than the prompt
 )
 
 // DefaultBootstrapPort is SGLang's default disaggregation bootstrap port.
@@ -83,16 +73,16 @@ func (c *Config) Defaults() {
 		c.BootstrapPort = DefaultBootstrapPort
 	}
 	if c.Allocator == "" {
-		c.Allocator = AllocLIFO
+		c.Allocator = kvmodel.AllocLIFO
 	}
 	if c.Tokenizer == "" {
 		c.Tokenizer = "cl100k"
 	}
 	if c.Bug == "" {
-		c.Bug = BugNone
+		c.Bug = kvmodel.BugNone
 	}
 	if c.Fix == "" {
-		c.Fix = FixNone
+		c.Fix = kvmodel.FixNone
 	}
 	if c.TransferTimeout == 0 {
 		c.TransferTimeout = 5 * time.Second
@@ -131,7 +121,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("bootstrap-port: %d is not a port", c.BootstrapPort)
 	}
 	switch c.Allocator {
-	case AllocLIFO, AllocFIFO, AllocRandom:
+	case kvmodel.AllocLIFO, kvmodel.AllocFIFO, kvmodel.AllocRandom:
 	default:
 		return fmt.Errorf("allocator: %q is not lifo, fifo or random", c.Allocator)
 	}
@@ -141,12 +131,12 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("tokenizer: %q is not cl100k or chunk4", c.Tokenizer)
 	}
 	switch c.Bug {
-	case BugNone, BugAdmitRejected:
+	case kvmodel.BugNone, kvmodel.BugAdmitRejected:
 	default:
 		return fmt.Errorf("bug: %q is not none or admit-rejected", c.Bug)
 	}
 	switch c.Fix {
-	case FixNone, FixRejectAtAdmission, FixZeroOnRelease, FixOwnershipTags, FixDecodeLengthCheck:
+	case kvmodel.FixNone, kvmodel.FixRejectAtAdmission, kvmodel.FixZeroOnRelease, kvmodel.FixOwnershipTags, kvmodel.FixDecodeLengthCheck:
 	default:
 		return fmt.Errorf("fix: %q is not none, reject-at-admission, zero-on-release, ownership-tags or decode-length-check", c.Fix)
 	}
@@ -157,11 +147,4 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("fixed-delay, event-interval and fast-events must not be negative")
 	}
 	return nil
-}
-
-// MaxReqInputLen is SGLang's derivation: min(context−1, pool−1) − 5, with
-// the pool already rounded down to a page multiple.
-func MaxReqInputLen(poolTokens, pageSize, contextLength int) int {
-	pool := poolTokens / pageSize * pageSize
-	return min(contextLength-1, pool-1) - 5
 }

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kvgate/kvgate/lab/enginesim/wire"
 	"github.com/valyala/fasthttp"
 )
 
@@ -45,7 +46,7 @@ func (s *Server) handleFast(ctx *fasthttp.RequestCtx, path string) {
 		return
 	}
 	n, interval := s.cfg.FastEvents, s.cfg.EventInterval
-	writeStream(ctx, func(w *bufio.Writer) error {
+	wire.WriteStream(ctx, func(w *bufio.Writer) error {
 		var buf []byte
 		event := func(b []byte) error {
 			w.WriteString("data: ")

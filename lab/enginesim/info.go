@@ -1,11 +1,10 @@
 package enginesim
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"strings"
 
+	"github.com/kvgate/kvgate/lab/enginesim/wire"
 	"github.com/valyala/fasthttp"
 )
 
@@ -23,22 +22,12 @@ func (s *Server) engineType() string {
 	return s.cfg.Mode
 }
 
-func writeJSON(ctx *fasthttp.RequestCtx, v any) {
-	b, err := marshal(v)
-	if err != nil {
-		ctx.SetStatusCode(500)
-		return
-	}
-	ctx.SetContentType("application/json")
-	ctx.SetBody(b)
-}
-
 // serverInfo answers /server_info in the shape of SGLang's (top-level
 // max_total_num_tokens and max_req_input_len; context_length is the unset
 // CLI flag, null).
 func (s *Server) serverInfo(ctx *fasthttp.RequestCtx) {
 	pool := s.pool.Tokens()
-	writeJSON(ctx, map[string]any{
+	wire.WriteJSON(ctx, map[string]any{
 		"model_path":                      s.cfg.Model,
 		"tokenizer_path":                  s.cfg.Model,
 		"served_model_name":               s.cfg.Model,
@@ -74,7 +63,7 @@ func (s *Server) serverInfo(ctx *fasthttp.RequestCtx) {
 }
 
 func (s *Server) models(ctx *fasthttp.RequestCtx) {
-	writeJSON(ctx, map[string]any{"object": "list", "data": []any{map[string]any{
+	wire.WriteJSON(ctx, map[string]any{"object": "list", "data": []any{map[string]any{
 		"id": s.cfg.Model, "object": "model", "created": s.created, "owned_by": "sglang",
 		"root": s.cfg.Model, "max_model_len": s.cfg.ContextLength,
 	}}})
@@ -103,7 +92,7 @@ func (s *Server) snapshot() loadSnap {
 // "max_total_num_tokens","token_usage"}]}.
 func (s *Server) loads(ctx *fasthttp.RequestCtx) {
 	l := s.snapshot()
-	writeJSON(ctx, map[string]any{"dp_rank_count": 1, "loads": []any{map[string]any{
+	wire.WriteJSON(ctx, map[string]any{"dp_rank_count": 1, "loads": []any{map[string]any{
 		"dp_rank": 0, "num_running_reqs": l.running, "num_waiting_reqs": l.waiting,
 		"num_used_tokens": l.used, "max_total_num_tokens": l.total,
 		"token_usage": float64(l.used) / float64(l.total),
@@ -128,7 +117,7 @@ func (s *Server) metrics(ctx *fasthttp.RequestCtx) {
 	g("num_queue_reqs", "Number of queued requests.", l.waiting)
 	switch s.cfg.Mode {
 	case ModePrefill:
-		g("num_prefill_bootstrap_queue_reqs", "Rooms waiting for decode.", s.rooms.pending())
+		g("num_prefill_bootstrap_queue_reqs", "Rooms waiting for decode.", s.rooms.Pending())
 	case ModeDecode:
 		g("num_decode_prealloc_queue_reqs", "Requests waiting for KV pages.", l.waiting)
 	}
@@ -177,17 +166,4 @@ func (s *Server) Stats() SimStats {
 	return st
 }
 
-func (s *Server) simStats(ctx *fasthttp.RequestCtx) { writeJSON(ctx, s.Stats()) }
-
-// marshal encodes JSON as Python's json does for these replies: no HTML
-// escaping of <, > and &, so chat-template text reads as sent.
-func marshal(v any) ([]byte, error) {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	b := buf.Bytes()
-	return b[:len(b)-1], nil
-}
+func (s *Server) simStats(ctx *fasthttp.RequestCtx) { wire.WriteJSON(ctx, s.Stats()) }

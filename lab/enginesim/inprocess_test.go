@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/lab/enginesim/kvmodel"
 )
 
 func startInProcess(t *testing.T, cfg Config) *Server {
@@ -30,7 +32,7 @@ func startInProcess(t *testing.T, cfg Config) *Server {
 // in-process servers: run with -race to check the pool, the rooms and the
 // stream writers; every page must be back in the free list at the end.
 func TestInProcessPDConcurrency(t *testing.T) {
-	common := Config{ContextLength: 4096, PageSize: 16, Tokenizer: "chunk4", Bug: BugAdmitRejected}
+	common := Config{ContextLength: 4096, PageSize: 16, Tokenizer: "chunk4", Bug: kvmodel.BugAdmitRejected}
 	pc, dc := common, common
 	pc.Mode, pc.PoolTokens, pc.BootstrapPort = ModePrefill, 512, 0
 	// Rooms of aborted decodes are never pulled; they expire quickly here.

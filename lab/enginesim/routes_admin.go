@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/kvgate/kvgate/lab/enginesim/kvmodel"
+	"github.com/kvgate/kvgate/lab/enginesim/wire"
 	"github.com/valyala/fasthttp"
 )
 
@@ -14,7 +16,7 @@ const maxPieces = 1 << 20
 // rememberPieces lets /detokenize invert chunk4, whose ids are hashes:
 // every piece /tokenize hands out is recorded by id.
 func (s *Server) rememberPieces(ids []uint32, texts []string) {
-	if _, ok := s.tok.Tokenizer.(chunk4); !ok {
+	if s.tok.Name() != "chunk4" {
 		return
 	}
 	s.piecesMu.Lock()
@@ -28,12 +30,8 @@ func (s *Server) rememberPieces(ids []uint32, texts []string) {
 
 // decode turns ids back into text with the server's tokenizer.
 func (s *Server) decode(ids []uint32) (string, error) {
-	if c, ok := s.tok.Tokenizer.(cl100kTok); ok {
-		u := make([]uint, len(ids))
-		for i, id := range ids {
-			u[i] = uint(id)
-		}
-		t, err := c.c.Decode(u)
+	if d, ok := s.tok.Tokenizer.(kvmodel.Decoder); ok {
+		t, err := d.Decode(ids)
 		if err != nil {
 			return "", fmt.Errorf("tokens: %v", err)
 		}
@@ -65,7 +63,7 @@ func (s *Server) handleDetokenize(ctx *fasthttp.RequestCtx, path string) {
 		writeOpenAIError(ctx, errOutcome(400, "invalid JSON body: "+err.Error()))
 		return
 	}
-	lists, batch, err := idLists(req.Tokens, "tokens")
+	lists, batch, err := wire.IDLists(req.Tokens, "tokens")
 	if err != nil || lists == nil {
 		writeOpenAIError(ctx, errOutcome(400, "tokens: want a list of token ids or a list of lists"))
 		return
@@ -78,10 +76,10 @@ func (s *Server) handleDetokenize(ctx *fasthttp.RequestCtx, path string) {
 		}
 	}
 	if batch {
-		writeJSON(ctx, map[string]any{"text": texts})
+		wire.WriteJSON(ctx, map[string]any{"text": texts})
 		return
 	}
-	writeJSON(ctx, map[string]any{"text": texts[0]})
+	wire.WriteJSON(ctx, map[string]any{"text": texts[0]})
 }
 
 // handleAdmin answers SGLang's operator routes with their success replies
@@ -101,6 +99,6 @@ func (s *Server) handleAdmin(ctx *fasthttp.RequestCtx, path string) {
 		ctx.SetContentType("text/plain; charset=utf-8")
 		ctx.SetBodyString("Stop profiling. This will take some time.\n")
 	default: // the /update_weights_* family
-		writeJSON(ctx, map[string]any{"success": true, "message": "Succeeded to update model weights.", "num_paused_requests": 0})
+		wire.WriteJSON(ctx, map[string]any{"success": true, "message": "Succeeded to update model weights.", "num_paused_requests": 0})
 	}
 }

@@ -2,15 +2,14 @@ package enginesim
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"hash/fnv"
-	"math"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/lab/enginesim/kvmodel"
+	"github.com/kvgate/kvgate/lab/enginesim/wire"
 	"github.com/valyala/fasthttp"
 )
 
@@ -19,9 +18,6 @@ import (
 // checks, no output reservation), written into the pool for its forward
 // pass and released. Nothing is generated, so nothing can leak through
 // them; they run the same way in every mode (SGLang has no PD for them).
-
-// embedDims is the length of the simulator's deterministic vectors.
-const embedDims = 8
 
 // poolInput is one prompt of a prefill-only request.
 type poolInput struct {
@@ -61,11 +57,11 @@ func (s *Server) prefillOnly(in poolInput) *outcome {
 		s.reject("no_pages")
 		return errOutcome(503, err.Error())
 	}
-	self := &Writer{RID: s.newRID()}
+	self := &kvmodel.Writer{RID: s.newRID()}
 	s.mu.Lock()
-	v := &seqView{pool: s.pool, pages: pages, self: self}
+	v := &kvmodel.SeqView{Pool: s.pool, Pages: pages, Self: self}
 	for i := 0; i < p; i++ {
-		v.write(i, in.ids[i], in.texts[i])
+		v.Write(i, in.ids[i], in.texts[i])
 	}
 	s.mu.Unlock()
 	s.releasePages(pages)
@@ -85,69 +81,22 @@ func (s *Server) runPool(ins []poolInput) ([]*outcome, *outcome) {
 	return outs, nil
 }
 
-// vector is a deterministic unit vector of n floats from the prompt's ids.
-func vector(ids []uint32, n int) []float64 {
-	h := fnv.New64a()
-	var b [4]byte
-	for _, id := range ids {
-		binary.LittleEndian.PutUint32(b[:], id)
-		h.Write(b[:])
-	}
-	x := h.Sum64()
-	out := make([]float64, n)
-	norm := 0.0
-	for i := range out {
-		// splitmix64 steps spread one hash over n values.
-		x += 0x9e3779b97f4a7c15
-		z := x
-		z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-		z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-		z ^= z >> 31
-		out[i] = float64(z>>11)/float64(1<<53)*2 - 1
-		norm += out[i] * out[i]
-	}
-	norm = math.Sqrt(norm)
-	for i := range out {
-		out[i] = math.Round(out[i]/norm*1e6) / 1e6
-	}
-	return out
-}
-
-// unitScore maps a prompt to a score in (0, 1).
-func unitScore(ids []uint32) float64 { return math.Round((vector(ids, 1)[0]+1)/2*1e6) / 1e6 }
-
-func softmax(v []float64) []float64 {
-	out := make([]float64, len(v))
-	m, sum := math.Inf(-1), 0.0
-	for _, x := range v {
-		m = max(m, x)
-	}
-	for i, x := range v {
-		out[i] = math.Exp(x - m)
-		sum += out[i]
-	}
-	for i := range out {
-		out[i] = math.Round(out[i]/sum*1e6) / 1e6
-	}
-	return out
-}
-
 // inputsOf decodes SGLang's embedding input union: a string, a list of
 // strings, a list of token ids or a list of id lists.
 func (s *Server) inputsOf(raw json.RawMessage, field string) ([]poolInput, bool, error) {
-	if isNull(raw) {
-		return nil, false, badf("%s is required", field)
+	if wire.IsNull(raw) {
+		return nil, false, wire.Badf("%s is required", field)
 	}
-	if texts, batch, err := strings1(raw, field); err == nil {
+	if texts, batch, err := wire.Strings(raw, field); err == nil {
 		ins := make([]poolInput, len(texts))
 		for i, t := range texts {
 			ins[i] = s.textInput(t)
 		}
 		return ins, batch, nil
 	}
-	lists, batch, err := idLists(raw, field)
+	lists, batch, err := wire.IDLists(raw, field)
 	if err != nil {
-		return nil, false, badf("%s: want a string, a list of strings, a list of token ids or a list of lists", field)
+		return nil, false, wire.Badf("%s: want a string, a list of strings, a list of token ids or a list of lists", field)
 	}
 	ins := make([]poolInput, len(lists))
 	for i, l := range lists {
@@ -156,32 +105,14 @@ func (s *Server) inputsOf(raw json.RawMessage, field string) ([]poolInput, bool,
 	return ins, batch, nil
 }
 
-// poolReq holds the fields the prefill-only routes share.
-type poolReq struct {
-	Model     string          `json:"model"`
-	Input     json.RawMessage `json:"input"`
-	Text      json.RawMessage `json:"text"`
-	InputIDs  json.RawMessage `json:"input_ids"`
-	Query     json.RawMessage `json:"query"`
-	Documents []string        `json:"documents"`
-	Items     json.RawMessage `json:"items"`
-	TopN      *int            `json:"top_n"`
-	// ReturnDocuments defaults to true, as in SGLang.
-	ReturnDocuments *bool           `json:"return_documents"`
-	LabelTokenIDs   []uint32        `json:"label_token_ids"`
-	ApplySoftmax    bool            `json:"apply_softmax"`
-	ItemFirst       bool            `json:"item_first"`
-	CacheSalt       json.RawMessage `json:"cache_salt"`
-}
-
-func (s *Server) parsePool(ctx *fasthttp.RequestCtx, path string, fail func(*outcome)) (*poolReq, bool) {
+func (s *Server) parsePool(ctx *fasthttp.RequestCtx, path string, fail func(*outcome)) (*wire.PoolReq, bool) {
 	s.countRequest(path)
-	var req poolReq
+	var req wire.PoolReq
 	err := json.Unmarshal(ctx.PostBody(), &req)
 	if err == nil {
-		err = s.noteSalt(req.CacheSalt)
+		err = s.env.NoteSalt(req.CacheSalt, "cache_salt")
 	} else {
-		err = badf("invalid JSON body: %v", err)
+		err = wire.Badf("invalid JSON body: %v", err)
 	}
 	if err != nil {
 		s.reject("bad_request")
@@ -214,7 +145,7 @@ func poolUsage(outs []*outcome) map[string]any {
 
 // runInputs parses an OpenAI-shaped prefill-only request whose prompts are its "input", and runs
 // them through the pool; false means the error reply was written.
-func (s *Server) runInputs(ctx *fasthttp.RequestCtx, path string) (*poolReq, []poolInput, []*outcome, bool) {
+func (s *Server) runInputs(ctx *fasthttp.RequestCtx, path string) (*wire.PoolReq, []poolInput, []*outcome, bool) {
 	fail := func(o *outcome) { writeOpenAIError(ctx, o) }
 	req, ok := s.parsePool(ctx, path, fail)
 	if !ok {
@@ -240,9 +171,9 @@ func (s *Server) handleEmbeddings(ctx *fasthttp.RequestCtx) {
 	}
 	data := make([]map[string]any, len(ins))
 	for i, in := range ins {
-		data[i] = map[string]any{"object": "embedding", "index": i, "embedding": vector(in.ids, embedDims)}
+		data[i] = map[string]any{"object": "embedding", "index": i, "embedding": kvmodel.Vector(in.ids, kvmodel.EmbedDims)}
 	}
-	writeJSON(ctx, map[string]any{"object": "list", "data": data, "model": req.Model, "usage": poolUsage(outs)})
+	wire.WriteJSON(ctx, map[string]any{"object": "list", "data": data, "model": req.Model, "usage": poolUsage(outs)})
 }
 
 // handleRerank answers SGLang's /v1/rerank: a list sorted by score, each
@@ -256,22 +187,22 @@ func (s *Server) handleRerank(ctx *fasthttp.RequestCtx) {
 	}
 	var query string
 	if err := json.Unmarshal(req.Query, &query); err != nil || strings.TrimSpace(query) == "" {
-		s.poolBad(fail, badf("Query cannot be empty"))
+		s.poolBad(fail, wire.Badf("Query cannot be empty"))
 		return
 	}
 	if len(req.Documents) == 0 {
-		s.poolBad(fail, badf("Documents cannot be empty"))
+		s.poolBad(fail, wire.Badf("Documents cannot be empty"))
 		return
 	}
 	if req.TopN != nil && *req.TopN < 1 {
-		s.poolBad(fail, badf("Value error, parameter top_n should be larger than 0."))
+		s.poolBad(fail, wire.Badf("Value error, parameter top_n should be larger than 0."))
 		return
 	}
 	q := s.textInput(query)
 	ins := make([]poolInput, len(req.Documents))
 	for i, d := range req.Documents {
 		if strings.TrimSpace(d) == "" {
-			s.poolBad(fail, badf("Each document cannot be empty or whitespace only"))
+			s.poolBad(fail, wire.Badf("Each document cannot be empty or whitespace only"))
 			return
 		}
 		ins[i] = concat(q, s.textInput(d))
@@ -289,7 +220,7 @@ func (s *Server) handleRerank(ctx *fasthttp.RequestCtx) {
 	}
 	res := make([]ranked, len(ins))
 	for i, in := range ins {
-		res[i] = ranked{Score: unitScore(in.ids), Index: i,
+		res[i] = ranked{Score: kvmodel.UnitScore(in.ids), Index: i,
 			MetaInfo: map[string]any{"id": fmt.Sprintf("rerank-%d", i), "prompt_tokens": outs[i].promptTokens}}
 		if req.ReturnDocuments == nil || *req.ReturnDocuments {
 			res[i].Document = &req.Documents[i]
@@ -299,7 +230,7 @@ func (s *Server) handleRerank(ctx *fasthttp.RequestCtx) {
 	if req.TopN != nil && *req.TopN < len(res) {
 		res = res[:*req.TopN]
 	}
-	writeJSON(ctx, res)
+	wire.WriteJSON(ctx, res)
 }
 
 // handleScore answers SGLang's /v1/score: {"scores":[[p per label]…],
@@ -313,7 +244,7 @@ func (s *Server) handleScore(ctx *fasthttp.RequestCtx) {
 	}
 	qs, _, err := s.inputsOf(req.Query, "query")
 	if err != nil || len(qs) != 1 {
-		s.poolBad(fail, badf("query: want a string or a list of token ids"))
+		s.poolBad(fail, wire.Badf("query: want a string or a list of token ids"))
 		return
 	}
 	items, _, err := s.inputsOf(req.Items, "items")
@@ -322,7 +253,7 @@ func (s *Server) handleScore(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	if len(items) == 0 {
-		s.poolBad(fail, badf("items cannot be empty"))
+		s.poolBad(fail, wire.Badf("items cannot be empty"))
 		return
 	}
 	ins := make([]poolInput, len(items))
@@ -343,18 +274,15 @@ func (s *Server) handleScore(ctx *fasthttp.RequestCtx) {
 	for i, in := range ins {
 		v := make([]float64, labels)
 		for k := range v {
-			v[k] = unitScore(append(append([]uint32(nil), in.ids...), uint32(k)))
+			v[k] = kvmodel.UnitScore(append(append([]uint32(nil), in.ids...), uint32(k)))
 		}
 		if req.ApplySoftmax {
-			v = softmax(v)
+			v = kvmodel.Softmax(v)
 		}
 		scores[i] = v
 	}
-	writeJSON(ctx, map[string]any{"scores": scores, "model": req.Model, "usage": poolUsage(outs), "object": "scoring"})
+	wire.WriteJSON(ctx, map[string]any{"scores": scores, "model": req.Model, "usage": poolUsage(outs), "object": "scoring"})
 }
-
-// classifyLabels is the simulated classifier's id2label.
-var classifyLabels = []string{"LABEL_0", "LABEL_1"}
 
 func (s *Server) handleV1Classify(ctx *fasthttp.RequestCtx) {
 	req, ins, outs, ok := s.runInputs(ctx, "/v1/classify")
@@ -363,16 +291,16 @@ func (s *Server) handleV1Classify(ctx *fasthttp.RequestCtx) {
 	}
 	data := make([]map[string]any, len(ins))
 	for i, in := range ins {
-		probs := softmax(vector(in.ids, len(classifyLabels)))
+		probs := kvmodel.Softmax(kvmodel.Vector(in.ids, len(kvmodel.ClassifyLabels)))
 		best := 0
 		for k := range probs {
 			if probs[k] > probs[best] {
 				best = k
 			}
 		}
-		data[i] = map[string]any{"index": i, "label": classifyLabels[best], "probs": probs, "num_classes": len(probs)}
+		data[i] = map[string]any{"index": i, "label": kvmodel.ClassifyLabels[best], "probs": probs, "num_classes": len(probs)}
 	}
-	writeJSON(ctx, map[string]any{"id": "classify-" + s.newRID(), "object": "list", "created": time.Now().Unix(),
+	wire.WriteJSON(ctx, map[string]any{"id": "classify-" + s.newRID(), "object": "list", "created": time.Now().Unix(),
 		"model": req.Model, "data": data, "usage": poolUsage(outs)})
 }
 
@@ -389,19 +317,19 @@ func (s *Server) handleEncode(ctx *fasthttp.RequestCtx, path string) {
 	var batch bool
 	var err error
 	switch {
-	case !isNull(req.Text) && isNull(req.InputIDs):
+	case !wire.IsNull(req.Text) && wire.IsNull(req.InputIDs):
 		ins, batch, err = s.inputsOf(req.Text, "text")
-	case isNull(req.Text) && !isNull(req.InputIDs):
+	case wire.IsNull(req.Text) && !wire.IsNull(req.InputIDs):
 		var lists [][]uint32
-		lists, batch, err = idLists(req.InputIDs, "input_ids")
+		lists, batch, err = wire.IDLists(req.InputIDs, "input_ids")
 		for _, l := range lists {
 			ins = append(ins, s.idInput(l))
 		}
 	default:
-		err = badf("exactly one of text and input_ids is required")
+		err = wire.Badf("exactly one of text and input_ids is required")
 	}
 	if err == nil && len(ins) == 0 {
-		err = badf("empty batch")
+		err = wire.Badf("empty batch")
 	}
 	if err != nil {
 		s.poolBad(fail, err)
@@ -412,18 +340,18 @@ func (s *Server) handleEncode(ctx *fasthttp.RequestCtx, path string) {
 		fail(f)
 		return
 	}
-	dims := embedDims
+	dims := kvmodel.EmbedDims
 	if path == "/classify" {
-		dims = len(classifyLabels)
+		dims = len(kvmodel.ClassifyLabels)
 	}
 	replies := make([]map[string]any, len(ins))
 	for i, in := range ins {
-		replies[i] = map[string]any{"embedding": vector(in.ids, dims), "meta_info": map[string]any{
+		replies[i] = map[string]any{"embedding": kvmodel.Vector(in.ids, dims), "meta_info": map[string]any{
 			"id": s.newRID(), "prompt_tokens": outs[i].promptTokens, "finish_reason": map[string]any{"type": "length", "length": 0}}}
 	}
 	if batch {
-		writeJSON(ctx, replies)
+		wire.WriteJSON(ctx, replies)
 		return
 	}
-	writeJSON(ctx, replies[0])
+	wire.WriteJSON(ctx, replies[0])
 }

@@ -1,19 +1,20 @@
 package enginesim
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/kvgate/kvgate/lab/enginesim/kvmodel"
+	"github.com/kvgate/kvgate/lab/enginesim/pdxfer"
+	"github.com/kvgate/kvgate/lab/enginesim/wire"
 	"github.com/valyala/fasthttp"
 )
 
@@ -24,7 +25,7 @@ const pageWait = 30 * time.Second
 // Server is one simulated SGLang server (combined, prefill or decode).
 type Server struct {
 	cfg     Config
-	tok     *cachedTokenizer
+	tok     *kvmodel.CachedTokenizer
 	mril    int
 	padID   uint32
 	padText string
@@ -32,7 +33,7 @@ type Server struct {
 
 	mu      sync.Mutex // guards pool, rng, seq, waiting, running
 	cond    *sync.Cond
-	pool    *Pool
+	pool    *kvmodel.Pool
 	rng     *rand.Rand
 	seq     uint64
 	waiting int
@@ -52,14 +53,16 @@ type Server struct {
 	piecesMu sync.Mutex
 	pieces   map[uint32]string // chunk4 id → piece, for /detokenize
 
+	env wire.Env // what the request parsers need from the server
+
 	responses *responseStore // /v1/responses by id, for previous_response_id
 
 	activeMu sync.Mutex
 	active   map[string]context.CancelFunc // rid → cancel, for /abort_request
 
-	rooms *roomStore // prefill: rooms waiting for decode
+	rooms *pdxfer.Store // prefill: rooms waiting for decode
 
-	pullClient *http.Client
+	pull *pdxfer.Client // decode: pulls rooms from prefill
 
 	srv, bootSrv *fasthttp.Server
 	ln, bootLn   net.Listener
@@ -72,21 +75,21 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	base, err := NewTokenizer(cfg.Tokenizer)
+	base, err := kvmodel.NewTokenizer(cfg.Tokenizer)
 	if err != nil {
 		return nil, err
 	}
-	tok := newCachedTokenizer(base)
-	pool, err := NewPool(cfg.PoolTokens, cfg.PageSize, cfg.Allocator, cfg.Seed, true)
+	tok := kvmodel.NewCachedTokenizer(base)
+	pool, err := kvmodel.NewPool(cfg.PoolTokens, cfg.PageSize, cfg.Allocator, cfg.Seed, true)
 	if err != nil {
 		return nil, err
 	}
-	pool.ZeroOnRelease = cfg.Fix == FixZeroOnRelease
+	pool.ZeroOnRelease = cfg.Fix == kvmodel.FixZeroOnRelease
 	ids, texts := tok.Encode(" ")
 	s := &Server{
 		cfg:     cfg,
 		tok:     tok,
-		mril:    MaxReqInputLen(cfg.PoolTokens, cfg.PageSize, cfg.ContextLength),
+		mril:    kvmodel.MaxReqInputLen(cfg.PoolTokens, cfg.PageSize, cfg.ContextLength),
 		padID:   ids[0],
 		padText: texts[0],
 		created: time.Now().Unix(),
@@ -100,12 +103,11 @@ func New(cfg Config) (*Server, error) {
 		pieces:    map[uint32]string{},
 		responses: &responseStore{m: map[string]conversation{}},
 		active:    map[string]context.CancelFunc{},
-		rooms:     newRoomStore(),
-		// Decode pulls rooms over loopback HTTP; the wait is bounded by the
-		// request context, not by this client.
-		pullClient: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
+		rooms:     pdxfer.NewStore(),
+		pull:      pdxfer.NewClient(cfg.TransferTimeout),
 	}
 	s.cond = sync.NewCond(&s.mu)
+	s.env = wire.Env{NewRID: s.newRID, NoteSalts: s.noteSalts}
 	s.srv = &fasthttp.Server{
 		Handler:            s.Handler(),
 		Name:               "kvgate-sim",
@@ -115,7 +117,7 @@ func New(cfg Config) (*Server, error) {
 		NoDefaultServerHeader: true,
 		CloseOnShutdown:       true,
 	}
-	s.bootSrv = &fasthttp.Server{Handler: s.bootstrapHandler, Name: "kvgate-sim-bootstrap", CloseOnShutdown: true}
+	s.bootSrv = &fasthttp.Server{Handler: s.rooms.Handler(cfg.TransferTimeout), Name: "kvgate-sim-bootstrap", CloseOnShutdown: true}
 	return s, nil
 }
 
@@ -235,10 +237,10 @@ func (s *Server) Handler() fasthttp.RequestHandler {
 			s.handleGenerate(ctx)
 		case post && path == "/v1/completions":
 			s.noteHeaders(ctx)
-			s.handleOpenAI(ctx, routeCompletions)
+			s.handleOpenAI(ctx, wire.RouteCompletions)
 		case post && path == "/v1/chat/completions":
 			s.noteHeaders(ctx)
-			s.handleOpenAI(ctx, routeChat)
+			s.handleOpenAI(ctx, wire.RouteChat)
 		case post && (path == "/tokenize" || path == "/v1/tokenize"):
 			s.handleTokenize(ctx)
 		case post && path == "/v1/responses":
@@ -381,21 +383,4 @@ func (s *Server) releasePages(pages []int32) {
 	s.running--
 	s.cond.Broadcast()
 	s.mu.Unlock()
-}
-
-// writeStream runs fn as the body writer of a streamed reply. fn must not
-// touch ctx: fasthttp recycles it once the handler returns.
-func writeStream(ctx *fasthttp.RequestCtx, fn func(w *bufio.Writer) error) {
-	ctx.SetContentType("text/event-stream; charset=utf-8")
-	ctx.Response.Header.Set("Cache-Control", "no-cache")
-	ctx.Response.ImmediateHeaderFlush = true
-	ctx.SetBodyStreamWriter(func(w *bufio.Writer) { _ = fn(w) })
-}
-
-func loopbackHost(h string) bool {
-	if h == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(strings.Trim(h, "[]"))
-	return ip != nil && ip.IsLoopback()
 }

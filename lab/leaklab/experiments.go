@@ -8,7 +8,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/kvgate/kvgate/lab/enginesim"
+	"github.com/kvgate/kvgate/lab/enginesim/kvmodel"
 )
 
 // Experiments in the order `all` runs them.
@@ -66,7 +66,7 @@ func (p *Params) common() map[string]any {
 		"prompt_median_tokens": p.PromptMedian, "prompt_sigma": p.PromptSigma,
 		"arrival_prob_per_step": p.ArrivalProb, "hold_dist": p.HoldDist, "hold_mean_steps": p.HoldMean,
 		"oversized_tokens": p.OversizedTokens, "prefill_pool_tokens": p.PrefillPoolTokens,
-		"prefill_max_req_input_len": enginesim.MaxReqInputLen(p.PrefillPoolTokens, p.PageSize, p.ContextLength),
+		"prefill_max_req_input_len": kvmodel.MaxReqInputLen(p.PrefillPoolTokens, p.PageSize, p.ContextLength),
 		"context_length":            p.ContextLength, "bug": p.Bug,
 	}
 }
@@ -96,7 +96,7 @@ func (p *Params) Run(name string, progress Progress) (*Report, error) {
 		var specs []trialSpec
 		for row, w := range p.WarmupSteps {
 			for t := 0; t < p.TrialsWarmup; t++ {
-				specs = append(specs, trialSpec{seed: trialSeed(p.Seed, name, row, t), warmSteps: w, allocator: p.Allocator, fix: enginesim.FixNone})
+				specs = append(specs, trialSpec{seed: trialSeed(p.Seed, name, row, t), warmSteps: w, allocator: p.Allocator, fix: kvmodel.FixNone})
 			}
 		}
 		rs := p.runTrials(specs, prog)
@@ -122,8 +122,8 @@ func (p *Params) Run(name string, progress Progress) (*Report, error) {
 			rep.Rows = append(rep.Rows, WarmupRow{WarmupSteps: w, Trials: len(part), LeakRate: rate(leaks), DetectRate: rate(det)})
 		}
 	case "warm":
-		rs := p.warmTrials(name, 0, p.Allocator, enginesim.FixNone, p.TrialsWarm, prog)
-		params["allocator"], params["warm_steps"], params["trials"], params["fix"] = p.Allocator, p.WarmSteps, p.TrialsWarm, enginesim.FixNone
+		rs := p.warmTrials(name, 0, p.Allocator, kvmodel.FixNone, p.TrialsWarm, prog)
+		params["allocator"], params["warm_steps"], params["trials"], params["fix"] = p.Allocator, p.WarmSteps, p.TrialsWarm, kvmodel.FixNone
 		params["utilisation_at_injection"] = utilStat(rs)
 		var shares, tenants []float64
 		sum := &WarmSummary{}
@@ -143,7 +143,7 @@ func (p *Params) Run(name string, progress Progress) (*Report, error) {
 		params["warm_steps"], params["trials"], params["allocators"] = p.WarmSteps, p.TrialsAllocators, Allocators
 		util := map[string]Stat{}
 		for row, a := range Allocators {
-			rs := p.warmTrials(name, row, a, enginesim.FixNone, p.TrialsAllocators, prog)
+			rs := p.warmTrials(name, row, a, kvmodel.FixNone, p.TrialsAllocators, prog)
 			util[a] = utilStat(rs)
 			var ten, never, age []float64
 			for _, r := range rs {

@@ -1,6 +1,6 @@
 // Package leaklab runs the leak experiments of ../shared/leaklab.md in
 // process, on the same Pool and allocator code as the HTTP simulator
-// (enginesim), at page granularity and without HTTP. It owns the
+// (lab/enginesim/kvmodel), at page granularity and without HTTP. It owns the
 // experiments' model and their JSON/SVG reports; results are a pure function
 // of the parameters and the seed (each trial's seed is derived from
 // (seed, experiment, row, trial)), so parallel runs print identical output.
@@ -17,7 +17,7 @@ import (
 	"sort"
 	"sync"
 
-	"github.com/kvgate/kvgate/lab/enginesim"
+	"github.com/kvgate/kvgate/lab/enginesim/kvmodel"
 )
 
 // Params are the model's parameters; every choice the published analysis
@@ -56,7 +56,7 @@ func DefaultParams() Params {
 		PromptMedian: 8000, PromptSigma: 1.0, ArrivalProb: 0.5,
 		HoldDist: "uniform", HoldMean: 160,
 		OversizedTokens: 800000, PrefillPoolTokens: 681280, ContextLength: 1 << 20,
-		Allocator: enginesim.AllocLIFO, Bug: enginesim.BugAdmitRejected,
+		Allocator: kvmodel.AllocLIFO, Bug: kvmodel.BugAdmitRejected,
 		WarmSteps:    1000,
 		WarmupSteps:  []int{0, 10, 30, 100, 300, 1000, 3000},
 		TrialsWarmup: 30, TrialsWarm: 100, TrialsAllocators: 30, TrialsFixes: 100,
@@ -80,18 +80,18 @@ func (p *Params) Validate() error {
 		return fmt.Errorf("hold-mean must be at least 1 step")
 	case p.OversizedTokens <= 0 || p.PrefillPoolTokens <= 0:
 		return fmt.Errorf("oversized-tokens and prefill-pool-tokens must be positive")
-	case p.Bug != enginesim.BugAdmitRejected && p.Bug != enginesim.BugNone:
+	case p.Bug != kvmodel.BugAdmitRejected && p.Bug != kvmodel.BugNone:
 		return fmt.Errorf("bug: %q is not admit-rejected or none", p.Bug)
 	case p.OversizedTokens >= p.ContextLength:
 		return fmt.Errorf("oversized-tokens: %d is not below context-length %d (outside the leak window)", p.OversizedTokens, p.ContextLength)
-	case p.OversizedTokens < enginesim.MaxReqInputLen(p.PrefillPoolTokens, p.PageSize, p.ContextLength):
+	case p.OversizedTokens < kvmodel.MaxReqInputLen(p.PrefillPoolTokens, p.PageSize, p.ContextLength):
 		return fmt.Errorf("oversized-tokens: %d fits the prefill pool (max_req_input_len %d): nothing to study",
-			p.OversizedTokens, enginesim.MaxReqInputLen(p.PrefillPoolTokens, p.PageSize, p.ContextLength))
+			p.OversizedTokens, kvmodel.MaxReqInputLen(p.PrefillPoolTokens, p.PageSize, p.ContextLength))
 	case p.WarmSteps < 0:
 		return fmt.Errorf("warm-steps must not be negative")
 	}
 	switch p.Allocator {
-	case enginesim.AllocLIFO, enginesim.AllocFIFO, enginesim.AllocRandom:
+	case kvmodel.AllocLIFO, kvmodel.AllocFIFO, kvmodel.AllocRandom:
 	default:
 		return fmt.Errorf("allocator: %q is not lifo, fifo or random", p.Allocator)
 	}
@@ -102,11 +102,11 @@ func (p *Params) Validate() error {
 }
 
 // Fixes in the order the fixes experiment reports them.
-var Fixes = []string{enginesim.FixNone, enginesim.FixRejectAtAdmission, enginesim.FixZeroOnRelease,
-	enginesim.FixOwnershipTags, enginesim.FixDecodeLengthCheck}
+var Fixes = []string{kvmodel.FixNone, kvmodel.FixRejectAtAdmission, kvmodel.FixZeroOnRelease,
+	kvmodel.FixOwnershipTags, kvmodel.FixDecodeLengthCheck}
 
 // Allocators in the order the allocators experiment reports them.
-var Allocators = []string{enginesim.AllocLIFO, enginesim.AllocFIFO, enginesim.AllocRandom}
+var Allocators = []string{kvmodel.AllocLIFO, kvmodel.AllocFIFO, kvmodel.AllocRandom}
 
 // trialSpec is one simulated server's life.
 type trialSpec struct {
@@ -138,11 +138,11 @@ type held struct {
 // runTrial warms a fresh decode pool, then sends the oversized request.
 func (p *Params) runTrial(ts trialSpec) TrialResult {
 	rng := rand.New(rand.NewPCG(ts.seed, ts.seed^0x2545f4914f6cdd1d))
-	pool, err := enginesim.NewPool(p.PoolPages*p.PageSize, p.PageSize, ts.allocator, ts.seed, false)
+	pool, err := kvmodel.NewPool(p.PoolPages*p.PageSize, p.PageSize, ts.allocator, ts.seed, false)
 	if err != nil {
 		panic(err) // parameters were validated
 	}
-	pool.ZeroOnRelease = ts.fix == enginesim.FixZeroOnRelease
+	pool.ZeroOnRelease = ts.fix == kvmodel.FixZeroOnRelease
 	maxPromptTokens := p.PoolPages * p.PageSize
 	releases := map[int][]held{}
 	finishedAt := map[uint64]int{} // request id → completion count when it finished
@@ -174,7 +174,7 @@ func (p *Params) runTrial(ts trialSpec) TrialResult {
 		}
 		nextID++
 		for i, pg := range pages {
-			pool.Tags[pg] = enginesim.PageTag{Writer: nextID, Tenant: tenant, Marker: i == 0}
+			pool.Tags[pg] = kvmodel.PageTag{Writer: nextID, Tenant: tenant, Marker: i == 0}
 		}
 		releases[step+hold] = append(releases[step+hold], held{id: nextID, pages: append([]int32(nil), pages...)})
 		buf = pages
@@ -184,11 +184,11 @@ func (p *Params) runTrial(ts trialSpec) TrialResult {
 	// The oversized request: prefill's pool check fails. With the bug the
 	// rejection is parked and a one-token stub is admitted; without it (or
 	// with reject-at-admission) the client gets SGLang's 400.
-	if p.Bug != enginesim.BugAdmitRejected || ts.fix == enginesim.FixRejectAtAdmission {
+	if p.Bug != kvmodel.BugAdmitRejected || ts.fix == kvmodel.FixRejectAtAdmission {
 		res.Status = 400
 		return res
 	}
-	if ts.fix == enginesim.FixDecodeLengthCheck {
+	if ts.fix == kvmodel.FixDecodeLengthCheck {
 		// One token arrived for an 800,000-token prompt.
 		res.Status = 400
 		return res
@@ -204,7 +204,7 @@ func (p *Params) runTrial(ts trialSpec) TrialResult {
 	pages, _ := pool.Alloc(need, nil)
 	self := nextID + 1
 	// Prefill sent a single page (the stub's); decode writes it.
-	pool.Tags[pages[0]] = enginesim.PageTag{Writer: self, Tenant: -2}
+	pool.Tags[pages[0]] = kvmodel.PageTag{Writer: self, Tenant: -2}
 	res.PagesRead = len(pages)
 	foreign, never := 0, 0
 	tenants := map[int32]bool{}
@@ -233,7 +233,7 @@ func (p *Params) runTrial(ts trialSpec) TrialResult {
 		}
 		res.sourceAge = median(ages)
 	}
-	if ts.fix == enginesim.FixOwnershipTags && (foreign > 0 || never > 0) {
+	if ts.fix == kvmodel.FixOwnershipTags && (foreign > 0 || never > 0) {
 		// The read of a slot the request does not own fails the request:
 		// nothing reaches the client.
 		res.Status = 500

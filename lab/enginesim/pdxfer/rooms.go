@@ -1,4 +1,4 @@
-package enginesim
+package pdxfer
 
 import (
 	"encoding/json"
@@ -10,15 +10,15 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// roomData is what prefill keeps for decode: the KV it computed (token ids,
+// RoomData is what prefill keeps for decode: the KV it computed (token ids,
 // one for a stub) and the true prompt length, or an abort.
-type roomData struct {
-	ids       []uint32
-	promptLen int
-	rid       string
-	aborted   bool
-	status    int
-	msg       string
+type RoomData struct {
+	IDs       []uint32
+	PromptLen int
+	RID       string
+	Aborted   bool
+	Status    int // the abort's HTTP status
+	Msg       string
 }
 
 // roomWire is the bootstrap port's JSON for GET /room/{room}.
@@ -33,25 +33,26 @@ type roomWire struct {
 
 type room struct {
 	ready   chan struct{} // closed once data is set
-	data    *roomData
+	data    *RoomData
 	release func() // frees prefill's pages; called once
 	timer   *time.Timer
 }
 
-// roomStore holds prefill's rooms until decode pulls them (once) or they
+// Store holds prefill's rooms until decode pulls them (once) or they
 // expire. Decode may ask before prefill has stored the room: the entry is
 // created empty and the asker waits on ready.
-type roomStore struct {
+type Store struct {
 	mu    sync.Mutex
 	m     map[uint64]*room
 	byRID map[string]uint64
 }
 
-func newRoomStore() *roomStore {
-	return &roomStore{m: map[uint64]*room{}, byRID: map[string]uint64{}}
+// NewStore returns an empty store.
+func NewStore() *Store {
+	return &Store{m: map[uint64]*room{}, byRID: map[string]uint64{}}
 }
 
-func (rs *roomStore) entry(id uint64) *room {
+func (rs *Store) entry(id uint64) *room {
 	r := rs.m[id]
 	if r == nil {
 		r = &room{ready: make(chan struct{})}
@@ -60,8 +61,8 @@ func (rs *roomStore) entry(id uint64) *room {
 	return r
 }
 
-// put stores a room's KV; release runs when it is pulled or expires.
-func (rs *roomStore) put(id uint64, d *roomData, release func(), ttl time.Duration) {
+// Put stores a room's KV; release runs when it is pulled or expires.
+func (rs *Store) Put(id uint64, d *RoomData, release func(), ttl time.Duration) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	r := rs.entry(id)
@@ -77,31 +78,31 @@ func (rs *roomStore) put(id uint64, d *roomData, release func(), ttl time.Durati
 		rs.m[id] = r
 	}
 	r.data, r.release = d, release
-	if d.rid != "" {
-		rs.byRID[d.rid] = id
+	if d.RID != "" {
+		rs.byRID[d.RID] = id
 	}
 	r.timer = time.AfterFunc(ttl, func() { rs.drop(id, r) })
 	close(r.ready)
 }
 
-// abort records an abort for the room; a waiting decode learns it at once.
-func (rs *roomStore) abort(id uint64, status int, msg string) {
-	rs.put(id, &roomData{aborted: true, status: status, msg: msg}, nil, time.Minute)
+// Abort records an abort for the room; a waiting decode learns it at once.
+func (rs *Store) Abort(id uint64, status int, msg string) {
+	rs.Put(id, &RoomData{Aborted: true, Status: status, Msg: msg}, nil, time.Minute)
 }
 
-// abortRID aborts the room of a request id, if prefill still holds it.
-func (rs *roomStore) abortRID(rid string) bool {
+// AbortRID aborts the room of a request id, if prefill still holds it.
+func (rs *Store) AbortRID(rid string) bool {
 	rs.mu.Lock()
 	id, ok := rs.byRID[rid]
 	rs.mu.Unlock()
 	if !ok {
 		return false
 	}
-	rs.abort(id, 400, "The request was aborted (abort_request for rid "+rid+").")
+	rs.Abort(id, 400, "The request was aborted (abort_request for rid "+rid+").")
 	return true
 }
 
-func (rs *roomStore) drop(id uint64, r *room) {
+func (rs *Store) drop(id uint64, r *room) {
 	rs.mu.Lock()
 	if rs.m[id] != r {
 		rs.mu.Unlock()
@@ -111,8 +112,8 @@ func (rs *roomStore) drop(id uint64, r *room) {
 	if r.timer != nil {
 		r.timer.Stop()
 	}
-	if r.data != nil && r.data.rid != "" && rs.byRID[r.data.rid] == id {
-		delete(rs.byRID, r.data.rid)
+	if r.data != nil && r.data.RID != "" && rs.byRID[r.data.RID] == id {
+		delete(rs.byRID, r.data.RID)
 	}
 	rel := r.release
 	r.release = nil
@@ -122,8 +123,8 @@ func (rs *roomStore) drop(id uint64, r *room) {
 	}
 }
 
-// take waits up to wait for the room and removes it (KV is pulled once).
-func (rs *roomStore) take(id uint64, wait time.Duration) *roomData {
+// Take waits up to wait for the room and removes it (KV is pulled once).
+func (rs *Store) Take(id uint64, wait time.Duration) *RoomData {
 	rs.mu.Lock()
 	r := rs.entry(id)
 	rs.mu.Unlock()
@@ -145,15 +146,23 @@ func (rs *roomStore) take(id uint64, wait time.Duration) *roomData {
 	return d
 }
 
-func (rs *roomStore) pending() int {
+// Pending is the number of rooms held or awaited.
+func (rs *Store) Pending() int {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	return len(rs.m)
 }
 
-// bootstrapHandler serves GET /room/{room}?wait_ms=N on the bootstrap port:
-// 200 with the room (or its abort), 404 when nothing arrived in time.
-func (s *Server) bootstrapHandler(ctx *fasthttp.RequestCtx) {
+// ---- the bootstrap port ----
+
+// Handler serves GET /room/{room}?wait_ms=N on the bootstrap port: 200
+// with the room (or its abort), 404 when nothing arrived in time. A request
+// without wait_ms waits defaultWait.
+func (rs *Store) Handler(defaultWait time.Duration) fasthttp.RequestHandler {
+	return func(ctx *fasthttp.RequestCtx) { rs.serveRoom(ctx, defaultWait) }
+}
+
+func (rs *Store) serveRoom(ctx *fasthttp.RequestCtx, defaultWait time.Duration) {
 	path := string(ctx.Path())
 	rest, ok := strings.CutPrefix(path, "/room/")
 	if !ok || !ctx.IsGet() {
@@ -166,17 +175,17 @@ func (s *Server) bootstrapHandler(ctx *fasthttp.RequestCtx) {
 		ctx.SetBodyString(`{"error":"bad room"}`)
 		return
 	}
-	wait := s.cfg.TransferTimeout
+	wait := defaultWait
 	if ms, err := strconv.Atoi(string(ctx.QueryArgs().Peek("wait_ms"))); err == nil && ms >= 0 {
 		wait = time.Duration(ms) * time.Millisecond
 	}
-	d := s.rooms.take(id, wait)
+	d := rs.Take(id, wait)
 	ctx.SetContentType("application/json")
 	if d == nil {
 		ctx.SetStatusCode(404)
 		ctx.SetBodyString(`{"error":"room not ready"}`)
 		return
 	}
-	b, _ := json.Marshal(roomWire{RID: d.rid, PromptLen: d.promptLen, IDs: d.ids, Aborted: d.aborted, Status: d.status, Message: d.msg})
+	b, _ := json.Marshal(roomWire{RID: d.RID, PromptLen: d.PromptLen, IDs: d.IDs, Aborted: d.Aborted, Status: d.Status, Message: d.Msg})
 	ctx.SetBody(b)
 }

@@ -1,10 +1,9 @@
-package enginesim
+package kvmodel
 
 import (
 	"math/rand/v2"
 	"strings"
 	"testing"
-	"time"
 	"unicode/utf8"
 )
 
@@ -98,11 +97,11 @@ func TestReleaseDoesNotZeroUnlessFixed(t *testing.T) {
 		p.ZeroOnRelease = zero
 		pages, _ := p.Alloc(2, nil)
 		w := &Writer{RID: "a"}
-		v := &seqView{pool: p, pages: pages, self: w}
-		v.write(0, 1, "secret")
+		v := &SeqView{Pool: p, Pages: pages, Self: w}
+		v.Write(0, 1, "secret")
 		p.Release(pages)
 		again, _ := p.Alloc(2, nil)
-		got := (&seqView{pool: p, pages: again, self: &Writer{RID: "b"}}).slot(0)
+		got := (&SeqView{Pool: p, Pages: again, Self: &Writer{RID: "b"}}).Slot(0)
 		if zero && got.W != nil {
 			t.Errorf("zero-on-release left %+v", got)
 		}
@@ -130,15 +129,15 @@ func TestModelQuotesWholeWords(t *testing.T) {
 		p, _ := NewPool(4096, 16, AllocLIFO, seed, true)
 		n := len(ids) + 200
 		pages, _ := p.Alloc((n+15)/16, nil)
-		v := &seqView{pool: p, pages: pages, self: &Writer{RID: "r"}}
+		v := &SeqView{Pool: p, Pages: pages, Self: &Writer{RID: "r"}}
 		for i := range ids {
-			v.write(i, ids[i], texts[i])
+			v.Write(i, ids[i], texts[i])
 		}
-		g := v.generate(len(ids), 200, rand.New(rand.NewPCG(seed, 1)), 0, " ")
-		if len(g.ids) != 200 {
-			t.Fatalf("seed %d: %d tokens, want 200", seed, len(g.ids))
+		g := v.Generate(len(ids), 200, rand.New(rand.NewPCG(seed, 1)), 0, " ")
+		if len(g.IDs) != 200 {
+			t.Fatalf("seed %d: %d tokens, want 200", seed, len(g.IDs))
 		}
-		out := strings.Join(g.texts, "")
+		out := strings.Join(g.Texts, "")
 		for _, w := range strings.Fields(out) {
 			if strings.HasPrefix(w, "KVG") && w != marker {
 				t.Fatalf("seed %d: partial marker %q in %q", seed, w, out)
@@ -147,7 +146,7 @@ func TestModelQuotesWholeWords(t *testing.T) {
 		if !strings.Contains(out, marker) {
 			t.Errorf("seed %d: 200 tokens over a marker-dense prompt quote no marker", seed)
 		}
-		if len(g.foreign) != 0 || g.unowned {
+		if len(g.Foreign) != 0 || g.Unowned {
 			t.Errorf("own prompt reported foreign")
 		}
 	}
@@ -159,47 +158,19 @@ func TestModelOverStaleSlotsNamesWriters(t *testing.T) {
 	old := &Writer{RID: "old"}
 	pages, _ := p.Alloc(20, nil)
 	ids, texts := tok.Encode(strings.Repeat("KVG-oldoldoldoldoldoldold ", 40))
-	ov := &seqView{pool: p, pages: pages, self: old}
+	ov := &SeqView{Pool: p, Pages: pages, Self: old}
 	for i := range ids {
-		ov.write(i, ids[i], texts[i])
+		ov.Write(i, ids[i], texts[i])
 	}
 	p.Release(pages)
 	victimPages, _ := p.Alloc(20, nil)
-	victim := &seqView{pool: p, pages: victimPages, self: &Writer{RID: "victim"}}
-	victim.write(0, 1, "stub")
-	g := victim.generate(250, 64, rand.New(rand.NewPCG(1, 2)), 0, " ")
-	if len(g.foreign) != 1 || g.foreign[0] != old || len(g.quoted) != 1 || !g.unowned {
-		t.Fatalf("foreign %v quoted %v unowned %v", g.foreign, g.quoted, g.unowned)
+	victim := &SeqView{Pool: p, Pages: victimPages, Self: &Writer{RID: "victim"}}
+	victim.Write(0, 1, "stub")
+	g := victim.Generate(250, 64, rand.New(rand.NewPCG(1, 2)), 0, " ")
+	if len(g.Foreign) != 1 || g.Foreign[0] != old || len(g.Quoted) != 1 || !g.Unowned {
+		t.Fatalf("foreign %v quoted %v unowned %v", g.Foreign, g.Quoted, g.Unowned)
 	}
-	if !strings.Contains(strings.Join(g.texts, ""), "KVG-oldoldoldoldoldoldold") {
-		t.Errorf("stale text not quoted: %q", strings.Join(g.texts, ""))
-	}
-}
-
-func TestCloseRacingServe(t *testing.T) {
-	for i := 0; i < 20; i++ {
-		s, err := New(Config{Mode: ModePrefill, PoolTokens: 1024, PageSize: 16, ContextLength: 4096, BootstrapPort: 0, Tokenizer: "chunk4"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Listen("127.0.0.1:0"); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- s.Serve() }()
-		if i%2 == 0 {
-			time.Sleep(time.Millisecond)
-		}
-		if err := s.Close(); err != nil {
-			t.Fatalf("Close: %v", err)
-		}
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("Serve after Close returned %v", err)
-			}
-		case <-time.After(2 * time.Second):
-			t.Fatal("Serve did not return after Close")
-		}
+	if !strings.Contains(strings.Join(g.Texts, ""), "KVG-oldoldoldoldoldoldold") {
+		t.Errorf("stale text not quoted: %q", strings.Join(g.Texts, ""))
 	}
 }

@@ -1,4 +1,4 @@
-package enginesim
+package kvmodel
 
 import (
 	"fmt"
@@ -49,7 +49,21 @@ func cl100k() (Tokenizer, error) {
 	return cl100kTok{cl100kCodec}, nil
 }
 
+// Decoder is implemented by a tokenizer that can turn ids back into text
+// (cl100k; chunk4's ids are hashes and cannot be inverted).
+type Decoder interface {
+	Decode(ids []uint32) (string, error)
+}
+
 type cl100kTok struct{ c tokenizer.Codec }
+
+func (t cl100kTok) Decode(ids []uint32) (string, error) {
+	u := make([]uint, len(ids))
+	for i, id := range ids {
+		u[i] = uint(id)
+	}
+	return t.c.Decode(u)
+}
 
 func (cl100kTok) Name() string { return "cl100k" }
 
@@ -119,10 +133,10 @@ func chunk4ID(s string) uint32 {
 	return h.Sum32() & 0x7fffffff
 }
 
-// cachedTokenizer remembers the tokenization of short prompts: benchmark
+// CachedTokenizer remembers the tokenization of short prompts: benchmark
 // traffic repeats prompts, and cl100k's split regexp is most of a small
 // request's CPU. The returned slices are shared and must not be modified.
-type cachedTokenizer struct {
+type CachedTokenizer struct {
 	Tokenizer
 	mu sync.Mutex
 	m  map[string]encoded
@@ -138,11 +152,13 @@ const (
 	cacheMaxEntries = 4096 // the cache is dropped whole when full
 )
 
-func newCachedTokenizer(t Tokenizer) *cachedTokenizer {
-	return &cachedTokenizer{Tokenizer: t, m: map[string]encoded{}}
+// NewCachedTokenizer wraps t with the cache.
+func NewCachedTokenizer(t Tokenizer) *CachedTokenizer {
+	return &CachedTokenizer{Tokenizer: t, m: map[string]encoded{}}
 }
 
-func (c *cachedTokenizer) Encode(text string) ([]uint32, []string) {
+// Encode is t's Encode, from the cache when the prompt is short and was seen.
+func (c *CachedTokenizer) Encode(text string) ([]uint32, []string) {
 	if len(text) > cacheMaxPrompt {
 		return c.Tokenizer.Encode(text)
 	}

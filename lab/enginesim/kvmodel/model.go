@@ -1,4 +1,4 @@
-package enginesim
+package kvmodel
 
 import (
 	"math/rand/v2"
@@ -10,38 +10,41 @@ import (
 // reply samples many places of its context.
 const minRun = 16
 
-// seqView is one request's view of the pool through its page table.
-type seqView struct {
-	pool  *Pool
-	pages []int32
-	self  *Writer
+// SeqView is one request's view of the pool through its page table. It is
+// not safe for concurrent use; callers lock the pool.
+type SeqView struct {
+	Pool  *Pool
+	Pages []int32
+	Self  *Writer // the request reading and writing through this view
 }
 
-func (v *seqView) slot(pos int) *Slot { return &v.pool.Slots[v.pool.SlotIndex(v.pages, pos)] }
+// Slot is the pool slot at sequence position pos.
+func (v *SeqView) Slot(pos int) *Slot { return &v.Pool.Slots[v.Pool.SlotIndex(v.Pages, pos)] }
 
-func (v *seqView) write(pos int, id uint32, text string) {
-	s := v.slot(pos)
-	s.W, s.ID, s.Text = v.self, id, text
+// Write stores token id and its text at sequence position pos as Self's.
+func (v *SeqView) Write(pos int, id uint32, text string) {
+	s := v.Slot(pos)
+	s.W, s.ID, s.Text = v.Self, id, text
 }
 
 func isSpaceByte(b byte) bool { return b == ' ' || b == '\n' || b == '\t' || b == '\r' }
 
-// genOut is what the model produced over one sequence.
-type genOut struct {
-	ids     []uint32
-	texts   []string
-	foreign []*Writer // writers other than the request found in its context
-	quoted  []*Writer // foreign writers whose slots were quoted
-	unowned bool      // the context holds a slot the request did not write
+// GenOut is what the model produced over one sequence.
+type GenOut struct {
+	IDs     []uint32
+	Texts   []string
+	Foreign []*Writer // writers other than the request found in its context
+	Quoted  []*Writer // foreign writers whose slots were quoted
+	Unowned bool      // the context holds a slot the request did not write
 }
 
-// contextReport lists the foreign writers of positions [0, n) in first-seen
+// ContextReport lists the foreign writers of positions [0, n) in first-seen
 // order and whether any slot there is not the request's own.
-func (v *seqView) contextReport(n int) (foreign []*Writer, unowned bool) {
+func (v *SeqView) ContextReport(n int) (foreign []*Writer, unowned bool) {
 	var last *Writer
 	for pos := 0; pos < n; pos++ {
-		w := v.slot(pos).W
-		if w == v.self {
+		w := v.Slot(pos).W
+		if w == v.Self {
 			continue
 		}
 		unowned = true
@@ -63,18 +66,18 @@ func (v *seqView) contextReport(n int) (foreign []*Writer, unowned bool) {
 	return foreign, unowned
 }
 
-// generate produces exactly maxNew tokens (fewer only when nothing in the
+// Generate produces exactly maxNew tokens (fewer only when nothing in the
 // context can be read) by quoting runs of at least minRun tokens that start
 // and end at word boundaries, spread over the context [0, promptLen) plus
 // what has been generated so far. Each generated token is written to the
 // pool at the next position. pad is the token used to fill a reply when no
 // whole word fits the room left (a space, so boundaries stay clean).
-func (v *seqView) generate(promptLen, maxNew int, rng *rand.Rand, padID uint32, padText string) genOut {
-	var g genOut
-	g.foreign, g.unowned = v.contextReport(promptLen)
-	g.ids = make([]uint32, 0, maxNew)
-	g.texts = make([]string, 0, maxNew)
-	readable := func(pos int) bool { return v.slot(pos).W != nil }
+func (v *SeqView) Generate(promptLen, maxNew int, rng *rand.Rand, padID uint32, padText string) GenOut {
+	var g GenOut
+	g.Foreign, g.Unowned = v.ContextReport(promptLen)
+	g.IDs = make([]uint32, 0, maxNew)
+	g.Texts = make([]string, 0, maxNew)
+	readable := func(pos int) bool { return v.Slot(pos).W != nil }
 	// start: a run may begin at pos when a word begins there.
 	start := func(pos int) bool {
 		if !readable(pos) {
@@ -83,7 +86,7 @@ func (v *seqView) generate(promptLen, maxNew int, rng *rand.Rand, padID uint32, 
 		if pos == 0 || !readable(pos-1) {
 			return true
 		}
-		prev, cur := v.slot(pos-1).Text, v.slot(pos).Text
+		prev, cur := v.Slot(pos-1).Text, v.Slot(pos).Text
 		return prev == "" || cur == "" || isSpaceByte(prev[len(prev)-1]) || isSpaceByte(cur[0])
 	}
 	// end: a run may stop before pos (limit is the run's readable end).
@@ -91,7 +94,7 @@ func (v *seqView) generate(promptLen, maxNew int, rng *rand.Rand, padID uint32, 
 		if pos >= limit || !readable(pos) {
 			return true
 		}
-		prev, cur := v.slot(pos-1).Text, v.slot(pos).Text
+		prev, cur := v.Slot(pos-1).Text, v.Slot(pos).Text
 		return prev == "" || cur == "" || isSpaceByte(prev[len(prev)-1]) || isSpaceByte(cur[0])
 	}
 	k := (maxNew + minRun - 1) / minRun
@@ -100,8 +103,8 @@ func (v *seqView) generate(promptLen, maxNew int, rng *rand.Rand, padID uint32, 
 	}
 	anyReadable := false
 	quotedSeen := map[*Writer]bool{}
-	for attempt := 0; len(g.ids) < maxNew && attempt < 4*k+8; attempt++ {
-		limit := promptLen + len(g.ids)
+	for attempt := 0; len(g.IDs) < maxNew && attempt < 4*k+8; attempt++ {
+		limit := promptLen + len(g.IDs)
 		if limit == 0 {
 			break
 		}
@@ -122,13 +125,13 @@ func (v *seqView) generate(promptLen, maxNew int, rng *rand.Rand, padID uint32, 
 		// Runs are glued with a space when neither side has one, so a quoted
 		// word never fuses with the next run into a longer word.
 		sep := 0
-		if n := len(g.texts); n > 0 {
-			prev, cur := g.texts[n-1], v.slot(a).Text
+		if n := len(g.Texts); n > 0 {
+			prev, cur := g.Texts[n-1], v.Slot(a).Text
 			if prev != "" && cur != "" && !isSpaceByte(prev[len(prev)-1]) && !isSpaceByte(cur[0]) {
 				sep = 1
 			}
 		}
-		room := maxNew - len(g.ids) - sep
+		room := maxNew - len(g.IDs) - sep
 		if room <= 0 {
 			break
 		}
@@ -148,20 +151,20 @@ func (v *seqView) generate(promptLen, maxNew int, rng *rand.Rand, padID uint32, 
 			continue
 		}
 		if sep == 1 {
-			v.write(promptLen+len(g.ids), padID, padText)
-			g.ids = append(g.ids, padID)
-			g.texts = append(g.texts, padText)
+			v.Write(promptLen+len(g.IDs), padID, padText)
+			g.IDs = append(g.IDs, padID)
+			g.Texts = append(g.Texts, padText)
 		}
 		for pos := a; pos < lastEnd; pos++ {
-			s := v.slot(pos)
-			if s.W != v.self && !quotedSeen[s.W] {
+			s := v.Slot(pos)
+			if s.W != v.Self && !quotedSeen[s.W] {
 				quotedSeen[s.W] = true
-				g.quoted = append(g.quoted, s.W)
+				g.Quoted = append(g.Quoted, s.W)
 			}
 			id, text := s.ID, s.Text
-			v.write(promptLen+len(g.ids), id, text)
-			g.ids = append(g.ids, id)
-			g.texts = append(g.texts, text)
+			v.Write(promptLen+len(g.IDs), id, text)
+			g.IDs = append(g.IDs, id)
+			g.Texts = append(g.Texts, text)
 		}
 	}
 	if !anyReadable {
@@ -173,16 +176,17 @@ func (v *seqView) generate(promptLen, maxNew int, rng *rand.Rand, padID uint32, 
 		}
 	}
 	if anyReadable {
-		for len(g.ids) < maxNew {
-			v.write(promptLen+len(g.ids), padID, padText)
-			g.ids = append(g.ids, padID)
-			g.texts = append(g.texts, padText)
+		for len(g.IDs) < maxNew {
+			v.Write(promptLen+len(g.IDs), padID, padText)
+			g.IDs = append(g.IDs, padID)
+			g.Texts = append(g.Texts, padText)
 		}
 	}
 	return g
 }
 
-func joinRIDs(ws []*Writer) string {
+// JoinRIDs lists the writers' request ids, comma-separated.
+func JoinRIDs(ws []*Writer) string {
 	if len(ws) == 0 {
 		return ""
 	}

@@ -1,0 +1,21 @@
+package kvmodel
+
+// The leak's variants: the bug a server may carry and the fixes that stop
+// it, shared by the HTTP simulator and the page-level experiments (leaklab).
+const (
+	BugNone          = "none"
+	BugAdmitRejected = "admit-rejected" // prefill turns a pool rejection into an admitted one-token stub
+
+	FixNone              = "none"
+	FixRejectAtAdmission = "reject-at-admission" // prefill and decode answer 400, nothing is transferred
+	FixZeroOnRelease     = "zero-on-release"     // released pages are cleared: stale slots read as nothing
+	FixOwnershipTags     = "ownership-tags"      // reading a slot the request does not own is a 500
+	FixDecodeLengthCheck = "decode-length-check" // decode refuses (400) a transfer shorter than the prompt
+)
+
+// MaxReqInputLen is SGLang's derivation: min(context−1, pool−1) − 5, with
+// the pool already rounded down to a page multiple.
+func MaxReqInputLen(poolTokens, pageSize, contextLength int) int {
+	pool := poolTokens / pageSize * pageSize
+	return min(contextLength-1, pool-1) - 5
+}
