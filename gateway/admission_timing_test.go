@@ -36,7 +36,7 @@ capacity: {poll_interval: 1h}
 	if err != nil {
 		b.Fatal(err)
 	}
-	g.exact = nil // no engine to ask: the gray zone falls back
+	g.count.WithoutExact() // no engine to ask: the gray zone falls back
 	return g
 }
 

@@ -1,12 +1,9 @@
 package gateway
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
-	"math"
-	"math/rand/v2"
 	"net"
 	"strconv"
 	"strings"
@@ -17,6 +14,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 
+	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/canary"
@@ -146,7 +144,9 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 	}
 	tenantMax := x.tenant.MaxPromptTokens
 	limit := policy.Limit(paths, output, tenantMax)
-	pick, undecided := x.decidePaths(routes, output, tenantMax, limit)
+	res := g.count.Decide(x.req.Prompts, routes, output, tenantMax, limit)
+	pick, undecided := res.Pick, res.Undecided
+	x.decision, x.estimate = res.Decision, res.Estimate
 	dur := time.Since(x.start)
 	g.metrics.admitSeconds.Observe(dur.Seconds())
 	ctx.Response.Header.Set("X-Kvgate-Tier", string(x.decision.Tier))
@@ -171,7 +171,7 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 		ctx.Response.Header.Set("X-Kvgate-Monitor", "would-refuse: "+x.reason)
 		g.log.Warn("monitor mode: forwarding a request the admission rule refuses",
 			zap.String("request_id", x.rid), zap.String("tenant", x.tenant.Name), zap.Int("tokens", x.decision.Tokens), zap.Int("limit", limit))
-		x.route = &routes[roomiest(routes, output, tenantMax)]
+		x.route = &routes[admission.Roomiest(routes, output, tenantMax)]
 		return nil
 	}
 	x.reason = policy.ReasonOK
@@ -180,121 +180,9 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 	return nil
 }
 
-func roomiest(routes []backends.Route, output, tenantMax int) int {
-	best := 0
-	for i := range routes {
-		if policy.MaxPrompt(routes[i].Path, output, tenantMax) > policy.MaxPrompt(routes[best].Path, output, tenantMax) {
-			best = i
-		}
-	}
-	return best
-}
-
-// decidePaths decides the request path by path, least loaded first, and returns the first path
-// that admits it (so the least-loaded admitting one), with x.decision set. Counts are per path
-// because engines may tokenize differently: an estimate may admit only where calibration trusts
-// it, and an exact count comes from the engines of the path being decided. When no path admits,
-// x.decision is the roomiest path's refusal (with Limit = the overall limit) and -1 is returned;
-// undecided then says whether some path refused only for want of a sound count.
-func (x *exchange) decidePaths(routes []backends.Route, output, tenantMax, limit int) (pick int, undecided bool) {
-	loads := make([]int64, len(routes))
-	for i := range routes {
-		loads[i] = routes[i].Load()
-	}
-	order := policy.Order(loads, rand.IntN)
-	ratio := x.g.ratio.Get()
-	// One estimate per prompt serves every path: it runs to the largest limit's stopping point.
-	stop := 0
-	if limit >= 0 {
-		stop = int(math.Floor(float64(limit)*ratio)) + 1
-	}
-	ests := make([]*cachingEstimator, len(x.req.Prompts))
-	for i := range ests {
-		ests[i] = &cachingEstimator{Estimator: x.g.enc, minStop: stop}
-	}
-	cache := map[string]int{}
-	room := roomiest(routes, output, tenantMax)
-	var refusal policy.Decision
-	for _, i := range order {
-		d := x.decideOn(&routes[i], policy.MaxPrompt(routes[i].Path, output, tenantMax), ratio, ests, cache)
-		if d.Admit {
-			d.Limit = limit
-			x.decision = d
-			return i, false
-		}
-		undecided = undecided || d.Undecided
-		if i == room {
-			refusal = d
-		}
-	}
-	refusal.Limit = limit
-	x.decision = refusal
-	return -1, undecided
-}
-
 // reasonCountUnavailable: no path admitted, and some path could not be decided without an exact
 // count that was not available.
 const reasonCountUnavailable = "count_unavailable"
-
-// decideOn counts every prompt of the request (a batch has several) against one path's limit.
-// The path admits only if all fit; the decision reported is the largest prompt's.
-func (x *exchange) decideOn(r *backends.Route, limit int, ratio float64, ests []*cachingEstimator, cache map[string]int) policy.Decision {
-	g := x.g
-	var exact policy.ExactCounter // no exact counter: a nil interface, not a nil pointer
-	var pc *pathCounter
-	if g.exact != nil {
-		pc = &pathCounter{g: g, route: r, cache: cache}
-		exact = pc
-	}
-	distrust := g.distrusted(r)
-	var worst policy.Decision
-	for i, p := range x.req.Prompts {
-		if pc != nil {
-			pc.prompt, pc.est = i, ests[i]
-		}
-		pr := policy.Request{Text: p.Text, Bytes: len(p.Text), InputIDs: p.IDs, HasInputIDs: p.HasIDs,
-			Overhead: specialTokenAllowance, DistrustEstimate: distrust}
-		d := policy.Decide(context.Background(), pr, limit, ests[i], ratio, exact)
-		if e := ests[i]; e.complete && e.n > x.estimate {
-			x.estimate = e.n
-		}
-		if i == 0 || !d.Admit && worst.Admit || d.Admit == worst.Admit && d.Tokens > worst.Tokens {
-			worst = d
-		}
-		if !d.Admit {
-			break // the path refuses: the other prompts need not be counted for it
-		}
-	}
-	return worst
-}
-
-// specialTokenAllowance covers tokens an engine adds to a text prompt (BOS, EOS) that are not
-// in the text: the byte bound is only sound with them added.
-const specialTokenAllowance = 2
-
-// cachingEstimator counts one prompt once for every path: the first count runs at least to
-// minStop (the stopping point of the largest limit), and later calls reuse it. It also remembers
-// the complete estimate, to learn the safety ratio from engine reports.
-type cachingEstimator struct {
-	policy.Estimator
-	minStop  int
-	done     bool
-	n        int
-	complete bool
-}
-
-func (c *cachingEstimator) Count(text string, stopAfter int) (int, bool) {
-	if !c.done {
-		stop := stopAfter
-		if stop >= 0 && c.minStop > stop {
-			stop = c.minStop
-		}
-		c.n, c.complete = c.Estimator.Count(text, stop)
-		c.done = true
-	}
-	// An incomplete count that stopped past stopAfter still says "more than stopAfter".
-	return c.n, c.complete || stopAfter >= 0 && c.n > stopAfter
-}
 
 // tooLong is the 413: OpenAI's wording on OpenAI routes, SGLang's on /generate.
 func (x *exchange) tooLong(routes []backends.Route, output, limit int) *apierr.Error {

@@ -96,7 +96,7 @@ capacity: {poll_interval: 1h}
 	if err != nil {
 		tb.Fatal(err)
 	}
-	g.exact = nil
+	g.count.WithoutExact()
 	return g, set
 }
 

@@ -41,7 +41,7 @@ func (p *panicOnce) Observe(float64) {
 // counted, and leaves every other request served by the same process.
 func TestPanicInOneExchangeLeavesOthersServed(t *testing.T) {
 	g := inmemGateway(t, enginesim.Config{})
-	g.enc = boomEncoder{g.enc}
+	g.count.Encoder = boomEncoder{g.count.Encoder}
 	stream := &panicOnce{}
 	g.metrics.overheadStream = stream
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -28,6 +28,7 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 	"go.uber.org/zap"
 
+	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/canary"
@@ -46,20 +47,13 @@ type Gateway struct {
 	log      *zap.Logger
 	access   *zap.Logger
 	backends *backends.Set
-	enc      tokenize.Encoder
-	ratio    *tokenize.SafetyRatio
-	exact    *exactCounter
+	count    *admission.Counter // counting and calibration state (package admission)
 	tenants  []tenant
 	admin    []byte // sha256 of the admin key; nil disables admin routes
 	metrics  *metrics
 	server   *fasthttp.Server
 	metricsH fasthttp.RequestHandler
 	draining atomic.Bool
-	// calib is per backend what tokenizer calibration found (see calibrate).
-	calibMu    sync.RWMutex
-	calib      map[string]*calibration
-	calibRetry map[string]*calibRetry // engines whose calibration failed, until one succeeds
-	calibGen   map[string]uint64      // attempts started per engine: only the latest stores
 
 	// Canaries and shared state. keyring is nil when canaries are disabled.
 	keyring    *canary.Keyring
@@ -106,11 +100,8 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	if err != nil {
 		return nil, fmt.Errorf("building tokenizer: %w", err)
 	}
-	g := &Gateway{
-		cfg: cfg, log: log.Named("gateway"), access: log.Named("access"), backends: set, enc: enc,
-		ratio: tokenize.NewSafetyRatio(cfg.Tokenizer.SafetyRatio, cfg.Tokenizer.SafetyRatioMax),
-	}
-	g.state, g.calib, g.calibRetry, g.calibGen = st, map[string]*calibration{}, map[string]*calibRetry{}, map[string]uint64{}
+	g := &Gateway{cfg: cfg, log: log.Named("gateway"), access: log.Named("access"), backends: set}
+	g.state = st
 	g.quarantine = state.NewQuarantines(st.Quarantine, set.SetQuarantine)
 	if cfg.Canary.Enabled {
 		names := make([]string, len(cfg.Tenants))
@@ -119,7 +110,6 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 		}
 		g.keyring = canary.NewKeyring([]byte(cfg.Canary.Secret), cfg.Canary.Epoch, cfg.Canary.DetectWindow, names)
 	}
-	g.exact = newExactCounter(set, cfg.Tokenizer.ExactConcurrency, cfg.Tokenizer.ExactTimeout)
 	for _, t := range cfg.Tenants {
 		h, _ := hex.DecodeString(strings.ToLower(t.KeySHA256)) // validated by config
 		g.tenants = append(g.tenants, tenant{Tenant: t, hash: h})
@@ -127,8 +117,13 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	if cfg.AdminKeySHA256 != "" {
 		g.admin, _ = hex.DecodeString(strings.ToLower(cfg.AdminKeySHA256))
 	}
-	g.metrics = newMetrics(set, g.ratio.Get, g.degraded)
-	g.exact.metrics = g.metrics
+	ratio := tokenize.NewSafetyRatio(cfg.Tokenizer.SafetyRatio, cfg.Tokenizer.SafetyRatioMax)
+	g.metrics = newMetrics(set, ratio.Get, g.degraded)
+	g.count = admission.New(admission.Options{Encoder: enc, Ratio: ratio, Set: set,
+		ExactConcurrency: cfg.Tokenizer.ExactConcurrency, ExactTimeout: cfg.Tokenizer.ExactTimeout,
+		SafetyRatio: cfg.Tokenizer.SafetyRatio, CalibrationRetryMax: cfg.Tokenizer.CalibrationRetryMax,
+		PollInterval: cfg.Capacity.PollInterval, Log: g.log,
+		ExactCalls: g.metrics.exactCalls, Calibrations: g.metrics.calibrations})
 	g.lim = newLimitsState(g) // kvgate limits
 	g.replies = reply.NewBudget(cfg.Upstream.MaxBufferedBytes)
 	g.metrics.repliesOverBudget = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_replies_over_budget_total",
@@ -140,7 +135,7 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	prev := set.OnCapacityChange
 	set.OnCapacityChange = func(b *backends.Backend, old, cur *backends.Capacity) {
 		g.metrics.capChanges.WithLabelValues(b.Name).Inc()
-		g.calibrate(b)
+		g.count.Calibrate(b)
 		if prev != nil {
 			prev(b, old, cur)
 		}
@@ -149,7 +144,7 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	set.OnPolled = func(b *backends.Backend) {
 		// A failed calibration is retried on the poll schedule (backing off) until it succeeds,
 		// not only when the engine's capacity changes.
-		g.retryCalibration(b, time.Now())
+		g.count.RetryCalibration(b, time.Now())
 		if prevPolled != nil {
 			prevPolled(b)
 		}

@@ -1,4 +1,9 @@
-package gateway
+// Package admission counts a request's prompts the way the engines of a path will and decides,
+// path by path (least loaded first), whether the request fits: the three counting tiers (the
+// byte bound, the local estimate with its safety ratio, the engine's own /tokenize), and each
+// engine's tokenizer calibration, which says where an estimate may admit. The rule itself is
+// policy's (pure); this package owns the counting state. It knows nothing of HTTP.
+package admission
 
 import (
 	"context"
@@ -7,8 +12,10 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/backends"
@@ -24,7 +31,7 @@ type exactCounter struct {
 	set     *backends.Set
 	slots   chan struct{}
 	timeout time.Duration
-	metrics *metrics
+	calls   *prometheus.CounterVec // by result; nil: not counted
 }
 
 var errSaturated = errors.New("exact counting saturated")
@@ -56,8 +63,8 @@ func (e *exactCounter) countOn(ctx context.Context, b *backends.Backend, text st
 }
 
 func (e *exactCounter) count(result string) {
-	if e.metrics != nil {
-		e.metrics.exactCalls.WithLabelValues(result).Inc()
+	if e.calls != nil {
+		e.calls.WithLabelValues(result).Inc()
 	}
 }
 
@@ -93,7 +100,7 @@ const calibrationFloorSlack = 2
 // real tokenizer (vocabularies differ by tens of percent, not eightfold): the answer is a lie.
 const calibrationMinShare = 8
 
-func (g *Gateway) calibrationOf(b *backends.Backend) *calibration {
+func (g *Counter) calibrationOf(b *backends.Backend) *calibration {
 	if b == nil {
 		return nil
 	}
@@ -102,11 +109,11 @@ func (g *Gateway) calibrationOf(b *backends.Backend) *calibration {
 	return g.calib[b.Name]
 }
 
-// retryCalibration starts a new calibration attempt for b, in the background, when b has none,
+// RetryCalibration starts a new calibration attempt for b, in the background, when b has none,
 // its last attempt failed, the next is due and none is running. Called on every successful poll,
 // so attempts follow the poll interval, backing off up to tokenizer.calibration_retry_max; off the
 // poller's goroutine, so a /tokenize that hangs cannot make the capacity reading stale.
-func (g *Gateway) retryCalibration(b *backends.Backend, now time.Time) {
+func (g *Counter) RetryCalibration(b *backends.Backend, now time.Time) {
 	g.calibMu.Lock()
 	r := g.calibRetry[b.Name]
 	due := g.calib[b.Name] == nil && r != nil && !r.running && !now.Before(r.next)
@@ -126,18 +133,19 @@ func (g *Gateway) retryCalibration(b *backends.Backend, now time.Time) {
 			}
 			g.calibMu.Unlock()
 		}()
-		g.calibrate(b)
+		g.Calibrate(b)
 	}()
 }
 
-// calibrate compares the engine's exact count of each calibration sample with the local
+// Calibrate compares the engine's exact count of each calibration sample with the local
 // estimate; the worst ratio decides. An engine whose tokenizer counts more than estimate × ratio
 // on any kind of text makes estimates unsafe for admission on paths through it (they may still
 // refuse); the ratio also learns from it, up to its cap. It runs on the poller's goroutine,
 // before the backend counts as read, so no request is decided before it. An engine that cannot
 // be calibrated (its /tokenize fails, or answers what no tokenizer could) is not trusted: its
 // paths get refuse-only estimates until a retry succeeds.
-func (g *Gateway) calibrate(b *backends.Backend) {
+// Calibrate compares b's tokenizer with the local estimate now (on a capacity change).
+func (g *Counter) Calibrate(b *backends.Backend) {
 	// Only the latest attempt may store its result: a background retry that started before a
 	// capacity change (perhaps another tokenizer) must not overwrite what came after it.
 	g.calibMu.Lock()
@@ -148,10 +156,10 @@ func (g *Gateway) calibrate(b *backends.Backend) {
 	c := &calibration{floor: math.Inf(1)}
 	worstLocal, worstEngine := 0, 0
 	for _, s := range tokenize.CalibrationSamples {
-		ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Tokenizer.ExactTimeout)
-		engine, err := b.Tokenize(ctx, s.Text, g.cfg.Tokenizer.ExactTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), g.o.ExactTimeout)
+		engine, err := b.Tokenize(ctx, s.Text, g.o.ExactTimeout)
 		cancel()
-		local, _ := g.enc.Count(s.Text, -1)
+		local, _ := g.Encoder.Count(s.Text, -1)
 		local += specialTokenAllowance // the engine's count includes its special tokens
 		if err == nil && (engine < 1 || engine > len(s.Text)+specialTokenAllowance || engine*calibrationMinShare < local) {
 			err = fmt.Errorf("implausible count %d of a %d-byte %s sample (estimate %d)", engine, len(s.Text), s.Kind, local)
@@ -168,8 +176,8 @@ func (g *Gateway) calibrate(b *backends.Backend) {
 		c.floor = min(c.floor, r/calibrationFloorSlack)
 	}
 	c.fingerprint = fp.String()
-	g.ratio.Observe(worstLocal, worstEngine)
-	c.distrust = c.worst > g.cfg.Tokenizer.SafetyRatio
+	g.o.Ratio.Observe(worstLocal, worstEngine)
+	c.distrust = c.worst > g.o.SafetyRatio
 	g.calibMu.Lock()
 	if g.calibGen[b.Name] != gen {
 		g.calibMu.Unlock()
@@ -180,7 +188,7 @@ func (g *Gateway) calibrate(b *backends.Backend) {
 	retried := g.calibRetry[b.Name]
 	delete(g.calibRetry, b.Name)
 	g.calibMu.Unlock()
-	g.metrics.calibrations.WithLabelValues(b.Name, "ok").Inc()
+	g.calibrated(b.Name, "ok")
 	if retried != nil {
 		g.log.Info("engine tokenizer calibrated after failed attempts: estimates for its paths follow calibration again",
 			zap.String("backend", b.Name), zap.Int("failed_attempts", retried.failures))
@@ -188,14 +196,14 @@ func (g *Gateway) calibrate(b *backends.Backend) {
 	if c.distrust && (old == nil || !old.distrust) {
 		g.log.Warn("engine tokenizer counts more than estimate × safety_ratio: estimates will not admit prompts for paths through it that the byte bound cannot; borderline prompts are counted by the engine",
 			zap.String("backend", b.Name), zap.String("text_kind", c.kind), zap.Int("engine_count", worstEngine),
-			zap.Int("estimate", worstLocal), zap.Float64("safety_ratio", g.cfg.Tokenizer.SafetyRatio))
+			zap.Int("estimate", worstLocal), zap.Float64("safety_ratio", g.o.SafetyRatio))
 	}
 }
 
 // calibrationFailed forgets b's calibration (a failure after a capacity change may mean another
 // tokenizer) and schedules the next attempt: one poll interval after the first failure,
 // doubling, capped at tokenizer.calibration_retry_max.
-func (g *Gateway) calibrationFailed(b *backends.Backend, gen uint64, err error) {
+func (g *Counter) calibrationFailed(b *backends.Backend, gen uint64, err error) {
 	g.calibMu.Lock()
 	if g.calibGen[b.Name] != gen {
 		g.calibMu.Unlock()
@@ -208,14 +216,14 @@ func (g *Gateway) calibrationFailed(b *backends.Backend, gen uint64, err error) 
 		g.calibRetry[b.Name] = r
 	}
 	r.failures++
-	delay := g.cfg.Tokenizer.CalibrationRetryMax
+	delay := g.o.CalibrationRetryMax
 	if shift := r.failures - 1; shift < 30 {
-		delay = min(delay, g.cfg.Capacity.PollInterval<<shift)
+		delay = min(delay, g.o.PollInterval<<shift)
 	}
 	r.next = time.Now().Add(delay)
 	failures := r.failures
 	g.calibMu.Unlock()
-	g.metrics.calibrations.WithLabelValues(b.Name, "failed").Inc()
+	g.calibrated(b.Name, "failed")
 	if failures == 1 {
 		g.log.Warn("engine tokenizer could not be calibrated: estimates for paths through it are refuse-only, every borderline prompt needs its exact count (503 count_unavailable without one); retrying with backoff",
 			zap.String("backend", b.Name), zap.Error(err), zap.Duration("next_attempt_in", delay))
@@ -227,7 +235,7 @@ func (g *Gateway) calibrationFailed(b *backends.Backend, gen uint64, err error) 
 // two tokenize differently), and the largest count is the prompt's. Counts are kept per
 // tokenizer for the request, so trying another path with the same tokenizer asks no engine again.
 type pathCounter struct {
-	g      *Gateway
+	g      *Counter
 	route  *backends.Route
 	prompt int               // index of the prompt being decided
 	est    *cachingEstimator // its estimate (counted before any exact count is asked)
@@ -287,11 +295,73 @@ func (p *pathCounter) Exact(ctx context.Context, text string) (int, error) {
 // distrusted says whether an estimate may not admit on r: some engine on it was calibrated to
 // count more than estimate × safety_ratio, or could not be calibrated at all (unknown is not
 // trusted).
-func (g *Gateway) distrusted(r *backends.Route) bool {
+func (g *Counter) distrusted(r *backends.Route) bool {
 	for _, b := range r.All() {
 		if c := g.calibrationOf(b); c == nil || c.distrust {
 			return true
 		}
 	}
 	return false
+}
+
+// Options configure a Counter.
+type Options struct {
+	Encoder tokenize.Encoder
+	Ratio   *tokenize.SafetyRatio
+	// Set is where exact counts are asked; ExactConcurrency bounds the calls in flight and
+	// ExactTimeout each one (the wait for a slot included).
+	Set                 *backends.Set
+	ExactConcurrency    int
+	ExactTimeout        time.Duration
+	SafetyRatio         float64       // tokenizer.safety_ratio: calibration distrusts engines over it
+	CalibrationRetryMax time.Duration // the longest wait between attempts to calibrate an engine
+	PollInterval        time.Duration // the first wait after a failed calibration
+	Log                 *zap.Logger
+	// ExactCalls and Calibrations, when set, count /tokenize calls by result and calibrations
+	// by backend and result.
+	ExactCalls, Calibrations *prometheus.CounterVec
+}
+
+// Counter is the counting state of one gateway: calibrations per engine, the exact counter.
+type Counter struct {
+	o   Options
+	log *zap.Logger
+	// Encoder is the local estimate's tokenizer (replaceable before serving).
+	Encoder tokenize.Encoder
+	exact   *exactCounter // nil: no engine is asked (the gray zone cannot admit)
+
+	calibMu    sync.RWMutex
+	calib      map[string]*calibration // per backend: what calibration found
+	calibRetry map[string]*calibRetry  // engines whose calibration failed, until one succeeds
+	calibGen   map[string]uint64       // attempts started per engine: only the latest stores
+}
+
+// New builds a Counter.
+func New(o Options) *Counter {
+	c := &Counter{o: o, log: o.Log, Encoder: o.Encoder, calib: map[string]*calibration{},
+		calibRetry: map[string]*calibRetry{}, calibGen: map[string]uint64{}}
+	if c.log == nil {
+		c.log = zap.NewNop()
+	}
+	if o.Set != nil {
+		c.exact = newExactCounter(o.Set, o.ExactConcurrency, o.ExactTimeout)
+		c.exact.calls = o.ExactCalls
+	}
+	return c
+}
+
+// WithoutExact stops asking engines for exact counts: borderline prompts are then undecided.
+func (g *Counter) WithoutExact() { g.exact = nil }
+
+// Ratio is the safety ratio applied to estimates now.
+func (g *Counter) Ratio() float64 { return g.o.Ratio.Get() }
+
+// Learn raises the safety ratio from a prompt an engine counted as reported after it was
+// estimated as estimate.
+func (g *Counter) Learn(estimate, reported int) { g.o.Ratio.Observe(estimate, reported) }
+
+func (g *Counter) calibrated(backend, result string) {
+	if g.o.Calibrations != nil {
+		g.o.Calibrations.WithLabelValues(backend, result).Inc()
+	}
 }
