@@ -139,25 +139,6 @@ func (f *tenantFields) apply(r *state.TenantRecord) *apierr.Error {
 	return nil
 }
 
-func (g *Gateway) configTenant(name string) *tenant {
-	for i := range g.tenants {
-		if g.tenants[i].Name == name {
-			return &g.tenants[i]
-		}
-	}
-	return nil
-}
-
-// keyClash says whether key belongs to a config tenant (the store checks run-time ones).
-func (g *Gateway) keyClash(key string) bool {
-	for _, t := range g.tenants {
-		if hex.EncodeToString(t.hash) == key {
-			return true
-		}
-	}
-	return false
-}
-
 func storeError(err error, name string) *apierr.Error {
 	switch {
 	case errors.Is(err, state.ErrTenantExists):
@@ -215,9 +196,9 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 
 func (g *Gateway) listTenants(ctx *fasthttp.RequestCtx) {
 	out := []tenantView{}
-	for _, t := range g.tenants {
+	for _, t := range g.tenants.Config() {
 		out = append(out, viewOf(state.TenantRecord{Name: t.Name, KeySHA256: t.KeySHA256, MaxPromptTokens: t.MaxPromptTokens,
-			CanaryOptOut: t.CanaryOptOut, Limits: limitsOf(&t)}, "config"))
+			CanaryOptOut: t.CanaryOptOut, Limits: t.Limits()}, "config"))
 	}
 	rctx, cancel := storeCtx()
 	defer cancel()
@@ -251,11 +232,11 @@ func (g *Gateway) createTenant(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, e)
 		return
 	}
-	if g.configTenant(r.Name) != nil {
+	if g.tenants.Configured(r.Name) != nil {
 		writeError(ctx, storeError(state.ErrTenantExists, r.Name))
 		return
 	}
-	if g.keyClash(r.KeySHA256) {
+	if g.tenants.KeyClash(r.KeySHA256) {
 		writeError(ctx, keyInUse())
 		return
 	}
@@ -265,13 +246,13 @@ func (g *Gateway) createTenant(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, storeError(err, r.Name))
 		return
 	}
-	g.lim.sync(rctx) // this replica serves the tenant at once; others within a sync interval
+	g.tenants.Sync(rctx) // this replica serves the tenant at once; others within a sync interval
 	g.log.Info("tenant created by an operator", zap.String("tenant", r.Name))
 	writeJSON(ctx, 201, viewOf(r, "runtime"))
 }
 
 func (g *Gateway) patchTenant(ctx *fasthttp.RequestCtx, name string) {
-	if g.configTenant(name) != nil {
+	if g.tenants.Configured(name) != nil {
 		writeError(ctx, configTenantError(name))
 		return
 	}
@@ -295,7 +276,7 @@ func (g *Gateway) patchTenant(ctx *fasthttp.RequestCtx, name string) {
 		writeError(ctx, e)
 		return
 	}
-	if g.keyClash(r.KeySHA256) {
+	if g.tenants.KeyClash(r.KeySHA256) {
 		writeError(ctx, keyInUse())
 		return
 	}
@@ -303,13 +284,13 @@ func (g *Gateway) patchTenant(ctx *fasthttp.RequestCtx, name string) {
 		writeError(ctx, storeError(err, name))
 		return
 	}
-	g.lim.sync(rctx)
+	g.tenants.Sync(rctx)
 	g.log.Info("tenant changed by an operator", zap.String("tenant", name))
 	writeJSON(ctx, 200, viewOf(r, "runtime"))
 }
 
 func (g *Gateway) deleteTenant(ctx *fasthttp.RequestCtx, name string) {
-	if g.configTenant(name) != nil {
+	if g.tenants.Configured(name) != nil {
 		writeError(ctx, configTenantError(name))
 		return
 	}
@@ -319,7 +300,7 @@ func (g *Gateway) deleteTenant(ctx *fasthttp.RequestCtx, name string) {
 		writeError(ctx, storeError(err, name))
 		return
 	}
-	g.lim.sync(rctx)
+	g.tenants.Sync(rctx)
 	g.log.Warn("tenant deleted by an operator", zap.String("tenant", name))
 	writeJSON(ctx, 200, map[string]any{"deleted": name})
 }

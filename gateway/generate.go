@@ -22,13 +22,14 @@ import (
 	"github.com/kvgate/kvgate/internal/panics"
 	"github.com/kvgate/kvgate/policy"
 	"github.com/kvgate/kvgate/request"
+	"github.com/kvgate/kvgate/tenants"
 )
 
 // exchange is one client request on its way through the pipeline; the access log line is
 // written from it once the reply is complete (for streams, when the stream closes).
 type exchange struct {
 	g      *Gateway
-	tenant *tenant
+	tenant *tenants.Tenant
 	req    *request.Request
 	// rid is the client-facing request id (X-Request-Id, the client's if sane); engineRID is the
 	// rid the engines see, always ours.

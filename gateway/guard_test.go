@@ -15,6 +15,7 @@ import (
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/reply"
 	"github.com/kvgate/kvgate/request"
+	"github.com/kvgate/kvgate/tenants"
 )
 
 func guardGateway(t testing.TB) *Gateway {
@@ -44,7 +45,7 @@ func TestGuardStreams(t *testing.T) {
 	g := guardGateway(t)
 	bobMarker, _ := g.keyring.Current("bob", time.Now())
 	aliceMarker, _ := g.keyring.Current("alice", time.Now())
-	alice := &tenant{Tenant: config.Tenant{Name: "alice"}}
+	alice := &tenants.Tenant{Tenant: config.Tenant{Name: "alice"}}
 	newX := func(kind request.Kind) *exchange {
 		return &exchange{g: g, tenant: alice, kind: kind, rid: "r", route: &backends.Route{}}
 	}
@@ -180,7 +181,7 @@ func TestEchoSetCoversToolDefinitions(t *testing.T) {
 	if e != nil {
 		t.Fatal(e)
 	}
-	x := &exchange{g: g, tenant: &tenant{Tenant: config.Tenant{Name: "alice"}}, kind: request.Chat, req: req, rid: "r", route: &backends.Route{}}
+	x := &exchange{g: g, tenant: &tenants.Tenant{Tenant: config.Tenant{Name: "alice"}}, kind: request.Chat, req: req, rid: "r", route: &backends.Route{}}
 	x.inject()
 	if len(x.echoes) != 1 || x.echoes[0] != bobMarker {
 		t.Fatalf("echo set %v should hold bob's marker", x.echoes)
@@ -193,7 +194,7 @@ func TestEchoSetCoversToolDefinitions(t *testing.T) {
 func TestGuardKeepsLogprobTokensAndEscapedEchoes(t *testing.T) {
 	g := guardGateway(t)
 	bobMarker, _ := g.keyring.Current("bob", time.Now())
-	alice := &tenant{Tenant: config.Tenant{Name: "alice"}}
+	alice := &tenants.Tenant{Tenant: config.Tenant{Name: "alice"}}
 	// Clean logprob tokens are never reshaped, even ones ending in a possible marker start.
 	x := &exchange{g: g, tenant: alice, kind: request.Chat, rid: "r", route: &backends.Route{}}
 	gd := streamOf(x)
@@ -233,10 +234,10 @@ func TestGuardKeepsLogprobTokensAndEscapedEchoes(t *testing.T) {
 // Opted-out tenants and token-id requests get no marker, and both are counted.
 func TestInjectionSkips(t *testing.T) {
 	g := guardGateway(t)
-	opted := &tenant{Tenant: config.Tenant{Name: "bob", CanaryOptOut: true}}
-	alice := &tenant{Tenant: config.Tenant{Name: "alice"}}
+	opted := &tenants.Tenant{Tenant: config.Tenant{Name: "bob", CanaryOptOut: true}}
+	alice := &tenants.Tenant{Tenant: config.Tenant{Name: "alice"}}
 	for _, c := range []struct {
-		tn     *tenant
+		tn     *tenants.Tenant
 		kind   request.Kind
 		body   string
 		marked bool

@@ -7,12 +7,10 @@ package gateway
 
 import (
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,16 +18,12 @@ import (
 
 	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/backends"
-	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/policy"
 	"github.com/kvgate/kvgate/state"
+	"github.com/kvgate/kvgate/tenants"
 )
 
-// tenantSyncInterval is how often a replica checks the shared tenant list's version: a tenant
-// added or deleted on one replica is seen by every other within it (well under one second).
-const tenantSyncInterval = 250 * time.Millisecond
-
-// limitsState is the gateway's limiter, tenant store and the current tenant list.
+// limitsState is the gateway's limiter and the run-time tenant store.
 type limitsState struct {
 	g         *Gateway
 	limiter   *policy.Limiter
@@ -37,12 +31,6 @@ type limitsState struct {
 	redis     *state.RedisLimits // nil in memory mode
 	replicaID string
 	timeout   time.Duration
-
-	// all is what authenticate reads: the config tenants, then those added at run time.
-	all     atomic.Pointer[[]tenant]
-	syncMu  sync.Mutex // one sync at a time (the loop and admin writes)
-	version int64
-	synced  bool
 
 	ratelimited *prometheus.CounterVec
 	reserved    *prometheus.CounterVec
@@ -74,8 +62,6 @@ func newLimitsState(g *Gateway) *limitsState {
 			g.log.Info("redis answers again: tenant limits are shared across replicas again")
 		}
 	}
-	base := g.tenants
-	s.all.Store(&base)
 
 	s.ratelimited = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_ratelimited_total",
 		Help: "Requests refused with 429, by tenant and the limit that refused (rpm, tpm, max_concurrent)."}, []string{"tenant", "limit"})
@@ -93,70 +79,10 @@ func newLimitsState(g *Gateway) *limitsState {
 	return s
 }
 
-// tenantList is the current tenant list (never nil after New).
-func (g *Gateway) tenantList() []tenant {
-	if g.lim == nil {
-		return g.tenants
-	}
-	return *g.lim.all.Load()
-}
-
 // run keeps the tenant list in sync and runs the limiter's background work until ctx ends.
 func (s *limitsState) run(ctx context.Context) {
 	go s.limiter.Run(ctx)
-	t := time.NewTicker(tenantSyncInterval)
-	defer t.Stop()
-	for {
-		s.sync(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// sync reloads the run-time tenants when the store's version moved. With the store unreachable
-// the last list stays in force.
-func (s *limitsState) sync(ctx context.Context) {
-	s.syncMu.Lock()
-	defer s.syncMu.Unlock()
-	c, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	v, err := s.store.Version(c)
-	if err != nil || (s.synced && v == s.version) {
-		return
-	}
-	recs, err := s.store.List(c)
-	if err != nil {
-		return
-	}
-	s.version, s.synced = v, true
-	list := append([]tenant(nil), s.g.tenants...)
-	taken := map[string]bool{}
-	for _, t := range s.g.tenants {
-		taken["n:"+t.Name], taken["k:"+hex.EncodeToString(t.hash)] = true, true
-	}
-	for _, r := range recs {
-		key := strings.ToLower(r.KeySHA256)
-		h, err := hex.DecodeString(key)
-		if err != nil || len(h) != 32 || taken["n:"+r.Name] || taken["k:"+key] {
-			// The admin API refuses these; one written around it must not shadow a config tenant.
-			s.g.log.Warn("ignoring a run-time tenant that clashes with the config file or has a bad key", zap.String("tenant", r.Name))
-			continue
-		}
-		taken["n:"+r.Name], taken["k:"+key] = true, true
-		list = append(list, tenant{Tenant: config.Tenant{Name: r.Name, KeySHA256: key, MaxPromptTokens: r.MaxPromptTokens,
-			CanaryOptOut: r.CanaryOptOut, RPM: r.RPM, TPM: r.TPM, MaxConcurrent: r.MaxConcurrent}, hash: h})
-		if s.g.keyring != nil {
-			s.g.keyring.AddTenant(r.Name) // its markers are injected and detected like any tenant's
-		}
-	}
-	s.all.Store(&list)
-}
-
-func limitsOf(t *tenant) policy.Limits {
-	return policy.Limits{RPM: t.RPM, TPM: t.TPM, MaxConcurrent: t.MaxConcurrent}
+	s.g.tenants.Run(ctx)
 }
 
 // limitHold is an admitted exchange's claim on its tenant's limits and what its reply used.
@@ -174,7 +100,7 @@ type limitHold struct {
 // 429), before any backend. It reserves the prompt and the output the request may produce.
 func (x *exchange) reserveLimits() *apierr.Error {
 	g := x.g
-	lim := limitsOf(x.tenant)
+	lim := x.tenant.Limits()
 	if g.lim == nil || lim.None() {
 		return nil
 	}
@@ -196,8 +122,8 @@ func (x *exchange) reserveLimits() *apierr.Error {
 
 // reserve is the 429 decision for tokens of tenant t's limits, on any route: nil ticket and nil
 // error when t has no limits; on a refusal, the limit that refused and the client's 429.
-func (g *Gateway) reserve(t *tenant, tokens int64) (*policy.Ticket, string, *apierr.Error) {
-	lim := limitsOf(t)
+func (g *Gateway) reserve(t *tenants.Tenant, tokens int64) (*policy.Ticket, string, *apierr.Error) {
+	lim := t.Limits()
 	if g.lim == nil || lim.None() {
 		return nil, "", nil
 	}
@@ -211,7 +137,7 @@ func (g *Gateway) reserve(t *tenant, tokens int64) (*policy.Ticket, string, *api
 }
 
 // settle ends a ticket from reserve with what was used (nil ticket: nothing to do).
-func (g *Gateway) settle(t *tenant, ticket *policy.Ticket, used int64) {
+func (g *Gateway) settle(t *tenants.Tenant, ticket *policy.Ticket, used int64) {
 	if ticket == nil {
 		return
 	}

@@ -50,7 +50,7 @@ func (x *exchange) engineFields() map[string]json.RawMessage {
 	// request is salted, with or without a marker in its prompt: /generate with input_ids and
 	// canary opt-out tenants carry none, and a shared cached prefix answers faster, which tells
 	// one tenant what another sent.
-	salt := x.tenant.cacheSalt()
+	salt := x.tenant.CacheSalt()
 	if x.kind != request.Generate {
 		set("cache_salt", jsonOf(salt))
 		return f

@@ -9,6 +9,7 @@ import (
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/reply"
 	"github.com/kvgate/kvgate/request"
+	"github.com/kvgate/kvgate/tenants"
 )
 
 var (
@@ -17,7 +18,7 @@ var (
 
 func benchExchange(b *testing.B) *exchange {
 	g := guardGateway(b)
-	return &exchange{g: g, tenant: &tenant{Tenant: config.Tenant{Name: "alice"}}, kind: request.Chat, rid: "r", route: &backends.Route{}}
+	return &exchange{g: g, tenant: &tenants.Tenant{Tenant: config.Tenant{Name: "alice"}}, kind: request.Chat, rid: "r", route: &backends.Route{}}
 }
 
 // A whole non-streaming reply through the normaliser and the scanner (per reply).

@@ -7,7 +7,6 @@ package gateway
 
 import (
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -38,6 +37,7 @@ import (
 	"github.com/kvgate/kvgate/reply"
 	"github.com/kvgate/kvgate/request"
 	"github.com/kvgate/kvgate/state"
+	"github.com/kvgate/kvgate/tenants"
 	"github.com/kvgate/kvgate/tokenize"
 )
 
@@ -48,7 +48,7 @@ type Gateway struct {
 	access   *zap.Logger
 	backends *backends.Set
 	count    *admission.Counter // counting and calibration state (package admission)
-	tenants  []tenant
+	tenants  *tenants.Directory
 	admin    []byte // sha256 of the admin key; nil disables admin routes
 	metrics  *metrics
 	server   *fasthttp.Server
@@ -74,19 +74,6 @@ type Gateway struct {
 	nOversized atomic.Int64
 }
 
-type tenant struct {
-	config.Tenant
-	hash []byte
-}
-
-// cacheSalt is the tenant's prefix-cache partition: an HMAC of its key hash, so it is stable
-// across replicas and restarts, secret to other tenants, and never the key itself.
-func (t *tenant) cacheSalt() string {
-	m := hmac.New(sha256.New, t.hash)
-	m.Write([]byte("kvgate cache_salt v1"))
-	return hex.EncodeToString(m.Sum(nil)[:16])
-}
-
 // New builds a gateway from cfg with shared state st (nil: in memory); it starts nothing until
 // Run and Serve.
 func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger) (*Gateway, error) {
@@ -110,9 +97,9 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 		}
 		g.keyring = canary.NewKeyring([]byte(cfg.Canary.Secret), cfg.Canary.Epoch, cfg.Canary.DetectWindow, names)
 	}
-	for _, t := range cfg.Tenants {
-		h, _ := hex.DecodeString(strings.ToLower(t.KeySHA256)) // validated by config
-		g.tenants = append(g.tenants, tenant{Tenant: t, hash: h})
+	g.tenants = tenants.NewDirectory(tenants.FromConfig(cfg.Tenants), st.Tenants, g.log)
+	if g.keyring != nil {
+		g.tenants.OnAdd = g.keyring.AddTenant // run-time tenants' markers are injected and detected like any
 	}
 	if cfg.AdminKeySHA256 != "" {
 		g.admin, _ = hex.DecodeString(strings.ToLower(cfg.AdminKeySHA256))
@@ -365,20 +352,12 @@ func (g *Gateway) onlyPost(ctx *fasthttp.RequestCtx, method string, kind request
 
 // authenticate maps the bearer key to a tenant. Every tenant's hash is compared in constant
 // time, so timing says nothing about which (or whether a) prefix matched.
-func (g *Gateway) authenticate(ctx *fasthttp.RequestCtx) *tenant {
+func (g *Gateway) authenticate(ctx *fasthttp.RequestCtx) *tenants.Tenant {
 	key, ok := bearer(ctx)
 	if !ok {
 		return nil
 	}
-	sum := sha256.Sum256(key)
-	var found *tenant
-	tenants := g.tenantList() // kvgate limits: config tenants plus those added at run time
-	for i := range tenants {
-		if subtle.ConstantTimeCompare(sum[:], tenants[i].hash) == 1 {
-			found = &tenants[i]
-		}
-	}
-	return found
+	return g.tenants.ByKey(key)
 }
 
 // bearer is the client's key: "Authorization: Bearer KEY", or on Anthropic's routes the
