@@ -7,12 +7,8 @@ package gateway
 // and stored as their SHA-256.
 
 import (
-	"bytes"
 	"context"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"strings"
 	"time"
 
@@ -20,8 +16,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/apierr"
-	"github.com/kvgate/kvgate/policy"
 	"github.com/kvgate/kvgate/state"
+	"github.com/kvgate/kvgate/tenants"
 )
 
 // adminTenants serves the tenant routes; false means path is not one of them.
@@ -60,131 +56,18 @@ func (g *Gateway) adminTenants(ctx *fasthttp.RequestCtx, path, method string) bo
 	return true
 }
 
-// tenantFields is a POST or PATCH body; nil fields are absent (PATCH keeps them).
-type tenantFields struct {
-	Name            *string `json:"name"`
-	KeySHA256       *string `json:"key_sha256"`
-	MaxPromptTokens *int    `json:"max_prompt_tokens"`
-	CanaryOptOut    *bool   `json:"canary_opt_out"`
-	RPM             *int    `json:"rpm"`
-	TPM             *int    `json:"tpm"`
-	MaxConcurrent   *int    `json:"max_concurrent"`
-}
-
 // readTenantFields reads the body through readBody: the server streams request bodies, so
 // PostBody alone may not hold all of it.
-func readTenantFields(ctx *fasthttp.RequestCtx) (*tenantFields, *apierr.Error) {
+func readTenantFields(ctx *fasthttp.RequestCtx) (*tenants.Fields, *apierr.Error) {
 	body, e := readBody(ctx, 1<<20)
 	if e != nil {
 		return nil, e
 	}
-	return decodeTenantFields(body)
-}
-
-func decodeTenantFields(body []byte) (*tenantFields, *apierr.Error) {
-	var probe map[string]json.RawMessage
-	if json.Unmarshal(body, &probe) == nil {
-		for _, k := range []string{"key", "api_key"} {
-			if _, ok := probe[k]; ok {
-				return nil, apierr.BadRequest(k, "Send 'key_sha256', the hex SHA-256 of the key (printf %s KEY | sha256sum); kvgate never accepts or stores a key itself.")
-			}
-		}
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	var f tenantFields
-	if err := dec.Decode(&f); err != nil {
-		return nil, apierr.BadRequest("", "Invalid tenant JSON: "+err.Error())
-	}
-	return &f, nil
-}
-
-func validTenantName(n string) bool {
-	if n == "" || len(n) > 64 {
-		return false
-	}
-	for _, c := range n {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
-			return false
-		}
-	}
-	return true
-}
-
-// apply merges f into r and validates the result.
-func (f *tenantFields) apply(r *state.TenantRecord) *apierr.Error {
-	if f.KeySHA256 != nil {
-		r.KeySHA256 = strings.ToLower(*f.KeySHA256)
-	}
-	if h, err := hex.DecodeString(r.KeySHA256); err != nil || len(h) != 32 {
-		return apierr.BadRequest("key_sha256", "'key_sha256' must be 64 hex characters (the SHA-256 of the tenant's API key).")
-	}
-	for _, v := range []struct {
-		name string
-		src  *int
-		dst  *int
-	}{{"max_prompt_tokens", f.MaxPromptTokens, &r.MaxPromptTokens}, {"rpm", f.RPM, &r.RPM}, {"tpm", f.TPM, &r.TPM},
-		{"max_concurrent", f.MaxConcurrent, &r.MaxConcurrent}} {
-		if v.src == nil {
-			continue
-		}
-		if *v.src < 0 {
-			return apierr.BadRequest(v.name, fmt.Sprintf("'%s' must be ≥ 0 (0 = no limit).", v.name))
-		}
-		*v.dst = *v.src
-	}
-	if f.CanaryOptOut != nil {
-		r.CanaryOptOut = *f.CanaryOptOut
-	}
-	return nil
-}
-
-func storeError(err error, name string) *apierr.Error {
-	switch {
-	case errors.Is(err, state.ErrTenantExists):
-		return &apierr.Error{Status: 409, Type: "invalid_request_error", Code: "tenant_exists", Param: "name",
-			Message: fmt.Sprintf("A tenant named %q exists.", name)}
-	case errors.Is(err, state.ErrKeyInUse):
-		return keyInUse()
-	case errors.Is(err, state.ErrTenantNotFound):
-		return tenantNotFound(name)
-	}
-	return &apierr.Error{Status: 503, Type: "server_error", Code: "state_unavailable", RetryAfter: 5,
-		Message: "The tenant store is unreachable; nothing was changed: " + err.Error()}
-}
-
-func keyInUse() *apierr.Error {
-	return &apierr.Error{Status: 409, Type: "invalid_request_error", Code: "key_in_use", Param: "key_sha256",
-		Message: "This key belongs to another tenant."}
-}
-
-func tenantNotFound(name string) *apierr.Error {
-	return &apierr.Error{Status: 404, Type: "invalid_request_error", Code: "not_found", Param: "tenant",
-		Message: fmt.Sprintf("No run-time tenant named %q.", name)}
-}
-
-func configTenantError(name string) *apierr.Error {
-	return &apierr.Error{Status: 409, Type: "invalid_request_error", Code: "config_tenant", Param: "tenant",
-		Message: fmt.Sprintf("Tenant %q is defined in the config file; change it there.", name)}
+	return tenants.DecodeFields(body)
 }
 
 func storeCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 3*time.Second)
-}
-
-// tenantView is one row of GET /admin/tenants; the key hash is shown by its first 8 characters.
-type tenantView struct {
-	Name            string `json:"name"`
-	Source          string `json:"source"`
-	KeyPrefix       string `json:"key_sha256_prefix"`
-	MaxPromptTokens int    `json:"max_prompt_tokens"`
-	CanaryOptOut    bool   `json:"canary_opt_out"`
-	policy.Limits
-}
-
-func viewOf(r state.TenantRecord, source string) tenantView {
-	return tenantView{Name: r.Name, Source: source, KeyPrefix: r.KeySHA256[:min(8, len(r.KeySHA256))],
-		MaxPromptTokens: r.MaxPromptTokens, CanaryOptOut: r.CanaryOptOut, Limits: r.Limits}
 }
 
 func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
@@ -195,20 +78,20 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 }
 
 func (g *Gateway) listTenants(ctx *fasthttp.RequestCtx) {
-	out := []tenantView{}
+	out := []tenants.View{}
 	for _, t := range g.tenants.Config() {
-		out = append(out, viewOf(state.TenantRecord{Name: t.Name, KeySHA256: t.KeySHA256, MaxPromptTokens: t.MaxPromptTokens,
+		out = append(out, tenants.ViewOf(state.TenantRecord{Name: t.Name, KeySHA256: t.KeySHA256, MaxPromptTokens: t.MaxPromptTokens,
 			CanaryOptOut: t.CanaryOptOut, Limits: t.Limits()}, "config"))
 	}
 	rctx, cancel := storeCtx()
 	defer cancel()
 	recs, err := g.lim.store.List(rctx)
 	if err != nil {
-		writeError(ctx, storeError(err, ""))
+		writeError(ctx, tenants.StoreError(err, ""))
 		return
 	}
 	for _, r := range recs {
-		out = append(out, viewOf(r, "runtime"))
+		out = append(out, tenants.ViewOf(r, "runtime"))
 	}
 	writeJSON(ctx, 200, map[string]any{"tenants": out})
 }
@@ -219,7 +102,7 @@ func (g *Gateway) createTenant(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, e)
 		return
 	}
-	if f.Name == nil || !validTenantName(*f.Name) {
+	if f.Name == nil || !tenants.ValidName(*f.Name) {
 		writeError(ctx, apierr.BadRequest("name", "'name' is required: 1 to 64 characters from A-Z, a-z, 0-9, '-', '_', '.'."))
 		return
 	}
@@ -228,32 +111,32 @@ func (g *Gateway) createTenant(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	r := state.TenantRecord{Name: *f.Name}
-	if e := f.apply(&r); e != nil {
+	if e := f.Apply(&r); e != nil {
 		writeError(ctx, e)
 		return
 	}
 	if g.tenants.Configured(r.Name) != nil {
-		writeError(ctx, storeError(state.ErrTenantExists, r.Name))
+		writeError(ctx, tenants.StoreError(state.ErrTenantExists, r.Name))
 		return
 	}
 	if g.tenants.KeyClash(r.KeySHA256) {
-		writeError(ctx, keyInUse())
+		writeError(ctx, tenants.KeyInUse())
 		return
 	}
 	rctx, cancel := storeCtx()
 	defer cancel()
 	if err := g.lim.store.Create(rctx, r); err != nil {
-		writeError(ctx, storeError(err, r.Name))
+		writeError(ctx, tenants.StoreError(err, r.Name))
 		return
 	}
 	g.tenants.Sync(rctx) // this replica serves the tenant at once; others within a sync interval
 	g.log.Info("tenant created by an operator", zap.String("tenant", r.Name))
-	writeJSON(ctx, 201, viewOf(r, "runtime"))
+	writeJSON(ctx, 201, tenants.ViewOf(r, "runtime"))
 }
 
 func (g *Gateway) patchTenant(ctx *fasthttp.RequestCtx, name string) {
 	if g.tenants.Configured(name) != nil {
-		writeError(ctx, configTenantError(name))
+		writeError(ctx, tenants.ConfigTenantError(name))
 		return
 	}
 	f, e := readTenantFields(ctx)
@@ -269,35 +152,35 @@ func (g *Gateway) patchTenant(ctx *fasthttp.RequestCtx, name string) {
 	defer cancel()
 	r, err := g.lim.store.Get(rctx, name)
 	if err != nil {
-		writeError(ctx, storeError(err, name))
+		writeError(ctx, tenants.StoreError(err, name))
 		return
 	}
-	if e := f.apply(&r); e != nil {
+	if e := f.Apply(&r); e != nil {
 		writeError(ctx, e)
 		return
 	}
 	if g.tenants.KeyClash(r.KeySHA256) {
-		writeError(ctx, keyInUse())
+		writeError(ctx, tenants.KeyInUse())
 		return
 	}
 	if err := g.lim.store.Update(rctx, r); err != nil {
-		writeError(ctx, storeError(err, name))
+		writeError(ctx, tenants.StoreError(err, name))
 		return
 	}
 	g.tenants.Sync(rctx)
 	g.log.Info("tenant changed by an operator", zap.String("tenant", name))
-	writeJSON(ctx, 200, viewOf(r, "runtime"))
+	writeJSON(ctx, 200, tenants.ViewOf(r, "runtime"))
 }
 
 func (g *Gateway) deleteTenant(ctx *fasthttp.RequestCtx, name string) {
 	if g.tenants.Configured(name) != nil {
-		writeError(ctx, configTenantError(name))
+		writeError(ctx, tenants.ConfigTenantError(name))
 		return
 	}
 	rctx, cancel := storeCtx()
 	defer cancel()
 	if err := g.lim.store.Delete(rctx, name); err != nil {
-		writeError(ctx, storeError(err, name))
+		writeError(ctx, tenants.StoreError(err, name))
 		return
 	}
 	g.tenants.Sync(rctx)

@@ -48,3 +48,32 @@ func TestDirectoryConfigAndRunTime(t *testing.T) {
 		t.Fatalf("salts %q %q", s1, s2)
 	}
 }
+
+// An admin body names the field at fault; a raw key is refused, never stored.
+func TestFieldsValidate(t *testing.T) {
+	for _, c := range []struct{ body, param string }{
+		{`{"name":"x","key":"sk-1"}`, "key"},
+		{`{"name":"x","api_key":"sk-1"}`, "api_key"},
+		{`{"name":"x","key_sha256":"abc"}`, "key_sha256"},
+		{`{"name":"x","key_sha256":"` + config.SHA256Hex("k") + `","rpm":-1}`, "rpm"},
+		{`{"name":"x","key_sha256":"` + config.SHA256Hex("k") + `","tpm":-5}`, "tpm"},
+		{`{"name":"x","colour":"red"}`, ""},
+	} {
+		f, e := tenants.DecodeFields([]byte(c.body))
+		if e == nil {
+			var r state.TenantRecord
+			e = f.Apply(&r)
+		}
+		if e == nil || e.Status != 400 || e.Param != c.param {
+			t.Errorf("%s: %+v, want a 400 naming %q", c.body, e, c.param)
+		}
+	}
+	f, e := tenants.DecodeFields([]byte(`{"name":"x","key_sha256":"` + strings.ToUpper(config.SHA256Hex("k")) + `","tpm":7,"canary_opt_out":true}`))
+	var r state.TenantRecord
+	if e != nil || f.Apply(&r) != nil || r.KeySHA256 != config.SHA256Hex("k") || r.TPM != 7 || !r.CanaryOptOut {
+		t.Fatalf("valid body: %+v %+v", e, r)
+	}
+	if tenants.ValidName("") || tenants.ValidName("a b") || !tenants.ValidName("team-a_1.x") {
+		t.Fatal("ValidName")
+	}
+}
