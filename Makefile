@@ -7,7 +7,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 # Tests share one Redis (db 15, unique key prefixes); override to point elsewhere.
 export KVGATE_TEST_REDIS ?= redis://127.0.0.1:6379/15
 
-.PHONY: build test demo bench bench-quick bench-micro fuzz soak lint docker clean
+.PHONY: build test demo bench bench-quick bench-compare bench-micro fuzz soak lint docker clean
 
 # The product binary (kvgate) and the lab's (kvgate-lab: simulator, leak lab, demo), which the
 # product never links.
@@ -36,6 +36,12 @@ bench: build
 bench-quick: build
 	$(GO) build -o $(BENCH_BIN) ./lab/bench
 	KVGATE_BIN=$(CURDIR)/$(BIN) KVGATE_LAB_BIN=$(CURDIR)/$(LAB_BIN) $(BENCH_BIN) -quick -kvgate $(BIN) -lab $(LAB_BIN)
+
+# The gateway's per-request and per-event costs of BASE and of the work tree, rounds interleaved
+# in one run, side by side with their ratio (scripts/bench-compare.sh).
+BASE ?= f8755d9
+bench-compare:
+	BENCHTIME=20000x scripts/bench-compare.sh $(BASE) 3
 
 # Every go-test benchmark of the packages, at their default benchtime (long: tens of minutes).
 bench-micro: build

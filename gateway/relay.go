@@ -12,6 +12,7 @@ import (
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/internal/panics"
 	"github.com/kvgate/kvgate/reply"
+	"github.com/kvgate/kvgate/request"
 )
 
 // newEventRelay is the reply stream for this exchange; onLeak records the incident and aborts
@@ -26,10 +27,20 @@ func (x *exchange) newEventRelay(onLeak func()) *reply.Stream {
 			x.g.log.Warn("engine stream ended by the gateway", zap.String("request_id", x.rid), zap.String("upstream", x.upstream),
 				zap.String("error_code", code), zap.Error(err))
 		},
-		FailEvent: errorEvent(x.kind, apierr.UpstreamFailed("The engine's stream failed.")),
-		CutEvent:  errorEvent(x.kind, apierr.UpstreamIntegrity()),
+		FailEvent: streamFailEvent[x.kind],
+		CutEvent:  streamCutEvent[x.kind],
 	})
 }
+
+// The events that end a stream the gateway failed or cut, per route kind: built once, since a
+// stream rarely needs them.
+var streamFailEvent, streamCutEvent = func() (fail, cut [request.Kinds][]byte) {
+	for k := request.Kind(0); k < request.Kinds; k++ {
+		fail[k] = errorEvent(k, apierr.UpstreamFailed("The engine's stream failed."))
+		cut[k] = errorEvent(k, apierr.UpstreamIntegrity())
+	}
+	return fail, cut
+}()
 
 // relayReader is the client's body for a streamed reply. fasthttp calls Read until EOF, writing
 // and flushing each chunk, and calls Close when the body is done or the client is gone. It owns
