@@ -99,8 +99,8 @@ func (c *backendCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now()
 	for _, b := range c.set.All() {
-		st := describeBackend(c.set, b, time.Now())
 		if cp := b.Capacity(); cp != nil {
 			ch <- prometheus.MustNewConstMetric(capDesc, prometheus.GaugeValue, float64(cp.PoolTokens), b.Name, string(b.Role), "pool")
 			ch <- prometheus.MustNewConstMetric(capDesc, prometheus.GaugeValue, float64(cp.MaxReqInputLen), b.Name, string(b.Role), "max_req_input_len")
@@ -108,8 +108,8 @@ func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(mismatchDesc, prometheus.GaugeValue, b01(cp.PoolAlarm()), b.Name)
 			ch <- prometheus.MustNewConstMetric(roleDesc, prometheus.GaugeValue, b01(!b.RoleMatches()), b.Name)
 		}
-		ch <- prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, b01(st.Usable), b.Name)
-		ch <- prometheus.MustNewConstMetric(quarantineDesc, prometheus.GaugeValue, b01(st.QuarantinedUntil != nil), b.Name)
+		ch <- prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, b01(c.set.Usable(b, now)), b.Name)
+		ch <- prometheus.MustNewConstMetric(quarantineDesc, prometheus.GaugeValue, b01(b.QuarantinedUntil().After(now)), b.Name)
 	}
 }
 

@@ -8,8 +8,6 @@ package gateway
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -27,6 +25,7 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 	"go.uber.org/zap"
 
+	"github.com/kvgate/kvgate/admin"
 	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/backends"
@@ -49,7 +48,7 @@ type Gateway struct {
 	backends *backends.Set
 	count    *admission.Counter // counting and calibration state (package admission)
 	tenants  *tenants.Directory
-	admin    []byte // sha256 of the admin key; nil disables admin routes
+	admin    *admin.API // /admin/ (package admin)
 	metrics  *metrics
 	server   *fasthttp.Server
 	metricsH fasthttp.RequestHandler
@@ -101,8 +100,9 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	if g.keyring != nil {
 		g.tenants.OnAdd = g.keyring.AddTenant // run-time tenants' markers are injected and detected like any
 	}
+	var adminKey []byte
 	if cfg.AdminKeySHA256 != "" {
-		g.admin, _ = hex.DecodeString(strings.ToLower(cfg.AdminKeySHA256))
+		adminKey, _ = hex.DecodeString(strings.ToLower(cfg.AdminKeySHA256)) // validated by config
 	}
 	ratio := tokenize.NewSafetyRatio(cfg.Tokenizer.SafetyRatio, cfg.Tokenizer.SafetyRatioMax)
 	g.metrics = newMetrics(set, ratio.Get, g.degraded)
@@ -112,6 +112,8 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 		PollInterval: cfg.Capacity.PollInterval, Log: g.log,
 		ExactCalls: g.metrics.exactCalls, Calibrations: g.metrics.calibrations})
 	g.lim = newLimitsState(g) // kvgate limits
+	g.admin = &admin.API{Key: adminKey, Backends: set, Incidents: st.Incidents, Quarantines: g.quarantine, Tenants: g.tenants,
+		Store: st.Tenants, Log: g.log, Bearer: bearer, ReadBody: readBody}
 	g.replies = reply.NewBudget(cfg.Upstream.MaxBufferedBytes)
 	g.metrics.repliesOverBudget = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_replies_over_budget_total",
 		Help: "Non-streaming replies refused (503) because upstream.max_buffered_bytes was spent."})
@@ -314,28 +316,8 @@ func (g *Gateway) Handle(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		g.models(ctx)
-	case "/admin/backends":
-		if method != fasthttp.MethodGet {
-			writeError(ctx, apierr.Method)
-		} else if g.adminAuth(ctx) {
-			g.adminBackends(ctx)
-		}
-	case "/admin/incidents":
-		if method != fasthttp.MethodGet {
-			writeError(ctx, apierr.Method)
-		} else if g.adminAuth(ctx) {
-			g.adminIncidents(ctx)
-		}
 	default:
-		if name, ok := strings.CutPrefix(path, "/admin/backends/"); ok && strings.HasSuffix(name, "/release") {
-			if method != fasthttp.MethodPost {
-				writeError(ctx, apierr.Method)
-			} else if g.adminAuth(ctx) {
-				g.adminRelease(ctx, strings.TrimSuffix(name, "/release"))
-			}
-			return
-		}
-		if g.adminTenants(ctx, path, method) { // kvgate limits: /admin/tenants (gateway/admin_tenants.go)
+		if strings.HasPrefix(path, "/admin/") && g.admin.Handle(ctx, path, method) {
 			return
 		}
 		writeError(ctx, apierr.NotFound)
@@ -380,24 +362,10 @@ func bearer(ctx *fasthttp.RequestCtx) ([]byte, bool) {
 // behind the admin key when server.metrics_auth is admin, since the series name tenants and
 // their token volumes.
 func (g *Gateway) ServeMetrics(ctx *fasthttp.RequestCtx) {
-	if g.cfg.Server.MetricsAuth == config.MetricsAuthAdmin && !g.adminAuth(ctx) {
+	if g.cfg.Server.MetricsAuth == config.MetricsAuthAdmin && !g.admin.Auth(ctx) {
 		return
 	}
 	g.metricsH(ctx)
-}
-
-func (g *Gateway) adminAuth(ctx *fasthttp.RequestCtx) bool {
-	key, ok := bearer(ctx)
-	if g.admin == nil || !ok {
-		writeError(ctx, apierr.Unauthorized)
-		return false
-	}
-	sum := sha256.Sum256(key)
-	if subtle.ConstantTimeCompare(sum[:], g.admin) != 1 {
-		writeError(ctx, apierr.Unauthorized)
-		return false
-	}
-	return true
 }
 
 func (g *Gateway) readyz(ctx *fasthttp.RequestCtx) {
@@ -457,41 +425,6 @@ func routeError(err error) *apierr.Error {
 	return apierr.NoBackend()
 }
 
-// backendStatus is one row of /admin/backends.
-type backendStatus struct {
-	Name             string             `json:"name"`
-	ConfiguredRole   string             `json:"configured_role"`
-	ReportedMode     string             `json:"reported_disaggregation_mode,omitempty"`
-	RoleMatches      bool               `json:"role_matches"`
-	Usable           bool               `json:"usable"`
-	Capacity         *backends.Capacity `json:"capacity,omitempty"`
-	LastError        string             `json:"last_error,omitempty"`
-	QuarantinedUntil *time.Time         `json:"quarantined_until,omitempty"`
-}
-
-func describeBackend(set *backends.Set, b *backends.Backend, now time.Time) backendStatus {
-	st := backendStatus{Name: b.Name, ConfiguredRole: string(b.Role), RoleMatches: b.RoleMatches(), Usable: set.Usable(b, now),
-		Capacity: b.Capacity(), LastError: b.LastError()}
-	if st.Capacity != nil {
-		st.ReportedMode = st.Capacity.Mode
-	}
-	if q := b.QuarantinedUntil(); q.After(now) {
-		st.QuarantinedUntil = &q
-	}
-	return st
-}
-
-func (g *Gateway) adminBackends(ctx *fasthttp.RequestCtx) {
-	now := time.Now()
-	var out []backendStatus
-	for _, b := range g.backends.All() {
-		out = append(out, describeBackend(g.backends, b, now))
-	}
-	body, _ := json.Marshal(map[string]any{"backends": out})
-	ctx.SetContentType("application/json")
-	ctx.SetBody(body)
-}
-
 // requestID keeps a sane client X-Request-Id or makes one.
 func requestID(ctx *fasthttp.RequestCtx) string {
 	if id := ctx.Request.Header.Peek("X-Request-Id"); len(id) > 0 && len(id) <= 128 && printable(id) {
@@ -514,49 +447,4 @@ func printable(b []byte) bool {
 		}
 	}
 	return true
-}
-
-func (g *Gateway) adminIncidents(ctx *fasthttp.RequestCtx) {
-	limit := 100
-	if s := ctx.QueryArgs().Peek("limit"); len(s) > 0 {
-		n, err := strconv.Atoi(string(s))
-		if err != nil || n < 1 || n > 10000 {
-			writeError(ctx, apierr.BadRequest("limit", "'limit' must be an integer from 1 to 10000."))
-			return
-		}
-		limit = n
-	}
-	rctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	list, err := g.state.Incidents.List(rctx, limit)
-	if err != nil {
-		writeError(ctx, &apierr.Error{Status: 503, Type: "server_error", Code: "state_unavailable", RetryAfter: 5,
-			Message: "The incident store is unreachable: " + err.Error()})
-		return
-	}
-	if list == nil {
-		list = []state.Incident{}
-	}
-	body, _ := json.Marshal(map[string]any{"incidents": list})
-	ctx.SetContentType("application/json")
-	ctx.SetBody(body)
-}
-
-func (g *Gateway) adminRelease(ctx *fasthttp.RequestCtx, name string) {
-	if g.backends.Get(name) == nil {
-		writeError(ctx, &apierr.Error{Status: 404, Type: "invalid_request_error", Code: "not_found", Param: "backend",
-			Message: fmt.Sprintf("No backend named %q.", name)})
-		return
-	}
-	rctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	if err := g.quarantine.Release(rctx, name); err != nil {
-		writeError(ctx, &apierr.Error{Status: 503, Type: "server_error", Code: "state_unavailable", RetryAfter: 5,
-			Message: "The quarantine store is unreachable; the backend stays quarantined: " + err.Error()})
-		return
-	}
-	g.log.Warn("backend released from quarantine by an operator", zap.String("backend", name))
-	body, _ := json.Marshal(map[string]any{"released": name})
-	ctx.SetContentType("application/json")
-	ctx.SetBody(body)
 }

@@ -1,8 +1,8 @@
-package gateway
+package admin
 
 // The admin API for tenants added at run time: POST /admin/tenants, GET /admin/tenants,
 // PATCH and DELETE /admin/tenants/{name}. Records live in the tenant store (Redis, or memory for
-// one replica); every replica picks changes up within tenantSyncInterval. Tenants from the config
+// one replica); every replica picks changes up within tenants.SyncInterval. Tenants from the config
 // file are the base set: listed here, but changed only in the file. Keys are only ever taken
 // and stored as their SHA-256.
 
@@ -20,16 +20,16 @@ import (
 	"github.com/kvgate/kvgate/tenants"
 )
 
-// adminTenants serves the tenant routes; false means path is not one of them.
-func (g *Gateway) adminTenants(ctx *fasthttp.RequestCtx, path, method string) bool {
+// tenants serves the tenant routes; false means path is not one of them.
+func (g *API) tenants(ctx *fasthttp.RequestCtx, path, method string) bool {
 	if path == "/admin/tenants" {
 		switch method {
 		case fasthttp.MethodGet:
-			if g.adminAuth(ctx) {
+			if g.Auth(ctx) {
 				g.listTenants(ctx)
 			}
 		case fasthttp.MethodPost:
-			if g.adminAuth(ctx) {
+			if g.Auth(ctx) {
 				g.createTenant(ctx)
 			}
 		default:
@@ -43,11 +43,11 @@ func (g *Gateway) adminTenants(ctx *fasthttp.RequestCtx, path, method string) bo
 	}
 	switch method {
 	case fasthttp.MethodPatch:
-		if g.adminAuth(ctx) {
+		if g.Auth(ctx) {
 			g.patchTenant(ctx, name)
 		}
 	case fasthttp.MethodDelete:
-		if g.adminAuth(ctx) {
+		if g.Auth(ctx) {
 			g.deleteTenant(ctx, name)
 		}
 	default:
@@ -58,8 +58,8 @@ func (g *Gateway) adminTenants(ctx *fasthttp.RequestCtx, path, method string) bo
 
 // readTenantFields reads the body through readBody: the server streams request bodies, so
 // PostBody alone may not hold all of it.
-func readTenantFields(ctx *fasthttp.RequestCtx) (*tenants.Fields, *apierr.Error) {
-	body, e := readBody(ctx, 1<<20)
+func (g *API) readTenantFields(ctx *fasthttp.RequestCtx) (*tenants.Fields, *apierr.Error) {
+	body, e := g.ReadBody(ctx, 1<<20)
 	if e != nil {
 		return nil, e
 	}
@@ -77,15 +77,15 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 	ctx.SetBody(body)
 }
 
-func (g *Gateway) listTenants(ctx *fasthttp.RequestCtx) {
+func (g *API) listTenants(ctx *fasthttp.RequestCtx) {
 	out := []tenants.View{}
-	for _, t := range g.tenants.Config() {
+	for _, t := range g.Tenants.Config() {
 		out = append(out, tenants.ViewOf(state.TenantRecord{Name: t.Name, KeySHA256: t.KeySHA256, MaxPromptTokens: t.MaxPromptTokens,
 			CanaryOptOut: t.CanaryOptOut, Limits: t.Limits()}, "config"))
 	}
 	rctx, cancel := storeCtx()
 	defer cancel()
-	recs, err := g.lim.store.List(rctx)
+	recs, err := g.Store.List(rctx)
 	if err != nil {
 		writeError(ctx, tenants.StoreError(err, ""))
 		return
@@ -96,8 +96,8 @@ func (g *Gateway) listTenants(ctx *fasthttp.RequestCtx) {
 	writeJSON(ctx, 200, map[string]any{"tenants": out})
 }
 
-func (g *Gateway) createTenant(ctx *fasthttp.RequestCtx) {
-	f, e := readTenantFields(ctx)
+func (g *API) createTenant(ctx *fasthttp.RequestCtx) {
+	f, e := g.readTenantFields(ctx)
 	if e != nil {
 		writeError(ctx, e)
 		return
@@ -115,31 +115,31 @@ func (g *Gateway) createTenant(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, e)
 		return
 	}
-	if g.tenants.Configured(r.Name) != nil {
+	if g.Tenants.Configured(r.Name) != nil {
 		writeError(ctx, tenants.StoreError(state.ErrTenantExists, r.Name))
 		return
 	}
-	if g.tenants.KeyClash(r.KeySHA256) {
+	if g.Tenants.KeyClash(r.KeySHA256) {
 		writeError(ctx, tenants.KeyInUse())
 		return
 	}
 	rctx, cancel := storeCtx()
 	defer cancel()
-	if err := g.lim.store.Create(rctx, r); err != nil {
+	if err := g.Store.Create(rctx, r); err != nil {
 		writeError(ctx, tenants.StoreError(err, r.Name))
 		return
 	}
-	g.tenants.Sync(rctx) // this replica serves the tenant at once; others within a sync interval
-	g.log.Info("tenant created by an operator", zap.String("tenant", r.Name))
+	g.Tenants.Sync(rctx) // this replica serves the tenant at once; others within a sync interval
+	g.Log.Info("tenant created by an operator", zap.String("tenant", r.Name))
 	writeJSON(ctx, 201, tenants.ViewOf(r, "runtime"))
 }
 
-func (g *Gateway) patchTenant(ctx *fasthttp.RequestCtx, name string) {
-	if g.tenants.Configured(name) != nil {
+func (g *API) patchTenant(ctx *fasthttp.RequestCtx, name string) {
+	if g.Tenants.Configured(name) != nil {
 		writeError(ctx, tenants.ConfigTenantError(name))
 		return
 	}
-	f, e := readTenantFields(ctx)
+	f, e := g.readTenantFields(ctx)
 	if e != nil {
 		writeError(ctx, e)
 		return
@@ -150,7 +150,7 @@ func (g *Gateway) patchTenant(ctx *fasthttp.RequestCtx, name string) {
 	}
 	rctx, cancel := storeCtx()
 	defer cancel()
-	r, err := g.lim.store.Get(rctx, name)
+	r, err := g.Store.Get(rctx, name)
 	if err != nil {
 		writeError(ctx, tenants.StoreError(err, name))
 		return
@@ -159,31 +159,31 @@ func (g *Gateway) patchTenant(ctx *fasthttp.RequestCtx, name string) {
 		writeError(ctx, e)
 		return
 	}
-	if g.tenants.KeyClash(r.KeySHA256) {
+	if g.Tenants.KeyClash(r.KeySHA256) {
 		writeError(ctx, tenants.KeyInUse())
 		return
 	}
-	if err := g.lim.store.Update(rctx, r); err != nil {
+	if err := g.Store.Update(rctx, r); err != nil {
 		writeError(ctx, tenants.StoreError(err, name))
 		return
 	}
-	g.tenants.Sync(rctx)
-	g.log.Info("tenant changed by an operator", zap.String("tenant", name))
+	g.Tenants.Sync(rctx)
+	g.Log.Info("tenant changed by an operator", zap.String("tenant", name))
 	writeJSON(ctx, 200, tenants.ViewOf(r, "runtime"))
 }
 
-func (g *Gateway) deleteTenant(ctx *fasthttp.RequestCtx, name string) {
-	if g.tenants.Configured(name) != nil {
+func (g *API) deleteTenant(ctx *fasthttp.RequestCtx, name string) {
+	if g.Tenants.Configured(name) != nil {
 		writeError(ctx, tenants.ConfigTenantError(name))
 		return
 	}
 	rctx, cancel := storeCtx()
 	defer cancel()
-	if err := g.lim.store.Delete(rctx, name); err != nil {
+	if err := g.Store.Delete(rctx, name); err != nil {
 		writeError(ctx, tenants.StoreError(err, name))
 		return
 	}
-	g.tenants.Sync(rctx)
-	g.log.Warn("tenant deleted by an operator", zap.String("tenant", name))
+	g.Tenants.Sync(rctx)
+	g.Log.Warn("tenant deleted by an operator", zap.String("tenant", name))
 	writeJSON(ctx, 200, map[string]any{"deleted": name})
 }

@@ -1,0 +1,174 @@
+// Package admin is the operator's API, behind the admin key: backends with their capacity, health
+// and quarantine (and its release), incidents, and the tenants added at run time. It writes
+// OpenAI-shaped errors; the gateway routes /admin/ here.
+package admin
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+
+	"github.com/kvgate/kvgate/apierr"
+	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/state"
+	"github.com/kvgate/kvgate/tenants"
+)
+
+// API serves /admin/.
+type API struct {
+	// Key is the SHA-256 of the admin key; nil disables every admin route (401).
+	Key         []byte
+	Backends    *backends.Set
+	Incidents   state.IncidentLog
+	Quarantines *state.Quarantines
+	Tenants     *tenants.Directory
+	Store       state.TenantStore // run-time tenants
+	Log         *zap.Logger
+	// Bearer is the key the request carries; ReadBody reads a body of at most n bytes (the
+	// server streams request bodies).
+	Bearer   func(ctx *fasthttp.RequestCtx) ([]byte, bool)
+	ReadBody func(ctx *fasthttp.RequestCtx, n int) ([]byte, *apierr.Error)
+}
+
+// Handle serves an admin route; false means path is none of them.
+func (g *API) Handle(ctx *fasthttp.RequestCtx, path, method string) bool {
+	switch path {
+	case "/admin/backends":
+		if method != fasthttp.MethodGet {
+			writeError(ctx, apierr.Method)
+		} else if g.Auth(ctx) {
+			g.backendsList(ctx)
+		}
+		return true
+	case "/admin/incidents":
+		if method != fasthttp.MethodGet {
+			writeError(ctx, apierr.Method)
+		} else if g.Auth(ctx) {
+			g.incidents(ctx)
+		}
+		return true
+	}
+	if name, ok := strings.CutPrefix(path, "/admin/backends/"); ok && strings.HasSuffix(name, "/release") {
+		if method != fasthttp.MethodPost {
+			writeError(ctx, apierr.Method)
+		} else if g.Auth(ctx) {
+			g.release(ctx, strings.TrimSuffix(name, "/release"))
+		}
+		return true
+	}
+	return g.tenants(ctx, path, method)
+}
+
+// writeError answers e in OpenAI's envelope (no admin route is Anthropic's).
+func writeError(ctx *fasthttp.RequestCtx, e *apierr.Error) {
+	ctx.Response.ResetBody()
+	ctx.SetStatusCode(e.Status)
+	ctx.SetContentType("application/json")
+	if e.RetryAfter > 0 {
+		ctx.Response.Header.Set("Retry-After", strconv.Itoa(e.RetryAfter))
+	}
+	ctx.SetBody(e.Body(apierr.OpenAI))
+}
+
+// Auth answers 401 unless the request carries the admin key (compared in constant time).
+func (g *API) Auth(ctx *fasthttp.RequestCtx) bool {
+	key, ok := g.Bearer(ctx)
+	if g.Key == nil || !ok {
+		writeError(ctx, apierr.Unauthorized)
+		return false
+	}
+	sum := sha256.Sum256(key)
+	if subtle.ConstantTimeCompare(sum[:], g.Key) != 1 {
+		writeError(ctx, apierr.Unauthorized)
+		return false
+	}
+	return true
+}
+
+// backendStatus is one row of /admin/backends.
+type backendStatus struct {
+	Name             string             `json:"name"`
+	ConfiguredRole   string             `json:"configured_role"`
+	ReportedMode     string             `json:"reported_disaggregation_mode,omitempty"`
+	RoleMatches      bool               `json:"role_matches"`
+	Usable           bool               `json:"usable"`
+	Capacity         *backends.Capacity `json:"capacity,omitempty"`
+	LastError        string             `json:"last_error,omitempty"`
+	QuarantinedUntil *time.Time         `json:"quarantined_until,omitempty"`
+}
+
+func describeBackend(set *backends.Set, b *backends.Backend, now time.Time) backendStatus {
+	st := backendStatus{Name: b.Name, ConfiguredRole: string(b.Role), RoleMatches: b.RoleMatches(), Usable: set.Usable(b, now),
+		Capacity: b.Capacity(), LastError: b.LastError()}
+	if st.Capacity != nil {
+		st.ReportedMode = st.Capacity.Mode
+	}
+	if q := b.QuarantinedUntil(); q.After(now) {
+		st.QuarantinedUntil = &q
+	}
+	return st
+}
+
+func (g *API) backendsList(ctx *fasthttp.RequestCtx) {
+	now := time.Now()
+	var out []backendStatus
+	for _, b := range g.Backends.All() {
+		out = append(out, describeBackend(g.Backends, b, now))
+	}
+	body, _ := json.Marshal(map[string]any{"backends": out})
+	ctx.SetContentType("application/json")
+	ctx.SetBody(body)
+}
+
+func (g *API) incidents(ctx *fasthttp.RequestCtx) {
+	limit := 100
+	if s := ctx.QueryArgs().Peek("limit"); len(s) > 0 {
+		n, err := strconv.Atoi(string(s))
+		if err != nil || n < 1 || n > 10000 {
+			writeError(ctx, apierr.BadRequest("limit", "'limit' must be an integer from 1 to 10000."))
+			return
+		}
+		limit = n
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	list, err := g.Incidents.List(rctx, limit)
+	if err != nil {
+		writeError(ctx, &apierr.Error{Status: 503, Type: "server_error", Code: "state_unavailable", RetryAfter: 5,
+			Message: "The incident store is unreachable: " + err.Error()})
+		return
+	}
+	if list == nil {
+		list = []state.Incident{}
+	}
+	body, _ := json.Marshal(map[string]any{"incidents": list})
+	ctx.SetContentType("application/json")
+	ctx.SetBody(body)
+}
+
+func (g *API) release(ctx *fasthttp.RequestCtx, name string) {
+	if g.Backends.Get(name) == nil {
+		writeError(ctx, &apierr.Error{Status: 404, Type: "invalid_request_error", Code: "not_found", Param: "backend",
+			Message: fmt.Sprintf("No backend named %q.", name)})
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := g.Quarantines.Release(rctx, name); err != nil {
+		writeError(ctx, &apierr.Error{Status: 503, Type: "server_error", Code: "state_unavailable", RetryAfter: 5,
+			Message: "The quarantine store is unreachable; the backend stays quarantined: " + err.Error()})
+		return
+	}
+	g.Log.Warn("backend released from quarantine by an operator", zap.String("backend", name))
+	body, _ := json.Marshal(map[string]any{"released": name})
+	ctx.SetContentType("application/json")
+	ctx.SetBody(body)
+}
