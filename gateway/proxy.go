@@ -387,7 +387,7 @@ func (x *exchange) writeEngineReply(ctx *fasthttp.RequestCtx, code int, contentT
 		x.integrityError(ctx)
 		return false
 	case err != nil:
-		x.g.log.Warn("engine reply is not JSON", zap.String("request_id", x.rid), zap.String("backend", b.Name),
+		x.g.log.Warn("engine reply refused: not JSON, or indexes a client would merge differently", zap.String("request_id", x.rid), zap.String("backend", b.Name),
 			zap.Int("status", code), zap.Error(err))
 		e := apierr.UpstreamFailed("The engine's reply could not be used.")
 		if code >= 400 && code <= 499 {

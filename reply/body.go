@@ -12,6 +12,10 @@ type Hit = canary.Hit
 // ErrLeak: the reply carried a foreign marker.
 var ErrLeak = errors.New("foreign canary marker in the reply")
 
+// ErrMalformed: the reply breaks a rule clients rely on to assemble it (an index that is not a
+// non-negative JSON integer); it is not passed on.
+var ErrMalformed = errors.New("reply index is not a non-negative JSON integer")
+
 // Body is a whole reply as the client will get it: transcoded to UTF-8, decoded as one JSON
 // value, scanned by gd (nil: canaries off; engine errors too: they may quote the prompt they
 // refused), and re-serialised from the scanned value. A body that is not JSON is still scanned as
@@ -50,6 +54,9 @@ func Body(gd *Guard, contentType, body []byte, c *Charge) (out []byte, v any, le
 		if v, ok = gd.body(v); !ok {
 			if gd.overBudget {
 				return nil, nil, nil, ErrBudget
+			}
+			if gd.malformed && gd.leak == nil {
+				return nil, nil, nil, ErrMalformed
 			}
 			return nil, nil, gd.leak, ErrLeak
 		}

@@ -46,6 +46,9 @@ type Guard struct {
 	// (upstream.max_buffered_bytes); overBudget says a scan stopped because it refused.
 	spend      func(int64) bool
 	overBudget bool
+	// malformed: the reply breaks a rule clients rely on to assemble it (an index that is not a
+	// non-negative JSON integer): refused as unusable, not a leak.
+	malformed bool
 }
 
 // fieldScan is the stateful scan of one field path: the folded-text detector first (it sees the
@@ -288,6 +291,10 @@ func (gd *Guard) walk(v any, path string, seq bool, changed *bool) (any, bool) {
 				*changed = true
 				continue
 			}
+			if indexKeys[k] && !canonicalIndex(e) {
+				gd.malformed = true
+				return nil, false
+			}
 			if seq {
 				// Keys in a sequence are text a client may join (top_logprobs maps by token).
 				if _, ok := gd.feed(path+".#key", k); !ok {
@@ -352,6 +359,9 @@ func (gd *Guard) walk(v any, path string, seq bool, changed *bool) (any, bool) {
 
 // scanField scans one string value at path.
 func (gd *Guard) scanField(s, path string, seq bool) (string, bool) {
+	if mainText(lastSeg(path)) && !gd.joined(s) {
+		return "", false
+	}
 	if !gd.whole && !seq && mainText(lastSeg(path)) {
 		return gd.feed(path, s)
 	}
@@ -363,6 +373,42 @@ func (gd *Guard) scanField(s, path string, seq bool) (string, bool) {
 	}
 	return gd.scanString(s)
 }
+
+// joinedKey is the scanner of every text value of the reply (the mainText fields) in the order it
+// is read: clients join values (Anthropic's text blocks, the Responses API's output_text parts
+// and items, choices, content then reasoning), so a marker split across any two of them must be
+// seen whole. Ids, types and names stay out: they would break a split marker apart.
+const joinedKey = "#joined"
+
+// joined feeds s to the joined scanner (detection only: what it would emit is not used).
+func (gd *Guard) joined(s string) bool {
+	_, ok := gd.feed(joinedKey, s)
+	return ok
+}
+
+// indexKeys are the fields by which clients merge pieces of a reply (choices, tool calls,
+// content blocks, output items and parts).
+var indexKeys = map[string]bool{"index": true, "output_index": true, "content_index": true}
+
+// canonicalIndex: a JSON integer written canonically, 0 to 999,999,999. JavaScript reads 0.0, -0,
+// 0e0 and "0" as the same index 0, so a reply that spells one index two ways could have its
+// pieces joined by the client and never by the scanner: anything but the canonical form is
+// refused.
+func canonicalIndex(v any) bool {
+	n, ok := v.(json.Number)
+	if !ok || len(n) == 0 || len(n) > 9 || len(n) > 1 && n[0] == '0' {
+		return false
+	}
+	for i := 0; i < len(n); i++ {
+		if n[i] < '0' || n[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// Malformed says the reply was refused for breaking a rule clients rely on, not for a leak.
+func (gd *Guard) Malformed() bool { return gd.malformed }
 
 // isPlainKey: a key of lowercase ASCII letters, digits and '_' with no run of FragmentMin
 // marker characters (every key of the APIs themselves) cannot carry or disguise a marker;
@@ -469,6 +515,9 @@ func (gd *Guard) event(v any) (any, bool) {
 			suffix := t
 			if raw := gd.rawCum[key]; strings.HasPrefix(t, raw) {
 				suffix = t[len(raw):] // SGLang's stream repeats the whole text so far
+			}
+			if !gd.joined(suffix) {
+				return nil, false
 			}
 			out, ok := gd.feed("gen:"+key, suffix)
 			if !ok {

@@ -162,6 +162,10 @@ func (e *Stream) emit(ev sse.Event) {
 			}
 		}
 		if v, ok = gd.event(v); !ok {
+			if gd.malformed && gd.leak == nil {
+				e.Fail("upstream_bad_event", ErrMalformed)
+				return
+			}
 			e.cut()
 			return
 		}
