@@ -295,6 +295,9 @@ func (gd *Guard) walk(v any, path string, seq bool, changed *bool) (any, bool) {
 				gd.malformed = true
 				return nil, false
 			}
+			if tupleIDFields(k) && withholdTupleIDs(e) {
+				*changed = true
+			}
 			if seq {
 				// Keys in a sequence are text a client may join (top_logprobs maps by token).
 				if _, ok := gd.feed(path+".#key", k); !ok {
@@ -405,6 +408,36 @@ func canonicalIndex(v any) bool {
 		}
 	}
 	return true
+}
+
+// tupleIDFields: SGLang's native logprobs (meta_info.output_token_logprobs, input_top_logprobs,
+// output_token_ids_logprobs, ...) are tuples [logprob, token id, text or null]. A client with
+// the vocabulary decodes the ids into text the scanner never saw, and the gateway does not have
+// it: with canaries on, the ids are withheld (null); the logprob and any text stay.
+func tupleIDFields(k string) bool {
+	return strings.HasSuffix(k, "_logprobs") && (strings.HasPrefix(k, "output_") || strings.HasPrefix(k, "input_"))
+}
+
+// withholdTupleIDs nulls the id of every [logprob, id] or [logprob, id, text] tuple in v (at
+// any depth: top-k lists nest them); true if it changed anything.
+func withholdTupleIDs(v any) bool {
+	a, ok := v.([]any)
+	if !ok {
+		return false
+	}
+	if len(a) == 2 || len(a) == 3 {
+		_, lp := a[0].(json.Number)
+		_, id := a[1].(json.Number)
+		if (lp || a[0] == nil) && id { // the first input token's logprob is null
+			a[1] = nil
+			return true
+		}
+	}
+	changed := false
+	for _, e := range a {
+		changed = withholdTupleIDs(e) || changed
+	}
+	return changed
 }
 
 // Malformed says the reply was refused for breaking a rule clients rely on, not for a leak.

@@ -99,3 +99,23 @@ func TestAliasedIndexRefused(t *testing.T) {
 		}
 	}
 }
+
+// Token ids in SGLang's logprob tuples are withheld (null) while canaries are on: a client with
+// the vocabulary could decode them into text the scanner never saw. Logprobs and texts stay.
+func TestLogprobTupleIDsWithheld(t *testing.T) {
+	sc, _ := testScope(t, request.Generate)
+	b := NewBudget(64 << 20)
+	c := b.NewCharge()
+	defer c.Done()
+	body := `{"text":"hi","output_ids":[5,6],"meta_info":{"id":"x","output_token_logprobs":[[-0.5,5,"h"],[-0.1,6,null]],` +
+		`"output_top_logprobs":[[[-0.5,5,"h"],[-1.5,9,"j"]],null],"input_token_logprobs":[[null,1],[-2.0,7]],"prompt_tokens":2}}`
+	out, _, _, err := Body(NewGuard(sc), nil, []byte(body), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `"output_token_logprobs":[[-0.5,null,"h"],[-0.1,null,null]]`
+	if got := string(out); !strings.Contains(got, want) || !strings.Contains(got, `[[[-0.5,null,"h"],[-1.5,null,"j"]],null]`) ||
+		!strings.Contains(got, `"input_token_logprobs":[[null,null],[-2.0,null]]`) || strings.Contains(got, "output_ids") {
+		t.Fatalf("ids not withheld: %s", got)
+	}
+}
