@@ -32,12 +32,21 @@ func inmemGateway(tb testing.TB, sim enginesim.Config) *Gateway {
 	srv := &fasthttp.Server{Handler: s.Handler(), CloseOnShutdown: true}
 	go func() { _ = srv.Serve(ln) }()
 	tb.Cleanup(func() { _ = srv.Shutdown() })
-	cfg, err := config.Parse([]byte(`
+	g, set := gatewayFor(tb, `
 backends: [{name: sim, url: "http://`+ln.Addr().String()+`", role: unified}]
 tenants: [{name: alice, key_sha256: "`+config.SHA256Hex("k")+`"}]
 canary: {enabled: true, secret: "inmem test secret"}
 capacity: {poll_interval: 1h}
-`), nil)
+`)
+	backends.SetCapacityForTest(set.Get("sim"), &backends.Capacity{PoolTokens: 65536, MaxReqInputLen: 32000, ContextLen: 32768, ReadAt: time.Now().Add(time.Hour)})
+	return g
+}
+
+// gatewayFor is an in-process gateway built from yaml (not serving, not polling), that asks no
+// engine for exact counts.
+func gatewayFor(tb testing.TB, yaml string) (*Gateway, *backends.Set) {
+	tb.Helper()
+	cfg, err := config.Parse([]byte(yaml), nil)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -45,13 +54,12 @@ capacity: {poll_interval: 1h}
 	if err != nil {
 		tb.Fatal(err)
 	}
-	backends.SetCapacityForTest(set.Get("sim"), &backends.Capacity{PoolTokens: 65536, MaxReqInputLen: 32000, ContextLen: 32768, ReadAt: time.Now().Add(time.Hour)})
 	g, err := New(cfg, set, nil, zap.NewNop())
 	if err != nil {
 		tb.Fatal(err)
 	}
 	g.count.WithoutExact()
-	return g
+	return g, set
 }
 
 // serveOne runs one request through g.Handle and returns the status and the whole body (a

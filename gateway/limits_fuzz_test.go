@@ -10,7 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/valyala/fasthttp"
-	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/backends"
@@ -79,25 +78,12 @@ func limitsFuzzGateway(tb testing.TB, script *atomic.Pointer[engineScript]) (*Ga
 	url := scriptedEngine(tb, script)
 	// tpm so large that no reading refuses the next request by itself: max_concurrent 1 is what
 	// proves the hostile exchange gave its slot back.
-	cfg, err := config.Parse([]byte(`
+	return gatewayFor(tb, `
 backends: [{name: eng, url: "`+url+`", role: unified}]
 tenants: [{name: alice, key_sha256: "`+config.SHA256Hex("k")+`", rpm: 1000000, tpm: 1000000000, max_concurrent: 1}]
 canary: {enabled: true, secret: "limits fuzz secret"}
 capacity: {poll_interval: 1h}
-`), nil)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	set, err := backends.New(cfg.Backends, backends.OptionsFrom(cfg), zap.NewNop())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	g, err := New(cfg, set, nil, zap.NewNop())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	g.count.WithoutExact()
-	return g, set
+`)
 }
 
 // panicsTotal is kvgate_panics_total over every place: a recovered panic is still a bug.
