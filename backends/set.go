@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -650,6 +651,45 @@ func (s *Set) Routes(now time.Time) ([]Route, error) {
 		return nil, ErrNoBackend
 	}
 	return routes, nil
+}
+
+// Unavailable says why no route can take traffic now ("" when one can): how many backends are
+// quarantined, down, reporting another role than configured, or without fresh capacity, and
+// which roles are usable when a prefill/decode pair is missing its other half. Counts only, no
+// names or addresses: /readyz is not behind the admin key.
+func (s *Set) Unavailable(now time.Time) string {
+	if _, err := s.Routes(now); err == nil {
+		return ""
+	}
+	var quarantined, down, wrongRole, unknown int
+	usable := map[config.Role]int{}
+	for _, b := range s.list {
+		switch c := b.capacity.Load(); {
+		case b.quarantinedUntil.Load() > now.UnixNano():
+			quarantined++
+		case b.LastError() != "":
+			down++
+		case c == nil || now.Sub(c.ReadAt) > s.opts.MaxAge:
+			unknown++
+		case !b.roleOK.Load():
+			wrongRole++
+		default:
+			usable[b.Role]++
+		}
+	}
+	var parts []string
+	for _, p := range []struct {
+		n    int
+		what string
+	}{{quarantined, "quarantined"}, {down, "down"}, {wrongRole, "reporting another role than configured"}, {unknown, "without a fresh capacity reading"}} {
+		if p.n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", p.n, p.what))
+		}
+	}
+	if usable[config.RolePrefill]+usable[config.RoleDecode] > 0 {
+		parts = append(parts, fmt.Sprintf("usable: %d prefill and %d decode, no pair", usable[config.RolePrefill], usable[config.RoleDecode]))
+	}
+	return fmt.Sprintf("no backend can take traffic (%d configured: %s)", len(s.list), strings.Join(parts, ", "))
 }
 
 // SetQuarantine applies the quarantine state (state.Quarantines, its one owner, alone calls it):

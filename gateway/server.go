@@ -112,7 +112,7 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 		PollInterval: cfg.Capacity.PollInterval, Log: g.log,
 		ExactCalls: g.metrics.exactCalls, Calibrations: g.metrics.calibrations})
 	g.lim = newLimitsState(g) // kvgate limits
-	g.admin = &admin.API{Key: adminKey, Backends: set, Incidents: st.Incidents, Quarantines: g.quarantine, Tenants: g.tenants,
+	g.admin = &admin.API{Key: adminKey, Backends: set, Incidents: st.Incidents, Quarantines: g.quarantine, Tenants: g.tenants, QuarantineTTL: cfg.Canary.QuarantineTTL,
 		Store: st.Tenants, Log: g.log, Bearer: bearer, ReadBody: readBody}
 	g.replies = reply.NewBudget(cfg.Upstream.MaxBufferedBytes)
 	g.metrics.repliesOverBudget = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_replies_over_budget_total",
@@ -368,21 +368,40 @@ func (g *Gateway) ServeMetrics(ctx *fasthttp.RequestCtx) {
 	g.metricsH(ctx)
 }
 
+// readyPingTimeout bounds /readyz's ping of the shared store: a probe must answer quickly, and a
+// Redis slower than this would hold every limiter call to its own bound anyway.
+const readyPingTimeout = 250 * time.Millisecond
+
+// readyz is the load balancer's readiness probe: 503 while draining, before every backend was
+// read, and while no route can take traffic (every request would get 503 no_backend); 200 with
+// "degraded" while shared state is unreachable (still serving from local state).
 func (g *Gateway) readyz(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("application/json")
-	switch {
-	case g.draining.Load():
+	if g.draining.Load() {
 		ctx.SetStatusCode(503)
 		ctx.SetBodyString(`{"status":"draining"}`)
-	case !g.backends.Ready():
+		return
+	}
+	if !g.backends.Ready() {
 		ctx.SetStatusCode(503)
 		ctx.SetBodyString(`{"status":"starting","reason":"not every backend has been read yet"}`)
-	case g.degraded() || g.limitsDegraded(): // kvgate limits: limits enforced per replica
-		// Still serving from local state: ready, but say so.
-		ctx.SetBody(g.degradedReadyBody())
-	default:
-		ctx.SetBodyString(`{"status":"ready"}`)
+		return
 	}
+	if why := g.backends.Unavailable(time.Now()); why != "" {
+		ctx.SetStatusCode(503)
+		body, _ := json.Marshal(map[string]string{"status": "unavailable", "reason": why})
+		ctx.SetBody(body)
+		return
+	}
+	pctx, cancel := context.WithTimeout(context.Background(), readyPingTimeout)
+	pingErr := g.state.Ping(pctx)
+	cancel()
+	if pingErr != nil || g.degraded() || g.limitsDegraded() { // kvgate limits: limits enforced per replica
+		// Still serving from local state: ready, but say so.
+		ctx.SetBody(g.degradedReadyBody(pingErr != nil))
+		return
+	}
+	ctx.SetBodyString(`{"status":"ready"}`)
 }
 
 // models answers /v1/models with max_model_len = the largest prompt some healthy path admits for
