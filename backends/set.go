@@ -78,6 +78,7 @@ type Backend struct {
 	// quarantinedUntil is unix nanoseconds; 0 when not quarantined.
 	quarantinedUntil atomic.Int64
 	infoPath         atomic.Value // "/server_info" until it answers 404
+	conns            *connSet     // the request client's connections (CutStreams)
 	log              *zap.Logger  // for panics recovered on the backend's own goroutines
 }
 
@@ -154,7 +155,8 @@ func New(cfgs []config.Backend, opts Options, log *zap.Logger) (*Set, error) {
 		if err != nil {
 			return nil, fmt.Errorf("backend %s: url %q needs host:port: %w", c.Name, c.URL, err)
 		}
-		b := &Backend{Name: c.Name, Role: c.Role, APIKey: c.APIKey, Addr: u.Host, Host: host, log: s.log}
+		b := &Backend{Name: c.Name, Role: c.Role, APIKey: c.APIKey, Addr: u.Host, Host: host, log: s.log,
+			conns: &connSet{m: map[*timedConn]struct{}{}}}
 		b.client = &fasthttp.HostClient{
 			Addr:               u.Host,
 			Name:               "kvgate",
@@ -162,7 +164,7 @@ func New(cfgs []config.Backend, opts Options, log *zap.Logger) (*Set, error) {
 			MaxConns:           opts.MaxConns,
 			// A request waits briefly for a connection instead of failing at once at MaxConns.
 			MaxConnWaitTimeout: time.Second,
-			Dial:               timedDialer(opts.ConnectTimeout, opts.ResponseHeaderTimeout, opts.IdleTimeout),
+			Dial:               timedDialer(opts.ConnectTimeout, opts.ResponseHeaderTimeout, opts.IdleTimeout, b.conns),
 			// Engines' replies are passed through; do not rewrite their header names.
 			DisableHeaderNamesNormalizing: false,
 		}
@@ -175,6 +177,15 @@ func New(cfgs []config.Backend, opts Options, log *zap.Logger) (*Set, error) {
 		s.byName[c.Name] = b
 	}
 	return s, nil
+}
+
+// CutStreams ends every engine request of every backend, now and from now on: reads in
+// progress and later ones fail with ErrCut, and no new connection is made. The end of a drain
+// alone calls it (the process is about to exit).
+func (s *Set) CutStreams() {
+	for _, b := range s.list {
+		b.conns.cutAll()
+	}
 }
 
 // All returns every backend in configuration order.
