@@ -304,11 +304,10 @@ func Parse(raw []byte, environ []string) (*Config, error) {
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	if err := ApplyEnv(&c, environ); err != nil {
-		return nil, err
-	}
+	// Environment and validation errors are reported together: one run names every bad key.
+	envErr := ApplyEnv(&c, environ)
 	c.applyDefaults()
-	if err := c.Validate(); err != nil {
+	if err := errors.Join(envErr, c.Validate()); err != nil {
 		return nil, err
 	}
 	return &c, nil

@@ -251,3 +251,11 @@ canary: {enabled: true, secret: "the canary secret, 32 bytes long"}
 		}
 	}
 }
+
+// A bad environment variable and a bad file are named in one error, not one per run.
+func TestEnvAndFileErrorsTogether(t *testing.T) {
+	_, err := Parse([]byte(minimal+"server: {drain_timeout: -1s}\n"), []string{"KVGATE_LISTN=x", "KVGATE_BIN=/bin/kvgate"})
+	if err == nil || !strings.Contains(err.Error(), "KVGATE_LISTN") || !strings.Contains(err.Error(), "server.drain_timeout") || strings.Contains(err.Error(), "KVGATE_BIN") {
+		t.Fatalf("want both KVGATE_LISTN and server.drain_timeout named (and KVGATE_BIN, a test tool's, not), got %v", err)
+	}
+}
