@@ -30,8 +30,10 @@ type API struct {
 	Incidents   state.IncidentLog
 	Quarantines *state.Quarantines
 	Tenants     *tenants.Directory
-	Store       state.TenantStore // run-time tenants
-	Log         *zap.Logger
+	// QuarantineTTL is how long an operator's quarantine lasts unless the request names one.
+	QuarantineTTL time.Duration
+	Store         state.TenantStore // run-time tenants
+	Log           *zap.Logger
 	// Bearer is the key the request carries; ReadBody reads a body of at most n bytes (the
 	// server streams request bodies).
 	Bearer   func(ctx *fasthttp.RequestCtx) ([]byte, bool)
@@ -61,6 +63,14 @@ func (g *API) Handle(ctx *fasthttp.RequestCtx, path, method string) bool {
 			writeError(ctx, apierr.Method)
 		} else if g.Auth(ctx) {
 			g.release(ctx, strings.TrimSuffix(name, "/release"))
+		}
+		return true
+	}
+	if name, ok := strings.CutPrefix(path, "/admin/backends/"); ok && strings.HasSuffix(name, "/quarantine") {
+		if method != fasthttp.MethodPost {
+			writeError(ctx, apierr.Method)
+		} else if g.Auth(ctx) {
+			g.quarantine(ctx, strings.TrimSuffix(name, "/quarantine"))
 		}
 		return true
 	}
@@ -150,6 +160,33 @@ func (g *API) incidents(ctx *fasthttp.RequestCtx) {
 		list = []state.Incident{}
 	}
 	body, _ := json.Marshal(map[string]any{"incidents": list})
+	ctx.SetContentType("application/json")
+	ctx.SetBody(body)
+}
+
+// quarantine takes a backend out of rotation on every replica (maintenance, or a suspicion the
+// scanner cannot see), for ?ttl= (a Go duration) or canary.quarantine_ttl; release ends it.
+func (g *API) quarantine(ctx *fasthttp.RequestCtx, name string) {
+	if g.Backends.Get(name) == nil {
+		writeError(ctx, &apierr.Error{Status: 404, Type: "invalid_request_error", Code: "not_found", Param: "backend",
+			Message: fmt.Sprintf("No backend named %q.", name)})
+		return
+	}
+	ttl := g.QuarantineTTL
+	if s := ctx.QueryArgs().Peek("ttl"); len(s) > 0 {
+		d, err := time.ParseDuration(string(s))
+		if err != nil || d <= 0 {
+			writeError(ctx, apierr.BadRequest("ttl", "'ttl' must be a positive duration, like 10m."))
+			return
+		}
+		ttl = d
+	}
+	g.Quarantines.Mark(name, ttl, "operator")
+	rctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	shared := g.Quarantines.Share(rctx, name) == nil // on failure it stays local and the sync retries it
+	g.Log.Warn("backend quarantined by an operator", zap.String("backend", name), zap.Duration("ttl", ttl), zap.Bool("shared", shared))
+	body, _ := json.Marshal(map[string]any{"quarantined": name, "until": time.Now().Add(ttl).UTC(), "shared": shared})
 	ctx.SetContentType("application/json")
 	ctx.SetBody(body)
 }

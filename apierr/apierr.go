@@ -157,6 +157,13 @@ func UpstreamFailed(msg string) *Error {
 	return &Error{Status: 502, Type: "server_error", Code: "upstream_error", Message: msg}
 }
 
+// ShuttingDown: the gateway's drain (server.drain_timeout) ended with this request still open,
+// so it was cut; another replica can serve it.
+func ShuttingDown() *Error {
+	return &Error{Status: 503, Type: "server_error", Code: "shutting_down", RetryAfter: 1,
+		Message: "The gateway is shutting down and could not finish this reply within its drain timeout. Retry the request."}
+}
+
 // UpstreamIntegrity: the reply held another tenant's data and was cut.
 func UpstreamIntegrity() *Error {
 	return &Error{Status: 502, Type: "server_error", Code: "upstream_integrity",

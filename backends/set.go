@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -77,6 +78,7 @@ type Backend struct {
 	// quarantinedUntil is unix nanoseconds; 0 when not quarantined.
 	quarantinedUntil atomic.Int64
 	infoPath         atomic.Value // "/server_info" until it answers 404
+	conns            *connSet     // the request client's connections (CutStreams)
 	log              *zap.Logger  // for panics recovered on the backend's own goroutines
 }
 
@@ -153,7 +155,8 @@ func New(cfgs []config.Backend, opts Options, log *zap.Logger) (*Set, error) {
 		if err != nil {
 			return nil, fmt.Errorf("backend %s: url %q needs host:port: %w", c.Name, c.URL, err)
 		}
-		b := &Backend{Name: c.Name, Role: c.Role, APIKey: c.APIKey, Addr: u.Host, Host: host, log: s.log}
+		b := &Backend{Name: c.Name, Role: c.Role, APIKey: c.APIKey, Addr: u.Host, Host: host, log: s.log,
+			conns: &connSet{m: map[*timedConn]struct{}{}}}
 		b.client = &fasthttp.HostClient{
 			Addr:               u.Host,
 			Name:               "kvgate",
@@ -161,7 +164,7 @@ func New(cfgs []config.Backend, opts Options, log *zap.Logger) (*Set, error) {
 			MaxConns:           opts.MaxConns,
 			// A request waits briefly for a connection instead of failing at once at MaxConns.
 			MaxConnWaitTimeout: time.Second,
-			Dial:               timedDialer(opts.ConnectTimeout, opts.ResponseHeaderTimeout, opts.IdleTimeout),
+			Dial:               timedDialer(opts.ConnectTimeout, opts.ResponseHeaderTimeout, opts.IdleTimeout, b.conns),
 			// Engines' replies are passed through; do not rewrite their header names.
 			DisableHeaderNamesNormalizing: false,
 		}
@@ -174,6 +177,15 @@ func New(cfgs []config.Backend, opts Options, log *zap.Logger) (*Set, error) {
 		s.byName[c.Name] = b
 	}
 	return s, nil
+}
+
+// CutStreams ends every engine request of every backend, now and from now on: reads in
+// progress and later ones fail with ErrCut, and no new connection is made. The end of a drain
+// alone calls it (the process is about to exit).
+func (s *Set) CutStreams() {
+	for _, b := range s.list {
+		b.conns.cutAll()
+	}
 }
 
 // All returns every backend in configuration order.
@@ -650,6 +662,45 @@ func (s *Set) Routes(now time.Time) ([]Route, error) {
 		return nil, ErrNoBackend
 	}
 	return routes, nil
+}
+
+// Unavailable says why no route can take traffic now ("" when one can): how many backends are
+// quarantined, down, reporting another role than configured, or without fresh capacity, and
+// which roles are usable when a prefill/decode pair is missing its other half. Counts only, no
+// names or addresses: /readyz is not behind the admin key.
+func (s *Set) Unavailable(now time.Time) string {
+	if _, err := s.Routes(now); err == nil {
+		return ""
+	}
+	var quarantined, down, wrongRole, unknown int
+	usable := map[config.Role]int{}
+	for _, b := range s.list {
+		switch c := b.capacity.Load(); {
+		case b.quarantinedUntil.Load() > now.UnixNano():
+			quarantined++
+		case b.LastError() != "":
+			down++
+		case c == nil || now.Sub(c.ReadAt) > s.opts.MaxAge:
+			unknown++
+		case !b.roleOK.Load():
+			wrongRole++
+		default:
+			usable[b.Role]++
+		}
+	}
+	var parts []string
+	for _, p := range []struct {
+		n    int
+		what string
+	}{{quarantined, "quarantined"}, {down, "down"}, {wrongRole, "reporting another role than configured"}, {unknown, "without a fresh capacity reading"}} {
+		if p.n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", p.n, p.what))
+		}
+	}
+	if usable[config.RolePrefill]+usable[config.RoleDecode] > 0 {
+		parts = append(parts, fmt.Sprintf("usable: %d prefill and %d decode, no pair", usable[config.RolePrefill], usable[config.RoleDecode]))
+	}
+	return fmt.Sprintf("no backend can take traffic (%d configured: %s)", len(s.list), strings.Join(parts, ", "))
 }
 
 // SetQuarantine applies the quarantine state (state.Quarantines, its one owner, alone calls it):

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -149,5 +150,37 @@ func TestSumField(t *testing.T) {
 		if got != c.want || ok != c.ok {
 			t.Errorf("%s: got %d %v", c.in, got, c.ok)
 		}
+	}
+}
+
+// Unavailable names why no route can take traffic, by cause, and is empty while one can.
+func TestUnavailableNamesTheCause(t *testing.T) {
+	var up atomic.Bool
+	up.Store(true)
+	url := fakeEngine(t, false, &up) // reports disaggregation_mode "null"
+	s := newTestSet(t, config.Backend{Name: "u", URL: url, Role: "unified"}, config.Backend{Name: "p", URL: url, Role: "prefill"},
+		config.Backend{Name: "d", URL: url, Role: "decode"})
+	now := time.Now()
+	if got := s.Unavailable(now); !strings.Contains(got, "3 without a fresh capacity reading") {
+		t.Fatalf("never read: %q", got)
+	}
+	for _, b := range s.All() {
+		s.PollOnce(b)
+	}
+	now = time.Now()
+	if got := s.Unavailable(now); got != "" {
+		t.Fatalf("unified usable: %q", got)
+	}
+	s.SetQuarantine(map[string]time.Time{"u": now.Add(time.Minute)})
+	if got := s.Unavailable(now); !strings.Contains(got, "1 quarantined") || !strings.Contains(got, "2 reporting another role") {
+		t.Fatalf("unified quarantined, pair with the wrong role: %q", got)
+	}
+	s.SetQuarantine(nil)
+	up.Store(false)
+	for _, b := range s.All() {
+		s.PollOnce(b)
+	}
+	if got := s.Unavailable(time.Now()); !strings.Contains(got, "(3 configured: 3 down)") {
+		t.Fatalf("all down: %q", got)
 	}
 }

@@ -11,13 +11,14 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/url"
+	neturl "net/url"
 	"os"
 	"reflect"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -75,7 +76,25 @@ type Server struct {
 	// loopback; any deployment whose listener clients can reach should set admin or
 	// metrics_listen.
 	MetricsAuth MetricsAuth `yaml:"metrics_auth"`
+	// DrainDelay is the first phase of a shutdown (SIGTERM or SIGINT): /readyz answers 503
+	// draining at once while requests are still served and new connections still accepted, so
+	// load balancers have time to move traffic away. 0 skips it. Default 5s.
+	DrainDelay time.Duration `yaml:"drain_delay"`
+	// DrainTimeout is the second phase: the listener closes and requests in flight may finish
+	// for this long. A stream still open at the deadline ends with an error event (and an access
+	// line), and the process exits 1; 0 cuts at once. Default 30s.
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
 }
+
+// Drain defaults: set before decoding, since 0 is a meaningful choice for both.
+const (
+	defaultDrainDelay   = 5 * time.Second
+	defaultDrainTimeout = 30 * time.Second
+)
+
+// MinCanarySecretBytes is the shortest canary.secret accepted: markers are an HMAC under it, and
+// a short secret can be guessed from the markers a tenant sees in its own prompts.
+const MinCanarySecretBytes = 16
 
 // Backend is one engine server.
 type Backend struct {
@@ -279,16 +298,16 @@ func Parse(raw []byte, environ []string) (*Config, error) {
 	var c Config
 	// Set before decoding, so that an explicit 0 in the file or the environment stands.
 	c.Upstream.Retries = defaultRetries
+	c.Server.DrainDelay, c.Server.DrainTimeout = defaultDrainDelay, defaultDrainTimeout
 	dec := yaml.NewDecoder(bytes.NewReader(raw))
 	dec.KnownFields(true) // an unknown key is an error that names it
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	if err := ApplyEnv(&c, environ); err != nil {
-		return nil, err
-	}
+	// Environment and validation errors are reported together: one run names every bad key.
+	envErr := ApplyEnv(&c, environ)
 	c.applyDefaults()
-	if err := c.Validate(); err != nil {
+	if err := errors.Join(envErr, c.Validate()); err != nil {
 		return nil, err
 	}
 	return &c, nil
@@ -435,7 +454,7 @@ func (c *Config) Validate() error {
 			bad(f+".name", "%q must not contain '/' or spaces (it appears in admin URLs)", b.Name)
 		}
 		names[b.Name] = true
-		if u, err := url.Parse(b.URL); err != nil || u.Scheme != "http" || u.Host == "" {
+		if u, err := neturl.Parse(b.URL); err != nil || u.Scheme != "http" || u.Host == "" {
 			bad(f+".url", "must be http://host:port, got %q", b.URL)
 		}
 		if oneOf(f+".role", string(b.Role), string(RoleUnified), string(RolePrefill), string(RoleDecode)) {
@@ -491,6 +510,14 @@ func (c *Config) Validate() error {
 	oneOf("state.redis_mode", string(c.State.RedisMode), string(RedisStandalone), string(RedisSentinel), string(RedisCluster))
 	if c.Canary.Enabled && c.Canary.Secret == "" {
 		bad("canary.secret", "required when canary.enabled is true (or set KVGATE_CANARY_SECRET)")
+	} else if c.Canary.Secret != "" && len(c.Canary.Secret) < MinCanarySecretBytes {
+		// Checked even while canaries are off: turning them on later must not need a new secret.
+		bad("canary.secret", "must be at least %d bytes, got %d", MinCanarySecretBytes, len(c.Canary.Secret))
+	}
+	if c.State.RedisURL != "" {
+		if err := CheckRedisURL(c.State.RedisURL, c.State.RedisMode); err != nil {
+			bad("state.redis_url", "%v", err)
+		}
 	}
 	if c.Canary.EveryBytes < 0 {
 		bad("canary.every_bytes", "must be ≥ 0 (0 = once), got %d", c.Canary.EveryBytes)
@@ -561,6 +588,12 @@ func (c *Config) Validate() error {
 			bad("server.metrics_listen", "must differ from listen (%s)", c.Listen)
 		}
 	}
+	if c.Server.DrainDelay < 0 {
+		bad("server.drain_delay", "must be ≥ 0 (0 = no delay), got %s", c.Server.DrainDelay)
+	}
+	if c.Server.DrainTimeout < 0 {
+		bad("server.drain_timeout", "must be ≥ 0 (0 = cut streams at once), got %s", c.Server.DrainTimeout)
+	}
 	if c.Server.MaxConnsPerIP < 0 {
 		bad("server.max_conns_per_ip", "must be ≥ 0 (0 = no limit), got %d", c.Server.MaxConnsPerIP)
 	}
@@ -578,24 +611,100 @@ func isSHA256Hex(s string) bool {
 // ApplyEnv sets every scalar field named by a KVGATE_* variable: the variable's name is KVGATE_
 // followed by the field's YAML path in upper case joined by "_" (KVGATE_LISTEN,
 // KVGATE_POLICY_MODE, KVGATE_CANARY_SECRET, KVGATE_STATE_REDIS_URL). Lists (backends, tenants)
-// are not overridable from the environment. Other variables are ignored.
+// are not overridable from the environment. Any other KVGATE_* variable is an error naming it (a
+// misspelt override must not be silently ignored), except those of NonConfigEnv.
 func ApplyEnv(c *Config, environ []string) error {
 	fields := map[string]reflect.Value{}
 	collectEnvFields(reflect.ValueOf(c).Elem(), "KVGATE", fields)
+	var errs []error
 	for _, kv := range environ {
 		name, value, ok := strings.Cut(kv, "=")
-		if !ok || !strings.HasPrefix(name, "KVGATE_") {
+		if !ok || !strings.HasPrefix(name, "KVGATE_") || NonConfigEnv[name] {
 			continue
 		}
 		f, known := fields[name]
 		if !known {
+			errs = append(errs, fmt.Errorf("config: environment %s: no such setting (names are KVGATE_ and the YAML path, like KVGATE_STATE_REDIS_URL; lists come from the file only)", name))
 			continue
 		}
 		if err := setScalar(f, value); err != nil {
-			return fmt.Errorf("config: environment %s: %w", name, err)
+			errs = append(errs, fmt.Errorf("config: environment %s: %w", name, err))
 		}
 	}
+	return errors.Join(errs...)
+}
+
+// NonConfigEnv are KVGATE_* variables that are not settings: those of kvgate's own tests, lab
+// and benchmarks, which a test run hands down to the processes it starts.
+var NonConfigEnv = map[string]bool{
+	"KVGATE_BIN": true, "KVGATE_LAB_BIN": true, "KVGATE_TEST_REDIS": true, "KVGATE_PROPERTY_SEED": true,
+	"KVGATE_TOKENIZE_OFFLINE_CHILD": true, "KVGATE_DEMO_DEBUG": true,
+	"KVGATE_BENCH_ROLE": true, "KVGATE_BENCH_LISTEN": true, "KVGATE_BENCH_UPSTREAM": true,
+}
+
+// CheckRedisURL parses url as state.NewClient will for mode (go-redis's own parsers), without
+// connecting, so a bad URL is refused with the configuration rather than at start.
+func CheckRedisURL(url string, mode RedisMode) error {
+	var err error
+	switch mode {
+	case RedisStandalone, "":
+		_, err = redis.ParseURL(url)
+	case RedisSentinel:
+		var opt *redis.FailoverOptions
+		if opt, err = redis.ParseFailoverURL(url); err == nil && opt.MasterName == "" {
+			err = errors.New("missing ?master_name=<name> (a sentinel client cannot find its master without it)")
+		}
+	case RedisCluster:
+		_, err = redis.ParseClusterURL(url)
+	default:
+		return nil // state.redis_mode names its own error
+	}
+	if err != nil {
+		// url.Parse's error quotes the whole URL, password included: keep only its reason.
+		var ue *neturl.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return fmt.Errorf("does not parse for redis_mode %s: %w", mode, err)
+	}
 	return nil
+}
+
+// Redacted is a copy of c safe to print: the canary secret, backend api_keys and any password in
+// the Redis URL are replaced by "REDACTED" (empty ones stay empty, so their absence shows).
+func (c *Config) Redacted() *Config {
+	r := *c
+	const mask = "REDACTED"
+	if r.Canary.Secret != "" {
+		r.Canary.Secret = mask
+	}
+	r.Backends = append([]Backend(nil), c.Backends...)
+	for i := range r.Backends {
+		if r.Backends[i].APIKey != "" {
+			r.Backends[i].APIKey = mask
+		}
+	}
+	r.Tenants = append([]Tenant(nil), c.Tenants...)
+	if u, err := neturl.Parse(r.State.RedisURL); err == nil && r.State.RedisURL != "" {
+		if u.User != nil {
+			if _, has := u.User.Password(); has {
+				u.User = neturl.UserPassword(u.User.Username(), mask)
+			} else {
+				u.User = neturl.User(mask) // a lone user part may be how the password was given
+			}
+		}
+		// Sentinel URLs carry passwords as query parameters (password, sentinel_password).
+		if q := u.Query(); len(q) > 0 {
+			for k := range q {
+				if strings.Contains(strings.ToLower(k), "password") {
+					q.Set(k, mask)
+				}
+			}
+			u.RawQuery = q.Encode()
+		}
+		r.State.RedisURL = u.String()
+	}
+	return &r
 }
 
 // EnvNames lists every variable ApplyEnv understands (for docs and tests).

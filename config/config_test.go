@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -35,9 +36,9 @@ func TestEnvOverrides(t *testing.T) {
 		"KVGATE_POLICY_MODE=monitor",
 		"KVGATE_TOKENIZER_SAFETY_RATIO=1.5",
 		"KVGATE_CANARY_ENABLED=true",
-		"KVGATE_CANARY_SECRET=s3cret",
+		"KVGATE_CANARY_SECRET=s3cret-of-16-bytes",
 		"KVGATE_CAPACITY_POLL_INTERVAL=500ms",
-		"KVGATE_UNKNOWN_THING=ignored",
+		"KVGATE_TEST_REDIS=redis://127.0.0.1:6379/15", // a test tool's variable, not a setting
 		"PATH=/bin",
 	}
 	c, err := Parse([]byte(minimal), env)
@@ -45,7 +46,7 @@ func TestEnvOverrides(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Listen != "127.0.0.1:9999" || c.Policy.Mode != "monitor" || c.Tokenizer.SafetyRatio != 1.5 ||
-		!c.Canary.Enabled || c.Canary.Secret != "s3cret" || c.Capacity.PollInterval != 500*time.Millisecond {
+		!c.Canary.Enabled || c.Canary.Secret != "s3cret-of-16-bytes" || c.Capacity.PollInterval != 500*time.Millisecond {
 		t.Fatalf("overrides not applied: %+v", c)
 	}
 	if c.Capacity.MaxAge != 1500*time.Millisecond {
@@ -83,6 +84,21 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"metrics listen on the main listener", minimal + "listen: \"127.0.0.1:9000\"\nserver: {metrics_listen: \"127.0.0.1:9000\"}\n", "", "server.metrics_listen"},
 		{"bad env int", minimal, "KVGATE_MAX_BODY_BYTES=lots", "KVGATE_MAX_BODY_BYTES"},
 		{"bad env duration", minimal, "KVGATE_CANARY_EPOCH=soon", "KVGATE_CANARY_EPOCH"},
+		{"misspelt env", minimal, "KVGATE_POLICY_MDOE=monitor", "KVGATE_POLICY_MDOE"},
+		{"env for a list", minimal, "KVGATE_BACKENDS=x", "KVGATE_BACKENDS"},
+		{"env for a section", minimal, "KVGATE_SERVER=x", "KVGATE_SERVER"},
+		{"short canary secret", minimal + "canary: {enabled: true, secret: fifteen-bytes!!}\n", "", "canary.secret: must be at least 16 bytes, got 15"},
+		{"short canary secret while off", minimal + "canary: {secret: short}\n", "", "canary.secret"},
+		{"short canary secret from env", minimal + "canary: {enabled: true}\n", "KVGATE_CANARY_SECRET=abc", "canary.secret"},
+		{"negative drain delay", minimal + "server: {drain_delay: -1s}\n", "", "server.drain_delay"},
+		{"negative drain timeout", minimal + "server: {drain_timeout: -5s}\n", "", "server.drain_timeout"},
+		{"negative drain timeout from env", minimal, "KVGATE_SERVER_DRAIN_TIMEOUT=-1s", "server.drain_timeout"},
+		{"redis url bad scheme", minimal + "state: {redis_url: \"http://127.0.0.1:6379\"}\n", "", "state.redis_url"},
+		{"redis url bad db", minimal + "state: {redis_url: \"redis://127.0.0.1:6379/notadb\"}\n", "", "state.redis_url"},
+		{"redis url not a url", minimal + "state: {redis_url: \"redis://[::1\"}\n", "", "state.redis_url"},
+		{"redis url from env", minimal, "KVGATE_STATE_REDIS_URL=localhost:6379", "state.redis_url"},
+		{"sentinel without master", minimal + "state: {redis_url: \"redis://127.0.0.1:26379\", redis_mode: sentinel}\n", "", "master_name"},
+		{"cluster bad url", minimal + "state: {redis_url: \"tcp://a:1\", redis_mode: cluster}\n", "", "state.redis_url"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -159,5 +175,87 @@ func TestRetriesZeroHonoured(t *testing.T) {
 		if cfg.Upstream.Retries != c.want {
 			t.Fatalf("%q %v: retries %d, want %d", c.yaml, c.env, cfg.Upstream.Retries, c.want)
 		}
+	}
+}
+
+// Drain settings: defaults, an explicit 0 honoured (file or environment), values read.
+func TestDrainSettings(t *testing.T) {
+	for _, c := range []struct {
+		yaml         string
+		env          []string
+		delay, limit time.Duration
+	}{
+		{minimal, nil, 5 * time.Second, 30 * time.Second},
+		{minimal + "server: {drain_delay: 0s, drain_timeout: 0s}\n", nil, 0, 0},
+		{minimal + "server: {drain_delay: 2s, drain_timeout: 1m}\n", nil, 2 * time.Second, time.Minute},
+		{minimal, []string{"KVGATE_SERVER_DRAIN_DELAY=0s", "KVGATE_SERVER_DRAIN_TIMEOUT=90s"}, 0, 90 * time.Second},
+	} {
+		cfg, err := Parse([]byte(c.yaml), c.env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Server.DrainDelay != c.delay || cfg.Server.DrainTimeout != c.limit {
+			t.Fatalf("%q %v: drain %s/%s, want %s/%s", c.yaml, c.env, cfg.Server.DrainDelay, cfg.Server.DrainTimeout, c.delay, c.limit)
+		}
+	}
+}
+
+// Redis URLs that parse are accepted for each mode, without any connection.
+func TestRedisURLAccepted(t *testing.T) {
+	for _, y := range []string{
+		"state: {redis_url: \"redis://127.0.0.1:1/15\"}\n",
+		"state: {redis_url: \"rediss://user:pw@redis.example:6380/0\"}\n",
+		"state: {redis_url: \"redis://127.0.0.1:26379?master_name=m&addr=127.0.0.1:26380\", redis_mode: sentinel}\n",
+		"state: {redis_url: \"redis://127.0.0.1:7000?addr=127.0.0.1:7001\", redis_mode: cluster}\n",
+	} {
+		if _, err := Parse([]byte(minimal+y), nil); err != nil {
+			t.Errorf("%s: %v", y, err)
+		}
+	}
+}
+
+// A Redis URL error never quotes the URL's password.
+func TestRedisURLErrorHidesPassword(t *testing.T) {
+	_, err := Parse([]byte(minimal+"state: {redis_url: \"redis://u:hunter2-pw@[::1:6379\"}\n"), nil)
+	if err == nil || !strings.Contains(err.Error(), "state.redis_url") || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("want a state.redis_url error without the password, got %v", err)
+	}
+}
+
+// Redacted masks every secret and leaves the original alone.
+func TestRedacted(t *testing.T) {
+	y := `backends:
+  - {name: a, url: "http://127.0.0.1:1", role: unified, api_key: engine-key-a}
+  - {name: b, url: "http://127.0.0.1:2", role: unified}
+canary: {enabled: true, secret: "the canary secret, 32 bytes long"}
+`
+	for _, c := range []struct{ url, mode, gone, want string }{
+		{"redis://user:pw-secret@127.0.0.1:6379/0", "standalone", "pw-secret", "redis://user:REDACTED@127.0.0.1:6379/0"},
+		{"redis://pw-secret@127.0.0.1:6379/0", "standalone", "pw-secret", "redis://REDACTED@127.0.0.1:6379/0"},
+		{"redis://127.0.0.1:26379?master_name=m&password=pw-secret", "sentinel", "pw-secret", "REDACTED"},
+		{"redis://127.0.0.1:6379/0", "standalone", "", "redis://127.0.0.1:6379/0"},
+	} {
+		cfg, err := Parse([]byte(y+fmt.Sprintf("state: {redis_url: %q, redis_mode: %s}\n", c.url, c.mode)), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := cfg.Redacted()
+		if r.Canary.Secret != "REDACTED" || r.Backends[0].APIKey != "REDACTED" || r.Backends[1].APIKey != "" {
+			t.Fatalf("secrets not redacted: %+v %+v", r.Canary, r.Backends)
+		}
+		if (c.gone != "" && strings.Contains(r.State.RedisURL, c.gone)) || !strings.Contains(r.State.RedisURL, c.want) {
+			t.Fatalf("redis url %q redacted to %q", c.url, r.State.RedisURL)
+		}
+		if cfg.Canary.Secret != "the canary secret, 32 bytes long" || cfg.Backends[0].APIKey != "engine-key-a" || cfg.State.RedisURL != c.url {
+			t.Fatal("Redacted changed the original")
+		}
+	}
+}
+
+// A bad environment variable and a bad file are named in one error, not one per run.
+func TestEnvAndFileErrorsTogether(t *testing.T) {
+	_, err := Parse([]byte(minimal+"server: {drain_timeout: -1s}\n"), []string{"KVGATE_LISTN=x", "KVGATE_BIN=/bin/kvgate"})
+	if err == nil || !strings.Contains(err.Error(), "KVGATE_LISTN") || !strings.Contains(err.Error(), "server.drain_timeout") || strings.Contains(err.Error(), "KVGATE_BIN") {
+		t.Fatalf("want both KVGATE_LISTN and server.drain_timeout named (and KVGATE_BIN, a test tool's, not), got %v", err)
 	}
 }

@@ -241,9 +241,13 @@ func (x *exchange) usageBound() int64 {
 }
 
 // degradedReadyBody is /readyz while some shared state is unreachable: what is degraded and how.
-func (g *Gateway) degradedReadyBody() []byte {
+// pingFailed: the shared store did not answer /readyz's own ping.
+func (g *Gateway) degradedReadyBody(pingFailed bool) []byte {
 	body := map[string]any{"status": "ready", "degraded": true}
 	var reasons []string
+	if pingFailed {
+		reasons = append(reasons, fmt.Sprintf("shared state (Redis) not answering a ping within %s", readyPingTimeout))
+	}
 	if g.degraded() {
 		reasons = append(reasons, "shared state (Redis) unreachable: incident writes are queued")
 	}

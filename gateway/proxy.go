@@ -139,6 +139,10 @@ func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange) {
 // failUpstream answers a failed upstream call through the one error mapping; the detail goes to
 // the log only.
 func (x *exchange) failUpstream(ctx *fasthttp.RequestCtx, b *backends.Backend, err error) {
+	if x.noteDrainCut() {
+		x.fail(ctx, apierr.ShuttingDown())
+		return
+	}
 	x.g.log.Warn("engine call failed", zap.String("request_id", x.rid), zap.String("backend", b.Name), zap.Error(err))
 	x.fail(ctx, fromUpstream(err))
 }
@@ -360,6 +364,11 @@ func (x *exchange) scanHeaders(l *backends.Leg) *canary.Hit {
 // upstreamError answers 502 with a generic message; the detail (backend names, addresses,
 // transport errors) goes only to the log.
 func (x *exchange) upstreamError(ctx *fasthttp.RequestCtx, code string, detail error) {
+	if x.noteDrainCut() {
+		writeError(ctx, apierr.ShuttingDown())
+		ctx.Response.Header.Set("X-Request-Id", x.rid)
+		return
+	}
 	x.g.log.Warn("engine reply refused", zap.String("request_id", x.rid), zap.String("error_code", code), zap.Error(detail))
 	writeError(ctx, apierr.UpstreamFailed("The engine's reply could not be used."))
 	ctx.Response.Header.Set("X-Request-Id", x.rid)

@@ -34,12 +34,13 @@ func (x *exchange) newEventRelay(onLeak func()) *reply.Stream {
 
 // The events that end a stream the gateway failed or cut, per route kind: built once, since a
 // stream rarely needs them.
-var streamFailEvent, streamCutEvent = func() (fail, cut [request.Kinds][]byte) {
+var streamFailEvent, streamCutEvent, streamDrainEvent = func() (fail, cut, drain [request.Kinds][]byte) {
 	for k := request.Kind(0); k < request.Kinds; k++ {
 		fail[k] = errorEvent(k, apierr.UpstreamFailed("The engine's stream failed."))
 		cut[k] = errorEvent(k, apierr.UpstreamIntegrity())
+		drain[k] = errorEvent(k, apierr.ShuttingDown())
 	}
-	return fail, cut
+	return fail, cut, drain
 }()
 
 // relayReader is the client's body for a streamed reply. fasthttp calls Read until EOF, writing
@@ -95,6 +96,11 @@ func (r *relayReader) Read(p []byte) (n int, err error) {
 			continue
 		}
 		r.eof = true
+		if !errors.Is(err, io.EOF) && r.x.noteDrainCut() {
+			// What was already processed is still sent; the error event says why it ends.
+			r.ev.Abort(append(append([]byte(nil), r.ev.Pending()...), streamDrainEvent[r.x.kind]...))
+			continue
+		}
 		if !errors.Is(err, io.EOF) {
 			// Headers are on the wire: end the stream with an error event, never a 502 page.
 			r.ev.Fail("upstream_stream_error", err)

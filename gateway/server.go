@@ -53,6 +53,11 @@ type Gateway struct {
 	server   *fasthttp.Server
 	metricsH fasthttp.RequestHandler
 	draining atomic.Bool
+	// cutting is set at the end of a drain, just before every engine reply is cut: a request
+	// whose engine call then fails was cut by us, not failed by its engine.
+	cutting atomic.Bool
+	cutMu   sync.Mutex
+	cutIDs  []string // request ids of requests cut at the drain deadline
 
 	// Canaries and shared state. keyring is nil when canaries are disabled.
 	keyring    *canary.Keyring
@@ -112,7 +117,7 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 		PollInterval: cfg.Capacity.PollInterval, Log: g.log,
 		ExactCalls: g.metrics.exactCalls, Calibrations: g.metrics.calibrations})
 	g.lim = newLimitsState(g) // kvgate limits
-	g.admin = &admin.API{Key: adminKey, Backends: set, Incidents: st.Incidents, Quarantines: g.quarantine, Tenants: g.tenants,
+	g.admin = &admin.API{Key: adminKey, Backends: set, Incidents: st.Incidents, Quarantines: g.quarantine, Tenants: g.tenants, QuarantineTTL: cfg.Canary.QuarantineTTL,
 		Store: st.Tenants, Log: g.log, Bearer: bearer, ReadBody: readBody}
 	g.replies = reply.NewBudget(cfg.Upstream.MaxBufferedBytes)
 	g.metrics.repliesOverBudget = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_replies_over_budget_total",
@@ -229,11 +234,83 @@ func (g *Gateway) Serve(ln net.Listener) error { return g.server.Serve(ln) }
 func (g *Gateway) Shutdown(ctx context.Context) error {
 	g.draining.Store(true)
 	err := g.server.ShutdownWithContext(ctx)
+	g.waitBackground()
+	return err
+}
+
+// waitBackground lets incidents recorded by the last requests reach the store (or its queue).
+func (g *Gateway) waitBackground() {
 	g.bgMu.Lock()
 	g.bgClosed = true
 	g.bgMu.Unlock()
-	g.bg.Wait() // incidents recorded by the last requests reach the store (or its queue)
-	return err
+	g.bg.Wait()
+}
+
+// StartDrain is a drain's first phase (server.drain_delay): /readyz answers 503 draining so that
+// load balancers move traffic away, while requests are still served and connections accepted.
+func (g *Gateway) StartDrain() { g.draining.Store(true) }
+
+// DrainCutGrace is how long, after the drain deadline cut every engine reply, the cut streams
+// get to write their error events and access lines before the server stops waiting for them.
+const DrainCutGrace = 2 * time.Second
+
+// DrainResult is what a drain had to cut: nothing when Cut and Open are empty.
+type DrainResult struct {
+	// Cut are the request ids of requests still open at the deadline, ended with a 503
+	// shutting_down (an error event in the route's shape for a stream).
+	Cut []string
+	// Open is how many client connections were still open DrainCutGrace after the cut (a
+	// client not reading its stream, a request not waiting on an engine).
+	Open int
+}
+
+// Drain is a drain's second phase: stop accepting, let requests in flight finish for up to
+// timeout, then cut every engine reply still being read, so each open stream ends with an error
+// event and an access line instead of a reset connection.
+func (g *Gateway) Drain(timeout time.Duration) DrainResult {
+	g.draining.Store(true)
+	sctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- g.server.ShutdownWithContext(sctx) }()
+	var res DrainResult
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	select {
+	case <-done:
+	case <-deadline.C:
+		g.cutting.Store(true)
+		g.backends.CutStreams()
+		grace := time.NewTimer(DrainCutGrace)
+		defer grace.Stop()
+		select {
+		case <-done:
+		case <-grace.C:
+			res.Open = int(g.server.GetOpenConnectionsCount())
+			cancel()
+			<-done
+		}
+		g.cutMu.Lock()
+		res.Cut = append([]string(nil), g.cutIDs...)
+		g.cutMu.Unlock()
+	}
+	g.waitBackground()
+	return res
+}
+
+// noteDrainCut records that x was ended by the drain deadline: it answers 503 shutting_down
+// (logged as such) and the drain's result names it. False while no drain is cutting.
+func (x *exchange) noteDrainCut() bool {
+	if !x.g.cutting.Load() {
+		return false
+	}
+	x.status, x.errMsg = 503, apierr.ShuttingDown().Code
+	x.g.cutMu.Lock()
+	x.g.cutIDs = append(x.g.cutIDs, x.rid)
+	x.g.cutMu.Unlock()
+	x.g.log.Warn("request cut at the drain deadline (server.drain_timeout)", zap.String("request_id", x.rid),
+		zap.String("route", x.kind.Path()), zap.String("upstream", x.upstream))
+	return true
 }
 
 // headerReceived runs as soon as a request's headers are parsed. For a declared body over the
@@ -368,21 +445,40 @@ func (g *Gateway) ServeMetrics(ctx *fasthttp.RequestCtx) {
 	g.metricsH(ctx)
 }
 
+// readyPingTimeout bounds /readyz's ping of the shared store: a probe must answer quickly, and a
+// Redis slower than this would hold every limiter call to its own bound anyway.
+const readyPingTimeout = 250 * time.Millisecond
+
+// readyz is the load balancer's readiness probe: 503 while draining, before every backend was
+// read, and while no route can take traffic (every request would get 503 no_backend); 200 with
+// "degraded" while shared state is unreachable (still serving from local state).
 func (g *Gateway) readyz(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("application/json")
-	switch {
-	case g.draining.Load():
+	if g.draining.Load() {
 		ctx.SetStatusCode(503)
 		ctx.SetBodyString(`{"status":"draining"}`)
-	case !g.backends.Ready():
+		return
+	}
+	if !g.backends.Ready() {
 		ctx.SetStatusCode(503)
 		ctx.SetBodyString(`{"status":"starting","reason":"not every backend has been read yet"}`)
-	case g.degraded() || g.limitsDegraded(): // kvgate limits: limits enforced per replica
-		// Still serving from local state: ready, but say so.
-		ctx.SetBody(g.degradedReadyBody())
-	default:
-		ctx.SetBodyString(`{"status":"ready"}`)
+		return
 	}
+	if why := g.backends.Unavailable(time.Now()); why != "" {
+		ctx.SetStatusCode(503)
+		body, _ := json.Marshal(map[string]string{"status": "unavailable", "reason": why})
+		ctx.SetBody(body)
+		return
+	}
+	pctx, cancel := context.WithTimeout(context.Background(), readyPingTimeout)
+	pingErr := g.state.Ping(pctx)
+	cancel()
+	if pingErr != nil || g.degraded() || g.limitsDegraded() { // kvgate limits: limits enforced per replica
+		// Still serving from local state: ready, but say so.
+		ctx.SetBody(g.degradedReadyBody(pingErr != nil))
+		return
+	}
+	ctx.SetBodyString(`{"status":"ready"}`)
 }
 
 // models answers /v1/models with max_model_len = the largest prompt some healthy path admits for

@@ -52,6 +52,15 @@ func Open(cfg *config.Config, log *zap.Logger) (*State, error) {
 		Degraded: inc.Degraded, Run: inc.Run, client: client}, nil
 }
 
+// Ping asks the shared store for an answer now (nil for memory state): /readyz reports an
+// unreachable Redis at once, not only after the next write or limiter call fails.
+func (s *State) Ping(ctx context.Context) error {
+	if s.client == nil {
+		return nil
+	}
+	return s.client.Ping(ctx).Err()
+}
+
 // Close releases the Redis client, if any.
 func (s *State) Close() error {
 	if s.client != nil {

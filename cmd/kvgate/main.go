@@ -15,9 +15,12 @@ var version = "dev"
 const usage = `usage: kvgate <command> [flags]
 
 commands:
-  serve     run the gateway (kvgate serve --config PATH)
-  audit     test a deployment's refusal path and isolation from outside (kvgate audit --target URL)
-  version   print the version
+  serve         run the gateway (kvgate serve --config PATH)
+  check-config  validate a configuration and print it with secrets redacted (kvgate check-config --config PATH)
+  audit         test a deployment's refusal path and isolation from outside (kvgate audit --target URL)
+  version       print the version
+
+kvgate <command> --help describes a command.
 `
 
 func main() {
@@ -30,6 +33,8 @@ func main() {
 	switch cmd {
 	case "serve":
 		code = runServe(args)
+	case "check-config":
+		code = runCheckConfig(args)
 	case "demo", "sim", "leaklab":
 		fmt.Fprintf(os.Stderr, "kvgate: %q is in the lab binary, not the product: run kvgate-lab %s (make demo builds it)\n", cmd, cmd)
 		code = 2

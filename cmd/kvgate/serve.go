@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -15,13 +17,62 @@ import (
 	"github.com/kvgate/kvgate/gateway"
 )
 
+const serveUsage = `usage: kvgate serve [--config PATH]
+
+Runs the gateway. Settings come from the YAML file, then KVGATE_* environment variables
+(KVGATE_ and the setting's path: KVGATE_STATE_REDIS_URL, KVGATE_CANARY_SECRET); an unknown
+KVGATE_* variable refuses the start. kvgate check-config validates a file without serving.
+
+On SIGTERM or SIGINT: /readyz answers 503 for server.drain_delay while requests are still
+served, then the listener closes and requests in flight have server.drain_timeout to finish.
+Exit status: 0 after a clean drain, 1 if the start failed or the drain had to cut requests,
+2 for a bad command line or configuration.
+
+flags:
+`
+
+// newFlags is a command's flag set: -h and --help print usage to stdout and exit 0 (a request
+// for help is not an error), a bad flag prints it to stderr and exits 2.
+func newFlags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	fs.String("config", "kvgate.yaml", "path of the YAML configuration")
+	return fs
+}
+
+// parseFlags parses args; done means exit with code (help printed, or a bad flag).
+func parseFlags(fs *flag.FlagSet, usage string, args []string) (code int, done bool) {
+	err := fs.Parse(args)
+	if err == nil {
+		return 0, false
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		printUsage(os.Stdout, fs, usage)
+		return 0, true
+	}
+	fmt.Fprintf(os.Stderr, "kvgate %s: %v\n", fs.Name(), err)
+	printUsage(os.Stderr, fs, usage)
+	return 2, true
+}
+
+func printUsage(w io.Writer, fs *flag.FlagSet, usage string) {
+	fmt.Fprint(w, usage)
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
+}
+
 func runServe(args []string) int {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	path := fs.String("config", "kvgate.yaml", "path of the YAML configuration")
-	if err := fs.Parse(args); err != nil {
+	fs := newFlags("serve")
+	if code, done := parseFlags(fs, serveUsage, args); done {
+		return code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "kvgate serve: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
-	cfg, err := config.Load(*path, os.Environ())
+	cfg, err := config.Load(fs.Lookup("config").Value.String(), os.Environ())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "kvgate serve:", err)
 		return 2
@@ -38,18 +89,24 @@ func runServe(args []string) int {
 	log.Info("kvgate serving", zap.String("listen", ln.Addr().String()), zap.String("mode", string(cfg.Policy.Mode)),
 		zap.Int("backends", len(cfg.Backends)), zap.Int("tenants", len(cfg.Tenants)))
 	<-ctx.Done()
-	return drain(gw, log)
+	return drain(gw, cfg.Server, log)
 }
 
-// drain stops accepting and lets requests in flight finish, for at most 30 s.
-func drain(gw *gateway.Gateway, log *zap.Logger) int {
-	log.Info("draining")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := gw.Shutdown(ctx); err != nil {
-		log.Warn("drain incomplete", zap.Error(err))
+// drain runs the two phases of a shutdown: readiness 503 while still serving (drain_delay), then
+// no new connections and requests in flight finishing (drain_timeout). The exit status says
+// whether anything had to be cut.
+func drain(gw *gateway.Gateway, s config.Server, log *zap.Logger) int {
+	gw.StartDrain()
+	log.Info("draining: /readyz answers 503, still serving", zap.Duration("drain_delay", s.DrainDelay),
+		zap.Duration("drain_timeout", s.DrainTimeout))
+	time.Sleep(s.DrainDelay)
+	log.Info("draining: no new connections, waiting for requests in flight", zap.Duration("drain_timeout", s.DrainTimeout))
+	res := gw.Drain(s.DrainTimeout)
+	if len(res.Cut) > 0 || res.Open > 0 {
+		log.Error("drain incomplete: requests still open at server.drain_timeout were cut",
+			zap.Int("cut", len(res.Cut)), zap.Strings("request_ids", res.Cut), zap.Int("connections_left_open", res.Open))
 		return 1
 	}
-	log.Info("stopped")
+	log.Info("stopped: every request finished")
 	return 0
 }

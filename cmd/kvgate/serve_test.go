@@ -60,6 +60,7 @@ func TestServeProcess(t *testing.T) {
 backends: [{name: sim, url: %q, role: unified}]
 tenants: [{name: alice, key_sha256: %q}]
 capacity: {poll_interval: 200ms}
+server: {drain_delay: 100ms}
 `, port, sim.URL, config.SHA256Hex("sk-secret-alice")))
 	logs := &syncBuf{}
 	cmd, base := startServe(t, cfg, port, logs)

@@ -1,9 +1,11 @@
 package testkit
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"io"
 	"net"
 	"net/http"
 	"testing"
@@ -45,7 +47,8 @@ func ParseConfig(t testing.TB, yaml string) *config.Config {
 }
 
 // StartGateway starts a gateway for cfg (its listen address is replaced by 127.0.0.1:0) and
-// waits until /readyz answers 200. Everything stops at test cleanup.
+// waits until every backend was read: /readyz answers 200, or 503 "unavailable" (a test of a
+// gateway whose backends are down on purpose). Everything stops at test cleanup.
 func StartGateway(t testing.TB, cfg *config.Config) *Gateway {
 	t.Helper()
 	return StartGatewayWithLogger(t, cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
@@ -87,8 +90,9 @@ func StartGatewayWithLogger(t testing.TB, cfg *config.Config, log *zap.Logger) *
 	for {
 		resp, err := http.Get(g.URL + "/readyz")
 		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
-			if resp.StatusCode == 200 {
+			if resp.StatusCode == 200 || bytes.Contains(body, []byte(`"status":"unavailable"`)) {
 				return g
 			}
 		}

@@ -293,6 +293,7 @@ canary: {enabled: %v, secret: "kvgate bench secret"}
 state: %s
 capacity: {poll_interval: 2s}
 upstream: {max_conns: 60000}
+server: {drain_delay: 0s}
 `, addr, sim, hexSHA256(benchKey), limits, c.canary, state)
 	conf := filepath.Join(ps.dir, name+".yaml")
 	if err := os.WriteFile(conf, []byte(yaml), 0o644); err != nil {

@@ -84,7 +84,8 @@ func (p *proc) exited() bool {
 }
 
 // stop sends SIGTERM to the process group, then SIGKILL after a grace period (kvgate drains
-// open streams for up to 30 s; a benchmark does not wait for that).
+// open streams for up to server.drain_timeout; a benchmark does not wait for that, and its
+// config sets no drain_delay).
 func (p *proc) stop() {
 	if p.exited() {
 		return
