@@ -49,6 +49,9 @@ type Guard struct {
 	// malformed: the reply breaks a rule clients rely on to assemble it (an index that is not a
 	// non-negative JSON integer): refused as unusable, not a leak.
 	malformed bool
+	// joinIn is the joined scanner's input piece; joinCharged says its buffers were charged.
+	joinIn      []byte
+	joinCharged bool
 }
 
 // fieldScan is the stateful scan of one field path: the folded-text detector first (it sees the
@@ -383,10 +386,38 @@ func (gd *Guard) scanField(s, path string, seq bool) (string, bool) {
 // seen whole. Ids, types and names stay out: they would break a split marker apart.
 const joinedKey = "#joined"
 
-// joined feeds s to the joined scanner (detection only: what it would emit is not used).
+// joined feeds s to the joined scanner (detection only: what it would emit is not used). A long
+// value is read a piece at a time through buffers of one piece, charged once, so a 60 MB reply
+// costs no whole copies here.
 func (gd *Guard) joined(s string) bool {
-	_, ok := gd.feed(joinedKey, s)
-	return ok
+	if !gd.joinCharged && len(s) >= 64<<10 {
+		if !gd.afford(3 * scanPiece) {
+			return false
+		}
+		gd.joinCharged = true
+	}
+	f := gd.field(joinedKey)
+	for i := 0; i < len(s); {
+		j := min(len(s), i+scanPiece)
+		for j < len(s) && j > i+1 && !utf8.RuneStart(s[j]) {
+			j--
+		}
+		gd.joinIn = append(gd.joinIn[:0], s[i:j]...)
+		mid, h := f.loose.Feed(gd.buf[:0], gd.joinIn)
+		gd.buf = mid[:0]
+		if h != nil {
+			gd.noteLeak(h)
+			return false
+		}
+		out, v := f.strict.Feed(gd.buf2[:0], mid)
+		gd.buf2 = out[:0]
+		gd.note(v)
+		if v.Leak != nil {
+			return false
+		}
+		i = j
+	}
+	return true
 }
 
 // indexKeys are the fields by which clients merge pieces of a reply (choices, tool calls,
