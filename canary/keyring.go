@@ -51,11 +51,18 @@ type Keyring struct {
 	tenants   []*tenantState
 	tenantIdx map[string]uint32
 	byPrefix  map[uint64]entry
-	overflow  map[uint64][]entry  // further entries whose first 8 characters collide (rare)
-	epochKeys map[uint64][]uint64 // epoch → keys inserted for it, so Refresh can drop it
-	lo, hi    uint64              // live epochs, inclusive; valid when live
-	live      bool
-	count     int
+	overflow  map[uint64][]entry // further entries whose first 8 characters collide (rare)
+	// windows: the key of every LooseMin-character window of every live marker body (offsets 0
+	// to MarkerChars−LooseMin) → the prefix key of the marker it came from (byPrefix/overflow
+	// hold the marker). A window two live markers share (about 4×10^-5 pairs at 10^6 live
+	// markers) keeps the further prefix keys in winOverflow. So the folded detector finds a run
+	// from any offset of any live marker with one map access.
+	windows     map[uint64]uint64
+	winOverflow map[uint64][]uint64
+	epochKeys   map[uint64][]uint64 // epoch → keys inserted for it, so Refresh can drop it
+	lo, hi      uint64              // live epochs, inclusive; valid when live
+	live        bool
+	count       int
 }
 
 // NewKeyring builds a keyring for the given tenants and derives their live markers for the
@@ -74,6 +81,8 @@ func NewKeyring(secret []byte, epochLen, detectWindow time.Duration, tenants []s
 		tenantIdx:    make(map[string]uint32),
 		byPrefix:     make(map[uint64]entry),
 		overflow:     make(map[uint64][]entry),
+		windows:      make(map[uint64]uint64),
+		winOverflow:  make(map[uint64][]uint64),
 		epochKeys:    make(map[uint64][]uint64),
 	}
 	k.mu.Lock()
@@ -217,8 +226,60 @@ func (k *Keyring) insertLocked(ents []entry, keys []uint64) {
 		} else {
 			k.byPrefix[key] = en
 		}
+		k.addWindowsLocked(key, &en)
 		k.epochKeys[en.epoch] = append(k.epochKeys[en.epoch], key)
 		k.count++
+	}
+}
+
+// entryBody rebuilds the 20 characters of the marker stored as en under prefix key key.
+func entryBody(key uint64, en *entry) (body [MarkerChars]byte) {
+	for i := FragmentMin - 1; i >= 0; i-- {
+		body[i] = b32alphabet[key&31]
+		key >>= 5
+	}
+	copy(body[FragmentMin:], en.rest[:])
+	return body
+}
+
+func (k *Keyring) addWindowsLocked(key uint64, en *entry) {
+	body := entryBody(key, en)
+	for off := 0; off+LooseMin <= MarkerChars; off++ {
+		w := windowKey(body[off : off+LooseMin])
+		if _, taken := k.windows[w]; taken {
+			k.winOverflow[w] = append(k.winOverflow[w], key)
+		} else {
+			k.windows[w] = key
+		}
+	}
+}
+
+// dropWindowsLocked removes one reference to key from each window of en's body.
+func (k *Keyring) dropWindowsLocked(key uint64, en *entry) {
+	body := entryBody(key, en)
+	for off := 0; off+LooseMin <= MarkerChars; off++ {
+		w := windowKey(body[off : off+LooseMin])
+		ov := k.winOverflow[w]
+		if main, ok := k.windows[w]; ok && main == key {
+			if len(ov) > 0 {
+				k.windows[w] = ov[0]
+				ov = ov[1:]
+			} else {
+				delete(k.windows, w)
+			}
+		} else {
+			for i, o := range ov {
+				if o == key {
+					ov = append(ov[:i:i], ov[i+1:]...)
+					break
+				}
+			}
+		}
+		if len(ov) == 0 {
+			delete(k.winOverflow, w)
+		} else {
+			k.winOverflow[w] = ov
+		}
 	}
 }
 
@@ -230,10 +291,12 @@ func (k *Keyring) dropEpochLocked(e uint64) {
 			if en.epoch != e {
 				kept = append(kept, en)
 			} else {
+				k.dropWindowsLocked(key, &en)
 				k.count--
 			}
 		}
 		if main, ok := k.byPrefix[key]; ok && main.epoch == e {
+			k.dropWindowsLocked(key, &main)
 			k.count--
 			if len(kept) > 0 {
 				k.byPrefix[key] = kept[0]

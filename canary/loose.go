@@ -8,24 +8,55 @@ import (
 // A Scanner recognizes markers as they are injected: "KVG-" and lowercase base32. An engine (or
 // a model copying stale text) can write the same 100 bits another way that a reader still
 // decodes: without the prefix, in upper or mixed case, in fullwidth letters, or with invisible
-// characters (zero-width spaces, joiners, soft hyphens, combining marks) between the characters.
+// characters (zero-width spaces, joiners, soft hyphens, combining marks) between the characters,
+// and it can quote any part of a marker, not only its start (a stale page cut in the middle).
 // Loose catches those: it folds the text (case, fullwidth, invisible characters dropped) and
 // looks for any live marker's characters anywhere in it, statefully across events.
 //
-// LooseMin folded characters in a row matching a marker's first characters make a hit. Without
-// the prefix every position of the text is a candidate, so the bar is higher than a Scanner's
-// FragmentMin: 60 bits, a chance match among 10^6 live markers about once in 10^12 positions.
+// LooseMin folded characters in a row equal to LooseMin consecutive characters of a live marker's
+// body, from any offset (0 to MarkerChars−LooseMin), make a hit. Without the prefix every
+// position of the text is a candidate, so the bar is set by a false-alarm budget. A marker body
+// is 20 base32 characters drawn by HMAC (5 uniform bits each, independent of any text), so a
+// given window of N text characters equals a given N-character window of a marker with
+// probability 32^−N. With M live markers there are M·(20−N+1) windows, so the expected chance
+// matches per scanned position are M·(21−N)/32^N; a GB of text has at most 10^9 positions. At
+// M = 10^6:
+//
+//	N = 11: 10^7 / 2^55    ≈ 2.8×10^-10 per position ≈ 0.28 per GB   (too many)
+//	N = 12: 9×10^6 / 2^60  ≈ 7.8×10^-12 per position ≈ 7.8×10^-3 per GB (one in ~130 GB)
+//	N = 13: 8×10^6 / 2^65  ≈ 2.2×10^-13 per position ≈ 2.2×10^-4 per GB
+//
+// N = 12 keeps the expected false alarms well below one per GB at 10^6 live markers (and ten
+// times fewer at 10^5), while a leak of 12 characters is already 60 bits of a 100-bit marker.
+// Windows are looked up in one hash set keyed by their 60 bits (Keyring.windows), so the cost per
+// character does not depend on the number of live markers.
 const LooseMin = 12
+
+// Windows are packed 5 bits per character into a uint64.
+var _ [64 - 5*LooseMin]struct{}
+
+// windowKey packs LooseMin folded base32 characters into 5·LooseMin bits.
+func windowKey(w []byte) uint64 {
+	var k uint64
+	for _, c := range w[:LooseMin] {
+		k = k<<5 | uint64(b32val[c])
+	}
+	return k
+}
 
 // looseHoldCap bounds the original bytes one undecided candidate may hold back (invisible
 // characters can pad a candidate without adding folded characters).
 const looseHoldCap = 4096
 
-// Loose is the folded-text detector of one reply field. It emits text at once, except a trailing
-// run of at least FragmentMin folded characters that still agrees with a live foreign marker:
-// that is held until it grows into a hit (a leak: nothing from the run's start is emitted) or
-// stops agreeing. So at most FragmentMin−1 characters of a foreign marker, folded, ever reach a
-// client. Own markers and the requester's echoes are not hits. It is not safe for concurrent use.
+// Loose is the folded-text detector of one reply field. A run of LooseMin folded characters
+// equal to consecutive characters of a live foreign marker's body, from any offset, is a hit (a
+// leak: nothing from the window's first character not yet emitted on is emitted). It emits text
+// at once, except a trailing run of at least FragmentMin folded characters that still agrees with
+// the start of a live foreign marker: that is held until it grows into a hit or stops agreeing.
+// So at most FragmentMin−1 characters from a foreign marker's start, folded, ever reach a client;
+// a run from another offset is cut at its LooseMin-th character, and only the part of it that
+// earlier Feeds already emitted (at most LooseMin−1 characters) reached the client. Own markers
+// and the requester's echoes are not hits. It is not safe for concurrent use.
 type Loose struct {
 	k      *Keyring
 	tenant string
@@ -128,6 +159,75 @@ func (l *Loose) classify(run []byte) (looseClass, string, uint64) {
 	return best, victim, epoch
 }
 
+// classifyWindow says whom a run of LooseMin folded characters belongs to: a live marker whose
+// body holds it at any offset. One map access by the window's 60 bits; candidates are verified
+// against the marker's body (foreign wins a tie, as in classify).
+func (l *Loose) classifyWindow(win []byte) (looseClass, string, uint64) {
+	key := windowKey(win)
+	k := l.k
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	first, ok := k.windows[key]
+	if !ok {
+		return looseNone, "", 0
+	}
+	best, victim, epoch := looseNone, "", uint64(0)
+	check := func(pk uint64, e *entry) {
+		body := entryBody(pk, e)
+		if !hasWindow(body[:], win) {
+			return
+		}
+		name := k.tenants[e.tenant].name
+		c := looseForeign
+		if name == l.tenant || l.echoHolds(win) {
+			c = looseMine
+		}
+		if c > best {
+			best, victim, epoch = c, name, e.epoch
+		}
+	}
+	prefixes := func(pk uint64) {
+		if e, ok := k.byPrefix[pk]; ok {
+			check(pk, &e)
+		}
+		for i := range k.overflow[pk] {
+			check(pk, &k.overflow[pk][i])
+		}
+	}
+	prefixes(first)
+	for _, pk := range k.winOverflow[key] {
+		if pk != first {
+			prefixes(pk)
+		}
+	}
+	return best, victim, epoch
+}
+
+// hasWindow says whether win occurs in body.
+func hasWindow(body, win []byte) bool {
+	for off := 0; off+len(win) <= len(body); off++ {
+		if string(body[off:off+len(win)]) == string(win) {
+			return true
+		}
+	}
+	return false
+}
+
+// echoHolds says whether win occurs anywhere in the body of one of the requester's echoes.
+func (l *Loose) echoHolds(win []byte) bool {
+	for _, e := range l.echoes {
+		if len(e) != MarkerLen {
+			continue
+		}
+		for off := len(MarkerPrefix); off+len(win) <= len(e); off++ {
+			if e[off:off+len(win)] == string(win) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func (l *Loose) isEcho(run []byte) bool {
 	for _, e := range l.echoes {
 		if len(e) == MarkerLen && e[len(MarkerPrefix):len(MarkerPrefix)+len(run)] == string(run) {
@@ -143,7 +243,7 @@ func (l *Loose) Feed(dst, text []byte) ([]byte, *Hit) {
 	return l.feed(dst, text, false)
 }
 
-// Flush settles a held candidate at the end of the field (it never reached LooseMin: emitted).
+// Flush settles a held candidate at the end of the field (it never made a hit: emitted).
 func (l *Loose) Flush(dst []byte) ([]byte, *Hit) {
 	return l.feed(dst, nil, true)
 }
@@ -182,7 +282,7 @@ func (l *Loose) feed(dst, text []byte, final bool) ([]byte, *Hit) {
 			chars, offs = append(chars, c), append(offs, i)
 			if n := len(chars); n >= LooseMin {
 				w := n - LooseMin
-				if cl, victim, epoch := l.classify(chars[w:]); cl == looseForeign {
+				if cl, victim, epoch := l.classifyWindow(chars[w:]); cl == looseForeign {
 					emit := firstOffset(offs[w:], i)
 					dst = append(dst, b[:emit]...)
 					h := l.hit(dst[start:], chars[w:], victim, epoch)

@@ -1,0 +1,296 @@
+package canary
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+)
+
+// foldText is out folded as Loose reads it: base32 characters lowercased, invisible characters
+// dropped, anything else a space.
+func foldText(out []byte) []byte {
+	var folded []byte
+	for i := 0; i < len(out); {
+		c, skip, size := fold(out[i:])
+		switch {
+		case skip:
+		case c == 0:
+			folded = append(folded, ' ')
+		default:
+			folded = append(folded, c)
+		}
+		i += size
+	}
+	return folded
+}
+
+// bodyRun is the longest run of consecutive characters of the marker's body, from any offset,
+// that appears in out folded: what a reader could recover of it.
+func bodyRun(out []byte, marker string) int {
+	folded := foldText(out)
+	body := marker[len(MarkerPrefix):]
+	best := 0
+	for off := 0; off < len(body); off++ {
+		for n := len(body) - off; n > best; n-- {
+			if bytes.Contains(folded, []byte(body[off:off+n])) {
+				best = n
+				break
+			}
+		}
+	}
+	return best
+}
+
+// feedSplits feeds text to a fresh Loose for bob cut at the given byte offsets.
+func feedSplits(l *Loose, text string, cuts ...int) ([]byte, *Hit) {
+	var out []byte
+	var h *Hit
+	prev := 0
+	for _, c := range append(cuts, len(text)) {
+		if h == nil {
+			out, h = l.Feed(out, []byte(text[prev:c]))
+		}
+		prev = c
+	}
+	if h == nil {
+		out, h = l.Flush(out)
+	}
+	return out, h
+}
+
+var offsetDisguises = map[string]func(s string) string{
+	"plain":      func(s string) string { return s },
+	"upper case": strings.ToUpper,
+	"zero width": func(s string) string { return interleave(s, "\u200b") },
+	"fullwidth": func(s string) string {
+		var b strings.Builder
+		for _, r := range strings.ToUpper(s) {
+			switch {
+			case r >= 'A' && r <= 'Z':
+				b.WriteRune(0xFF21 + r - 'A')
+			case r >= '0' && r <= '9':
+				b.WriteRune(0xFF10 + r - '0')
+			}
+		}
+		return b.String()
+	},
+}
+
+// A run of at least LooseMin characters of a foreign marker's body is a leak from any offset of
+// the body, in every disguise and split in two at every character boundary; shorter runs, the
+// requester's own marker and its echoes pass unchanged.
+func TestLooseDetectsRunsAtAnyOffset(t *testing.T) {
+	w := newWorld(t, "alice", "bob")
+	victim, own := w.cur["alice"], w.cur["bob"]
+	vb, ob := victim[len(MarkerPrefix):], own[len(MarkerPrefix):]
+	echoVictim := w.cur["alice"] // bob's prompt carried alice's marker
+	cases := []struct {
+		name   string
+		run    string
+		echoes []string
+		leak   bool
+	}{
+		{"suffix of 19", vb[1:], nil, true},
+		{"last 13", vb[7:], nil, true},
+		{"middle 13", vb[3:16], nil, true},
+		{"exactly LooseMin from offset 5", vb[5 : 5+LooseMin], nil, true},
+		{"exactly LooseMin at the end", vb[MarkerChars-LooseMin:], nil, true},
+		{"whole body", vb, nil, true},
+		{"LooseMin-1 from offset 5", vb[5 : 5+LooseMin-1], nil, false},
+		{"LooseMin-1 at the end", vb[MarkerChars-LooseMin+1:], nil, false},
+		{"own suffix of 19", ob[1:], nil, false},
+		{"own middle 13", ob[3:16], nil, false},
+		{"echo middle 13", vb[3:16], []string{echoVictim}, false},
+		{"echo suffix of 19", vb[1:], []string{echoVictim}, false},
+	}
+	for _, tc := range cases {
+		for dname, disguise := range offsetDisguises {
+			text := "Earlier words, then " + disguise(tc.run) + " and what followed."
+			name := tc.name + "/" + dname
+			splits := 0
+			for split := -1; split <= len(text); split++ {
+				var cuts []int
+				if split >= 0 {
+					if split < len(text) && !utf8.RuneStart(text[split]) {
+						continue
+					}
+					cuts = []int{split}
+				}
+				splits++
+				out, h := feedSplits(w.k.NewLoose("bob", tc.echoes), text, cuts...)
+				if !bytes.HasPrefix([]byte(text), out) {
+					t.Fatalf("%s, split %d: output is not a prefix: %q", name, split, out)
+				}
+				if !tc.leak {
+					if h != nil || string(out) != text {
+						t.Fatalf("%s, split %d: hit %v, out %q", name, split, h, out)
+					}
+					continue
+				}
+				if h == nil {
+					t.Fatalf("%s, split %d: no leak found in %q", name, split, text)
+				}
+				if h.Victim != "alice" || len(h.Marker) != LooseMin || !strings.Contains(vb, h.Marker) {
+					t.Fatalf("%s: hit %+v", name, h)
+				}
+				// In one Feed nothing of the run is emitted; across Feeds, only what an earlier
+				// Feed had already emitted (fewer than LooseMin characters).
+				limit := LooseMin
+				if split < 0 {
+					limit = FragmentMin
+				}
+				if n := bodyRun(out, victim); n >= limit {
+					t.Fatalf("%s, split %d: %d marker characters reached the client: %q", name, split, n, out)
+				}
+				if strings.Contains(string(foldText([]byte(h.Context))), h.Marker) {
+					t.Fatalf("%s: context carries the run: %q", name, h.Context)
+				}
+			}
+			if splits < 40 {
+				t.Fatalf("%s: only %d splits", name, splits)
+			}
+		}
+	}
+}
+
+// The run split into three Feeds at every pair of character boundaries is still found.
+func TestLooseOffsetRunThreePieces(t *testing.T) {
+	w := newWorld(t, "alice", "bob")
+	vb := w.cur["alice"][len(MarkerPrefix):]
+	text := "x " + interleave(strings.ToUpper(vb[4:17]), "\u00ad") + " y"
+	for i := 0; i <= len(text); i++ {
+		for j := i; j <= len(text); j++ {
+			if i < len(text) && !utf8.RuneStart(text[i]) || j < len(text) && !utf8.RuneStart(text[j]) {
+				continue
+			}
+			out, h := feedSplits(w.k.NewLoose("bob", nil), text, i, j)
+			if h == nil || bodyRun(out, w.cur["alice"]) >= LooseMin {
+				t.Fatalf("splits %d/%d: hit %v, out %q", i, j, h, out)
+			}
+		}
+	}
+}
+
+// natural returns n bytes of prose-, code- and log-like text with long words, identifiers and
+// base32-like ids (which make long folded runs), from rnd.
+func natural(rnd *rand.Rand, n int) string {
+	words := []string{"the", "scheduler", "evicts", "pages", "internationalisation", "KVCacheManager",
+		"func", "(s *Server)", "return", "nil", "err", "2024-05-07T12:34:56Z", "INFO", "request_id=",
+		"deadbeefcafe", "abcdefghijklmnopqrstuvwxyz234567", "大型语言模型", "ÄÖÜ", "\u200b", "Ｆｕｌｌ",
+		"sha256:", "VGVzdGluZ0Jhc2U2NA", "counterrevolutionaries", "ZZZZZZZZZZZZZ", "\n", ", ", ". "}
+	var b strings.Builder
+	for b.Len() < n {
+		switch rnd.Intn(4) {
+		case 0:
+			b.WriteString(randomB32(rnd, 4+rnd.Intn(24)))
+		default:
+			b.WriteString(words[rnd.Intn(len(words))])
+		}
+		if rnd.Intn(3) > 0 {
+			b.WriteByte(' ')
+		}
+	}
+	return b.String()
+}
+
+// Property: random natural-ish text with a run of LooseMin..20 characters of a foreign marker
+// planted at a random offset of its body, in a random disguise, cut into random Feeds, is always
+// a hit, the output is a prefix of the text, and fewer than LooseMin of the run's characters
+// reach the client. The same text without the plant (or with a run of LooseMin−1, set apart by
+// spaces) passes byte for byte.
+func TestLooseOffsetProperty(t *testing.T) {
+	w := newWorld(t, "alice", "bob", "carol")
+	victim := w.cur["alice"]
+	vb := victim[len(MarkerPrefix):]
+	names := make([]string, 0, len(offsetDisguises))
+	for n := range offsetDisguises {
+		names = append(names, n)
+	}
+	sortStrings(names)
+	rnd := rand.New(rand.NewSource(17))
+	randomCuts := func(text string) []int {
+		var cuts []int
+		for n := rnd.Intn(8); n > 0 && len(text) > 0; n-- {
+			c := rnd.Intn(len(text) + 1)
+			for c > 0 && c < len(text) && !utf8.RuneStart(text[c]) {
+				c--
+			}
+			cuts = append(cuts, c)
+		}
+		sortInts(cuts)
+		return cuts
+	}
+	for iter := 0; iter < 3000; iter++ {
+		base := natural(rnd, 50+rnd.Intn(400))
+		p := rnd.Intn(len(base) + 1)
+		for p > 0 && p < len(base) && !utf8.RuneStart(base[p]) {
+			p--
+		}
+		kind := rnd.Intn(3)
+		length := LooseMin + rnd.Intn(MarkerChars-LooseMin+1)
+		if kind == 1 {
+			length = LooseMin - 1
+		}
+		off := rnd.Intn(MarkerChars - length + 1)
+		run := offsetDisguises[names[rnd.Intn(len(names))]](vb[off : off+length])
+		text := base
+		switch kind {
+		case 0:
+			text = base[:p] + run + base[p:]
+		case 1:
+			text = base[:p] + " " + run + " " + base[p:]
+		}
+		cuts := randomCuts(text)
+		out, h := feedSplits(w.k.NewLoose("bob", nil), text, cuts...)
+		if !bytes.HasPrefix([]byte(text), out) {
+			t.Fatalf("iter %d: output is not a prefix of the text", iter)
+		}
+		desc := fmt.Sprintf("iter %d: kind %d, run %q (offset %d, %d chars) in %q cut at %v", iter, kind, run, off, length, text, cuts)
+		if kind != 0 {
+			if h != nil || string(out) != text {
+				t.Fatalf("%s: hit %v, changed %v", desc, h, string(out) != text)
+			}
+			continue
+		}
+		if h == nil || h.Victim != "alice" {
+			t.Fatalf("%s: hit %v", desc, h)
+		}
+		if n := bodyRun(out, victim); n >= LooseMin {
+			t.Fatalf("%s: %d characters reached the client", desc, n)
+		}
+	}
+}
+
+// Windows are dropped with their epoch: after the detect window has passed, a run of an expired
+// marker is no longer a hit, and live ones still are.
+func TestLooseWindowsFollowRefresh(t *testing.T) {
+	w := newWorld(t, "alice", "bob")
+	old := Marker(w.secret, "alice", w.k.Epoch(w.now.Add(-6*time.Hour)))
+	if _, ok := w.k.Lookup(old); !ok {
+		t.Fatal("oldest epoch not live")
+	}
+	hit := func(m string) bool {
+		_, h := feedSplits(w.k.NewLoose("bob", nil), "x "+m[7:20]+" y")
+		return h != nil
+	}
+	if !hit(old) || !hit(w.cur["alice"]) {
+		t.Fatal("live runs not found")
+	}
+	w.k.Refresh(w.now.Add(2 * time.Hour))
+	if hit(old) {
+		t.Fatal("expired marker still detected")
+	}
+	if !hit(w.cur["alice"]) {
+		t.Fatal("live marker lost after refresh")
+	}
+	w.k.mu.RLock()
+	nw, nov := len(w.k.windows), len(w.k.winOverflow)
+	w.k.mu.RUnlock()
+	if want := w.k.LiveMarkers() * (MarkerChars - LooseMin + 1); nw+nov > want || nw < want-2 {
+		t.Fatalf("%d windows (+%d shared) for %d live markers", nw, nov, w.k.LiveMarkers())
+	}
+}
