@@ -63,12 +63,24 @@ type exchange struct {
 	closeOnce sync.Once
 
 	oh overheadClock // kvgate overhead (overhead.go)
+
+	// For the access log: the client's address and the method, read when the request arrived
+	// (fasthttp reuses its RequestCtx); the times from start to the first bytes of a streamed
+	// reply handed to the client and to its first event carrying generated text (ns, 0: none);
+	// the tokens settled (usage: "" when nothing was produced or the tenant has no limits).
+	client, method string
+	firstByte      atomic.Int64
+	firstToken     atomic.Int64
+	usage          string
+	promptTokens   int64
+	outputTokens   int64
 }
 
 // generate is the pipeline for the three generation routes, top to bottom:
 // auth → read body → parse and sanitize → render → count and decide → pick a route → forward.
 func (g *Gateway) generate(ctx *fasthttp.RequestCtx, kind request.Kind) {
-	x := &exchange{g: g, rid: requestID(ctx), engineRID: newID(), start: time.Now(), kind: kind}
+	x := &exchange{g: g, rid: requestID(ctx), engineRID: newID(), start: time.Now(), kind: kind,
+		client: ctx.RemoteAddr().String(), method: string(ctx.Method())}
 	defer x.recoverPanic(ctx)
 	ctx.Response.Header.Set("X-Request-Id", x.rid)
 	if e := x.admit(ctx); e != nil {
@@ -252,14 +264,30 @@ func (x *exchange) finish() {
 	g := x.g
 	g.metrics.requests.WithLabelValues(x.kind.Path(), strconv.Itoa(x.status)).Inc()
 	if ce := g.access.Check(zap.InfoLevel, "request"); ce != nil {
-		tenant := ""
+		tenant, model := "", ""
 		if x.tenant != nil {
 			tenant = x.tenant.Name
 		}
-		ce.Write(zap.String("request_id", x.rid), zap.String("engine_rid", x.engineRID), zap.String("tenant", tenant), zap.String("route", x.kind.Path()),
+		if x.req != nil {
+			model = x.req.Model
+		}
+		fields := make([]zap.Field, 0, 22)
+		fields = append(fields, zap.String("request_id", x.rid), zap.String("engine_rid", x.engineRID), zap.String("tenant", tenant),
+			zap.String("client_addr", x.client), zap.String("method", x.method), zap.String("route", x.kind.Path()), zap.String("model", model),
 			zap.Int("tokens", x.decision.Tokens), zap.String("tier", string(x.decision.Tier)), zap.String("decision", x.reason),
 			zap.Int("limit", x.decision.Limit), zap.Int("status", x.status), zap.String("upstream", x.upstream),
 			zap.String("error", x.errMsg), zap.Duration("latency", time.Since(x.start)))
+		if x.usage != "" {
+			fields = append(fields, zap.Int64("prompt_tokens", x.promptTokens), zap.Int64("completion_tokens", x.outputTokens),
+				zap.String("usage", x.usage))
+		}
+		if d := x.firstByte.Load(); d > 0 {
+			fields = append(fields, zap.Duration("ttfb", time.Duration(d)))
+		}
+		if d := x.firstToken.Load(); d > 0 {
+			fields = append(fields, zap.Duration("ttft", time.Duration(d)))
+		}
+		ce.Write(fields...)
 	}
 }
 

@@ -184,6 +184,9 @@ func (x *exchange) noteUsage(reply any) {
 // noteEvent notes one event of a streamed 2xx reply as the gateway decoded it (nil: an event
 // that could not be decoded).
 func (x *exchange) noteEvent(data any) {
+	if x.firstToken.Load() == 0 && data != nil && backends.CarriesText(data) {
+		x.firstToken.Store(int64(max(time.Since(x.start), 1))) // for the access log: time to first token
+	}
 	h := x.limit
 	if h == nil {
 		return
@@ -214,6 +217,14 @@ func (x *exchange) settleLimits() {
 			if bound := x.usageBound(); bound > 0 && p+o > bound {
 				pk, ok = false, false // more than the engine could have computed: not believed
 			}
+			switch { // for the access log: whose counts were charged
+			case pk && ok:
+				x.usage = "engine"
+			case pk || ok:
+				x.usage = "partial"
+			default:
+				x.usage = "gateway"
+			}
 			if !pk {
 				p = h.prompt
 			}
@@ -225,6 +236,7 @@ func (x *exchange) settleLimits() {
 				}
 			}
 			used = p + o
+			x.promptTokens, x.outputTokens = p, o
 		}
 		h.mu.Unlock()
 		x.g.settle(x.tenant, h.ticket, used)

@@ -111,6 +111,9 @@ func (r *relayReader) Read(p []byte) (n int, err error) {
 	}
 	n = copy(p, r.ev.Pending())
 	r.ev.Consume(n)
+	if n > 0 && r.x.firstByte.Load() == 0 {
+		r.x.firstByte.Store(int64(max(time.Since(r.x.start), 1))) // for the access log: time to first byte
+	}
 	return n, nil
 }
 

@@ -146,6 +146,7 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	g.server = &fasthttp.Server{
 		Handler: g.Handle,
 		Name:    "kvgate",
+		Logger:  fasthttpLogger{log.With(zap.String("component", "fasthttp"))},
 		// The body is read by the handler itself, so an oversized one gets our own 413 JSON
 		// instead of fasthttp's plain 400 (field-notes.md).
 		StreamRequestBody:  true,

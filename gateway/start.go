@@ -20,11 +20,32 @@ import (
 // This file wires a serving gateway for the binaries: kvgate serve, and the lab's demo.
 
 // NewLogger writes JSON lines to stderr through a buffer flushed every 200 ms (and at exit):
-// one write per access line would cost a system call per request on the hot path.
+// one write per access line would cost a system call per request on the hot path. "ts" is an
+// ISO-8601 time in UTC with milliseconds. The standard library's log (which libraries may use)
+// is redirected into it as warnings; go-redis's logger is set by state.Open, fasthttp's by New.
 func NewLogger() *zap.Logger {
-	enc := zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
+	ec := zap.NewProductionEncoderConfig()
+	ec.EncodeTime = EncodeTime
+	enc := zapcore.NewJSONEncoder(ec)
 	out := &zapcore.BufferedWriteSyncer{WS: zapcore.AddSync(os.Stderr), Size: 256 << 10, FlushInterval: 200 * time.Millisecond}
-	return zap.New(zapcore.NewCore(enc, out, zap.InfoLevel), zap.ErrorOutput(zapcore.AddSync(os.Stderr)))
+	log := zap.New(zapcore.NewCore(enc, out, zap.InfoLevel), zap.ErrorOutput(zapcore.AddSync(os.Stderr)))
+	if _, err := zap.RedirectStdLogAt(log.With(zap.String("component", "stdlog")), zap.WarnLevel); err != nil {
+		log.Warn("standard library log not redirected", zap.Error(err))
+	}
+	return log
+}
+
+// EncodeTime writes a log line's time as ISO 8601 in UTC with milliseconds
+// (2026-12-03T16:00:24.123Z).
+func EncodeTime(t time.Time, enc zapcore.PrimitiveArrayEncoder) {
+	enc.AppendString(t.UTC().Format("2006-01-02T15:04:05.000Z07:00"))
+}
+
+// fasthttpLogger sends fasthttp's own messages (connection errors it cannot answer) to zap.
+type fasthttpLogger struct{ log *zap.Logger }
+
+func (l fasthttpLogger) Printf(format string, args ...any) {
+	l.log.Warn("http server", zap.String("message", fmt.Sprintf(format, args...)))
 }
 
 // Start wires the backend set, its pollers and the gateway, and starts serving. With
@@ -69,6 +90,7 @@ func Start(ctx context.Context, cfg *config.Config, log *zap.Logger) (*Gateway, 
 			return nil, nil, fmt.Errorf("server.metrics_listen %s: %w", addr, err)
 		}
 		ms := &fasthttp.Server{Name: "kvgate", ReadTimeout: cfg.Server.ReadTimeout, IdleTimeout: cfg.Server.IdleTimeout,
+			Logger: fasthttpLogger{log.With(zap.String("component", "fasthttp"))},
 			Handler: func(rc *fasthttp.RequestCtx) {
 				if string(rc.Path()) != "/metrics" {
 					rc.Error("not found", fasthttp.StatusNotFound)

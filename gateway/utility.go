@@ -41,10 +41,21 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 	rid := requestID(ctx)
 	ctx.Response.Header.Set("X-Request-Id", rid)
 	status, backend := 0, ""
+	client, method := ctx.RemoteAddr().String(), string(ctx.Method())
+	var tenant, model string
+	counted := int64(-1) // the engine's count of the request's tokens, once known
 	defer func() {
 		g.metrics.requests.WithLabelValues(path, fmt.Sprint(status)).Inc()
-		g.access.Info("request", zap.String("request_id", rid), zap.String("route", path), zap.Int("status", status),
-			zap.String("upstream", backend), zap.Duration("latency", time.Since(start)))
+		if ce := g.access.Check(zap.InfoLevel, "request"); ce != nil {
+			fields := make([]zap.Field, 0, 12)
+			fields = append(fields, zap.String("request_id", rid), zap.String("tenant", tenant), zap.String("client_addr", client),
+				zap.String("method", method), zap.String("route", path), zap.String("model", model), zap.Int("status", status),
+				zap.String("upstream", backend), zap.Duration("latency", time.Since(start)))
+			if counted >= 0 {
+				fields = append(fields, zap.Int64("prompt_tokens", counted), zap.Int64("completion_tokens", 0), zap.String("usage", "engine"))
+			}
+			ce.Write(fields...)
+		}
 	}()
 	fail := func(e *apierr.Error) {
 		writeError(ctx, e)
@@ -55,6 +66,7 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 		fail(apierr.Unauthorized)
 		return
 	}
+	tenant = t.Name
 	body, e := readBody(ctx, g.cfg.MaxBodyBytes)
 	if e != nil {
 		fail(e)
@@ -73,6 +85,7 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 	for k := range fields {
 		names = append(names, k)
 	}
+	_ = json.Unmarshal(fields["model"], &model) // for the access log only; absent or not a string: ""
 	sort.Strings(names)
 	for _, k := range names {
 		if !utilityFields[path][k] {
@@ -131,7 +144,7 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 	if resp.Status >= 200 && resp.Status <= 299 {
 		used = bound
 		if n, ok := utilityCount(path, fields, v); ok {
-			used = n
+			used, counted = n, n
 		}
 	}
 	status = resp.Status

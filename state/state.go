@@ -29,6 +29,8 @@ type State struct {
 	// Run carries background work (the incident flusher); nil for memory state.
 	Run    func(ctx context.Context)
 	client redis.UniversalClient
+	// unlog hands go-redis's process-wide logger back (redislog.go).
+	unlog func()
 }
 
 // Open builds the state that cfg.State names. A Redis URL that does not parse is an error;
@@ -41,6 +43,9 @@ func Open(cfg *config.Config, log *zap.Logger) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
+	// go-redis's own messages (failed dials, pool trouble) go into this log as structured,
+	// rate-limited warnings, not as plain text on stderr.
+	unlog := useRedisLogger(NewRedisLogger(log, 0))
 	inc := NewRedisIncidents(client, cfg.State.KeyPrefix, 100000, 10000)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
@@ -49,7 +54,7 @@ func Open(cfg *config.Config, log *zap.Logger) (*State, error) {
 	}
 	return &State{Incidents: inc, Quarantine: NewRedisQuarantine(client, cfg.State.KeyPrefix),
 		Tenants: NewRedisTenants(client, cfg.State.KeyPrefix), Limits: NewRedisLimits(client, cfg.State.KeyPrefix),
-		Degraded: inc.Degraded, Run: inc.Run, client: client}, nil
+		Degraded: inc.Degraded, Run: inc.Run, client: client, unlog: unlog}, nil
 }
 
 // Ping asks the shared store for an answer now (nil for memory state): /readyz reports an
@@ -64,7 +69,9 @@ func (s *State) Ping(ctx context.Context) error {
 // Close releases the Redis client, if any.
 func (s *State) Close() error {
 	if s.client != nil {
-		return s.client.Close()
+		err := s.client.Close()
+		s.unlog()
+		return err
 	}
 	return nil
 }
