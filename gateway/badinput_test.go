@@ -169,7 +169,11 @@ func badInputs() []badInput {
 // (/sim/stats), and a normal request still succeeds afterwards.
 func TestBadInputTable(t *testing.T) {
 	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
-	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("max_body_bytes: 12582912\n", [3]string{"sim", sim.URL, "unified"})))
+	// A 10 MB body keeps both cores busy for a while: the capacity reading must not age out
+	// meanwhile (this test is about bad input, not about stale capacity).
+	yaml := strings.Replace(gatewayYAML("max_body_bytes: 12582912\n", [3]string{"sim", sim.URL, "unified"}),
+		"capacity: {poll_interval: 200ms}", "capacity: {poll_interval: 200ms, max_age: 30s}", 1)
+	gw := testkit.StartGateway(t, testkit.ParseConfig(t, yaml))
 	cases := badInputs()
 	if len(cases) < 50 {
 		t.Fatalf("only %d cases", len(cases))
