@@ -4,10 +4,8 @@
 package admin
 
 import (
-	"context"
 	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -133,9 +131,7 @@ func (g *API) backendsList(ctx *fasthttp.RequestCtx) {
 	for _, b := range g.Backends.All() {
 		out = append(out, describeBackend(g.Backends, b, now))
 	}
-	body, _ := json.Marshal(map[string]any{"backends": out})
-	ctx.SetContentType("application/json")
-	ctx.SetBody(body)
+	writeJSON(ctx, 200, map[string]any{"backends": out})
 }
 
 func (g *API) incidents(ctx *fasthttp.RequestCtx) {
@@ -148,28 +144,29 @@ func (g *API) incidents(ctx *fasthttp.RequestCtx) {
 		}
 		limit = n
 	}
-	rctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	rctx, cancel := storeCtx()
 	defer cancel()
 	list, err := g.Incidents.List(rctx, limit)
 	if err != nil {
-		writeError(ctx, &apierr.Error{Status: 503, Type: "server_error", Code: "state_unavailable", RetryAfter: 5,
-			Message: "The incident store is unreachable: " + err.Error()})
+		writeError(ctx, apierr.StateUnavailable("The incident store is unreachable: "+err.Error()))
 		return
 	}
 	if list == nil {
 		list = []state.Incident{}
 	}
-	body, _ := json.Marshal(map[string]any{"incidents": list})
-	ctx.SetContentType("application/json")
-	ctx.SetBody(body)
+	writeJSON(ctx, 200, map[string]any{"incidents": list})
+}
+
+func backendNotFound(name string) *apierr.Error {
+	return &apierr.Error{Status: 404, Type: "invalid_request_error", Code: "not_found", Param: "backend",
+		Message: fmt.Sprintf("No backend named %q.", name)}
 }
 
 // quarantine takes a backend out of rotation on every replica (maintenance, or a suspicion the
 // scanner cannot see), for ?ttl= (a Go duration) or canary.quarantine_ttl; release ends it.
 func (g *API) quarantine(ctx *fasthttp.RequestCtx, name string) {
 	if g.Backends.Get(name) == nil {
-		writeError(ctx, &apierr.Error{Status: 404, Type: "invalid_request_error", Code: "not_found", Param: "backend",
-			Message: fmt.Sprintf("No backend named %q.", name)})
+		writeError(ctx, backendNotFound(name))
 		return
 	}
 	ttl := g.QuarantineTTL
@@ -182,30 +179,24 @@ func (g *API) quarantine(ctx *fasthttp.RequestCtx, name string) {
 		ttl = d
 	}
 	g.Quarantines.Mark(name, ttl, "operator")
-	rctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	rctx, cancel := storeCtx()
 	defer cancel()
 	shared := g.Quarantines.Share(rctx, name) == nil // on failure it stays local and the sync retries it
 	g.Log.Warn("backend quarantined by an operator", zap.String("backend", name), zap.Duration("ttl", ttl), zap.Bool("shared", shared))
-	body, _ := json.Marshal(map[string]any{"quarantined": name, "until": time.Now().Add(ttl).UTC(), "shared": shared})
-	ctx.SetContentType("application/json")
-	ctx.SetBody(body)
+	writeJSON(ctx, 200, map[string]any{"quarantined": name, "until": time.Now().Add(ttl).UTC(), "shared": shared})
 }
 
 func (g *API) release(ctx *fasthttp.RequestCtx, name string) {
 	if g.Backends.Get(name) == nil {
-		writeError(ctx, &apierr.Error{Status: 404, Type: "invalid_request_error", Code: "not_found", Param: "backend",
-			Message: fmt.Sprintf("No backend named %q.", name)})
+		writeError(ctx, backendNotFound(name))
 		return
 	}
-	rctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	rctx, cancel := storeCtx()
 	defer cancel()
 	if err := g.Quarantines.Release(rctx, name); err != nil {
-		writeError(ctx, &apierr.Error{Status: 503, Type: "server_error", Code: "state_unavailable", RetryAfter: 5,
-			Message: "The quarantine store is unreachable; the backend stays quarantined: " + err.Error()})
+		writeError(ctx, apierr.StateUnavailable("The quarantine store is unreachable; the backend stays quarantined: "+err.Error()))
 		return
 	}
 	g.Log.Warn("backend released from quarantine by an operator", zap.String("backend", name))
-	body, _ := json.Marshal(map[string]any{"released": name})
-	ctx.SetContentType("application/json")
-	ctx.SetBody(body)
+	writeJSON(ctx, 200, map[string]any{"released": name})
 }

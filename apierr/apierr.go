@@ -139,6 +139,12 @@ func CountUnavailable() *Error {
 		Message: "The gateway could not count this prompt's tokens with the engine's tokenizer, so it cannot check that the prompt fits. Retry shortly."}
 }
 
+// StateUnavailable: the shared store (Redis) did not answer an admin request; msg says what was
+// or was not changed.
+func StateUnavailable(msg string) *Error {
+	return &Error{Status: 503, Type: "server_error", Code: "state_unavailable", RetryAfter: 5, Message: msg}
+}
+
 // NoBackend: every backend is down, quarantined or in the wrong role.
 func NoBackend() *Error {
 	return &Error{Status: 503, Type: "server_error", Code: "no_backend", RetryAfter: 5,

@@ -231,7 +231,7 @@ func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (
 		c := x.g.replies.NewCharge()
 		if !c.Reserve(config.ReplyCostFactor * int64(len(pf.Body))) {
 			x.overBudget(ctx, p)
-		} else if !x.writeEngineReply(ctx, pf.Status, pf.ContentType, pf.Body, p, c) {
+		} else if !x.writeEngineReply(ctx, pf.Status, pf.ContentType, pf.Body, p, c, x.newGuard()) {
 			x.cut(x.lastLeak, p, rids, d)
 		}
 		c.Done() // at most 1 MiB: given back at once (the body stream's Close is then a no-op)
@@ -263,7 +263,8 @@ func (g *Gateway) countUpstream(b *backends.Backend, l *backends.Leg, err error)
 // the PD peer's backend, aborted too if the reply is cut or the client goes away mid-stream.
 func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *backends.Leg, other *backends.Backend) {
 	code := l.Status()
-	if h := x.scanHeaders(l); h != nil {
+	gd := x.newGuard() // one scanner state for the reply's headers and body
+	if h := x.scanHeaders(l, gd); h != nil {
 		// A marker in a header is a leak like one in the body, though no header is passed on.
 		defer x.closeLeg(l)
 		x.lastLeak = h
@@ -292,7 +293,7 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *backends.Leg, other *backe
 		ctx.Response.Header.SetContentType("text/event-stream")
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		x.status = code
-		ctx.SetBodyStream(x.newRelayReader(l, other, src), -1)
+		ctx.SetBodyStream(x.newRelayReader(l, other, src, gd), -1)
 		return
 	}
 	defer x.closeLeg(l)
@@ -333,7 +334,7 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *backends.Leg, other *backe
 		x.upstreamError(ctx, "upstream_error", fmt.Errorf("engine %s: reading the reply: %w", l.B.Name, err))
 		return
 	}
-	if !x.writeEngineReply(ctx, code, l.ContentType(), body, l.B, charge) {
+	if !x.writeEngineReply(ctx, code, l.ContentType(), body, l.B, charge, gd) {
 		x.cut(x.lastLeak, l.B, l.Rids, other)
 	} else if x.errMsg == "reply_over_budget" {
 		l.B.AbortAll(l.Rids)
@@ -351,8 +352,7 @@ func (x *exchange) closeLeg(l *backends.Leg) {
 
 // scanHeaders looks for foreign markers in every header of an engine's reply (names and
 // values): headers are text an engine sends, whether or not they are passed on.
-func (x *exchange) scanHeaders(l *backends.Leg) *canary.Hit {
-	gd := x.newGuard()
+func (x *exchange) scanHeaders(l *backends.Leg, gd *reply.Guard) *canary.Hit {
 	if gd == nil {
 		return nil
 	}
@@ -381,8 +381,8 @@ func (x *exchange) upstreamError(ctx *fasthttp.RequestCtx, code string, detail e
 // way): the client gets an error of our own. Every step is charged to c
 // (upstream.max_buffered_bytes); a reply that does not fit gets 503 (x.errMsg
 // "reply_over_budget"), and the caller aborts its engine request.
-func (x *exchange) writeEngineReply(ctx *fasthttp.RequestCtx, code int, contentType []byte, body []byte, b *backends.Backend, c *reply.Charge) bool {
-	out, v, leak, err := reply.Body(x.newGuard(), contentType, body, c)
+func (x *exchange) writeEngineReply(ctx *fasthttp.RequestCtx, code int, contentType []byte, body []byte, b *backends.Backend, c *reply.Charge, gd *reply.Guard) bool {
+	out, v, leak, err := reply.Body(gd, contentType, body, c)
 	body = nil // the body is garbage from here: nothing may keep it alive
 	if code >= 200 && code <= 299 {
 		x.noteUsage(v) // kvgate limits: the reply as decoded (nil when it is refused)

@@ -17,9 +17,9 @@ import (
 
 // newEventRelay is the reply stream for this exchange; onLeak records the incident and aborts
 // the engines.
-func (x *exchange) newEventRelay(onLeak func()) *reply.Stream {
+func (x *exchange) newEventRelay(gd *reply.Guard, onLeak func()) *reply.Stream {
 	return reply.NewStream(reply.StreamOptions{
-		Guard: x.newGuard(), MaxEventBytes: x.g.cfg.Upstream.MaxEventBytes, HideUsage: x.hideUsage,
+		Guard: gd, MaxEventBytes: x.g.cfg.Upstream.MaxEventBytes, HideUsage: x.hideUsage,
 		OnEvent: x.noteEvent, // kvgate limits: usage as decoded
 		OnLeak:  onLeak,
 		OnFail: func(code string, err error) {
@@ -59,9 +59,9 @@ type relayReader struct {
 	once    sync.Once
 }
 
-func (x *exchange) newRelayReader(l *backends.Leg, other *backends.Backend, src io.Reader) *relayReader {
+func (x *exchange) newRelayReader(l *backends.Leg, other *backends.Backend, src io.Reader, gd *reply.Guard) *relayReader {
 	r := &relayReader{x: x, l: l, other: other, src: src}
-	r.ev = x.newEventRelay(func() { x.cut(r.ev.Leak(), l.B, l.Rids, other) })
+	r.ev = x.newEventRelay(gd, func() { x.cut(r.ev.Leak(), l.B, l.Rids, other) })
 	return r
 }
 

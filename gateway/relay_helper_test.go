@@ -12,7 +12,7 @@ type testStream struct {
 	leak *canary.Hit
 }
 
-func streamOf(x *exchange) *testStream { return &testStream{e: x.newEventRelay(nil)} }
+func streamOf(x *exchange) *testStream { return &testStream{e: x.newEventRelay(x.newGuard(), nil)} }
 
 // event writes raw upstream bytes and returns what the client gets for them, and false once the
 // stream was ended (a leak or a refused event).

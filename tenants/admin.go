@@ -98,8 +98,7 @@ func StoreError(err error, name string) *apierr.Error {
 	case errors.Is(err, state.ErrTenantNotFound):
 		return NotFound(name)
 	}
-	return &apierr.Error{Status: 503, Type: "server_error", Code: "state_unavailable", RetryAfter: 5,
-		Message: "The tenant store is unreachable; nothing was changed: " + err.Error()}
+	return apierr.StateUnavailable("The tenant store is unreachable; nothing was changed: " + err.Error())
 }
 
 // KeyInUse: the key belongs to another tenant.

@@ -8,21 +8,28 @@ import (
 	"github.com/kvgate/kvgate/internal/testkit"
 )
 
-// The product binary links no lab package (the simulator serves other tenants' data by design)
-// and no test helper.
-func TestProductLinksNoLab(t *testing.T) {
+// goList runs go list with args from the module root and returns its output.
+func goList(t *testing.T, args ...string) string {
+	t.Helper()
 	root, err := testkit.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("go", "list", "-deps", "./cmd/kvgate")
+	cmd := exec.Command("go", append([]string{"list"}, args...)...)
 	cmd.Dir = root
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("go list: %v", err)
+		t.Fatalf("go list %v: %v", args, err)
 	}
-	deps := strings.Fields(string(out))
-	if len(deps) < 10 || !strings.Contains(string(out), "github.com/kvgate/kvgate/gateway") {
+	return string(out)
+}
+
+// The product binary links no lab package (the simulator serves other tenants' data by design)
+// and no test helper.
+func TestProductLinksNoLab(t *testing.T) {
+	out := goList(t, "-deps", "./cmd/kvgate")
+	deps := strings.Fields(out)
+	if len(deps) < 10 || !strings.Contains(out, "github.com/kvgate/kvgate/gateway") {
 		t.Fatalf("go list printed no plausible dependency list: %q", out)
 	}
 	for _, d := range deps {
@@ -34,17 +41,8 @@ func TestProductLinksNoLab(t *testing.T) {
 
 // Test helpers stay in tests: no package's non-test code imports internal/testkit.
 func TestNoPackageImportsTestkit(t *testing.T) {
-	root, err := testkit.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("go", "list", "-f", "{{.ImportPath}}: {{join .Imports \" \"}}", "./...")
-	cmd.Dir = root
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("go list: %v", err)
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	out := goList(t, "-f", "{{.ImportPath}}: {{join .Imports \" \"}}", "./...")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if len(lines) < 10 {
 		t.Fatalf("go list listed %d packages", len(lines))
 	}
@@ -59,20 +57,11 @@ func TestNoPackageImportsTestkit(t *testing.T) {
 // The reply path is bytes in, bytes out: it links no HTTP server library, so it can be fuzzed
 // and reasoned about on its own.
 func TestReplyPathLinksNoFasthttp(t *testing.T) {
-	root, err := testkit.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("go", "list", "-deps", "./reply")
-	cmd.Dir = root
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("go list: %v", err)
-	}
-	if !strings.Contains(string(out), "github.com/kvgate/kvgate/canary") {
+	out := goList(t, "-deps", "./reply")
+	if !strings.Contains(out, "github.com/kvgate/kvgate/canary") {
 		t.Fatalf("go list printed no plausible dependency list: %q", out)
 	}
-	if strings.Contains(string(out), "valyala/fasthttp") {
+	if strings.Contains(out, "valyala/fasthttp") {
 		t.Fatal("package reply links fasthttp")
 	}
 }
