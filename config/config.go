@@ -140,6 +140,10 @@ type Policy struct {
 	// SharePrefixCache stops the gateway from setting a per-tenant cache_salt, so tenants may
 	// share prefix-cache entries (faster, and a cross-tenant timing channel).
 	SharePrefixCache bool `yaml:"share_prefix_cache"`
+	// OverflowStatus is the status of a prompt the engines cannot take (code
+	// context_length_exceeded): 413 (default) or 400, for clients that handle OpenAI's
+	// context_length_exceeded only as the 400 OpenAI itself answers.
+	OverflowStatus int `yaml:"overflow_status"`
 }
 
 // Tokenizer selects the estimator used when the byte bound cannot decide.
@@ -323,6 +327,9 @@ func (c *Config) applyDefaults() {
 	if c.Policy.Mode == "" {
 		c.Policy.Mode = ModeEnforce
 	}
+	if c.Policy.OverflowStatus == 0 {
+		c.Policy.OverflowStatus = 413
+	}
 	if c.Tokenizer.Library == "" {
 		c.Tokenizer.Library = LibraryTiktokenGo
 	}
@@ -493,6 +500,9 @@ func (c *Config) Validate() error {
 		}
 	}
 	oneOf("policy.mode", string(c.Policy.Mode), string(ModeEnforce), string(ModeMonitor))
+	if c.Policy.OverflowStatus != 413 && c.Policy.OverflowStatus != 400 {
+		bad("policy.overflow_status", "must be 413 or 400, got %d", c.Policy.OverflowStatus)
+	}
 	if c.Policy.DefaultMaxTokens < 0 {
 		bad("policy.default_max_tokens", "must be ≥ 0, got %d", c.Policy.DefaultMaxTokens)
 	}

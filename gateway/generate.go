@@ -87,7 +87,7 @@ func (g *Gateway) generate(ctx *fasthttp.RequestCtx, kind request.Kind) {
 		x.fail(ctx, e)
 		return
 	}
-	if e := x.reserveLimits(); e != nil { // kvgate limits: 429 after the 413 decision, before any backend
+	if e := x.reserveLimits(ctx); e != nil { // kvgate limits: 429 after the 413 decision, before any backend
 		x.fail(ctx, e)
 		return
 	}
@@ -197,7 +197,7 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 // count that was not available.
 const reasonCountUnavailable = "count_unavailable"
 
-// tooLong is the 413: OpenAI's wording on OpenAI routes, SGLang's on /generate.
+// tooLong is the 413 (policy.overflow_status): OpenAI's wording on OpenAI routes, SGLang's on /generate.
 func (x *exchange) tooLong(routes []backends.Route, output, limit int) *apierr.Error {
 	ctxLen := 0
 	for _, r := range routes {
@@ -205,7 +205,7 @@ func (x *exchange) tooLong(routes []backends.Route, output, limit int) *apierr.E
 	}
 	limit = max(limit, 0)
 	n := x.decision.Tokens
-	e := &apierr.Error{Status: 413, Type: "invalid_request_error", Code: "context_length_exceeded"}
+	e := &apierr.Error{Status: x.g.cfg.Policy.OverflowStatus, Type: "invalid_request_error", Code: "context_length_exceeded"}
 	e.Param = x.kind.PromptParam()
 	if x.reason == policy.ReasonTenantMaxPrompt {
 		e.Message = fmt.Sprintf("Your prompt resulted in %d tokens, more than this API key's limit of %d prompt tokens. Please reduce the length of the prompt.", n, x.tenant.MaxPromptTokens)
