@@ -518,6 +518,11 @@ func (c *Config) Validate() error {
 		bad("tokenizer.exact_concurrency", "must be ≥ 0, got %d", c.Tokenizer.ExactConcurrency)
 	}
 	oneOf("state.redis_mode", string(c.State.RedisMode), string(RedisStandalone), string(RedisSentinel), string(RedisCluster))
+	if strings.ContainsAny(c.State.KeyPrefix, "{}") {
+		// Every key's hash tag is the first {…} (state.Keys): a brace in the prefix would become
+		// the tag and put every tenant's limit cells on one Cluster slot.
+		bad("state.key_prefix", "must not contain '{' or '}' (kvgate adds the Redis Cluster hash tags itself), got %q", c.State.KeyPrefix)
+	}
 	if c.Canary.Enabled && c.Canary.Secret == "" {
 		bad("canary.secret", "required when canary.enabled is true (or set KVGATE_CANARY_SECRET)")
 	} else if c.Canary.Secret != "" && len(c.Canary.Secret) < MinCanarySecretBytes {

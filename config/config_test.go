@@ -72,6 +72,7 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"ratio below one", minimal + "tokenizer: {safety_ratio: 0.5}\n", "", "tokenizer.safety_ratio"},
 		{"canary without secret", minimal + "canary: {enabled: true}\n", "", "canary.secret"},
 		{"bad redis mode", minimal + "state: {redis_mode: ring}\n", "", "state.redis_mode"},
+		{"hash tag in key prefix", minimal + "state: {key_prefix: \"app{x}:\"}\n", "", "state.key_prefix"},
 		{"negative rpm", minimal + "  - {name: bob, key_sha256: \"" + strings.Repeat("a", 64) + "\", rpm: -1}\n", "", "tenants[1].rpm"},
 		{"negative tpm", minimal + "  - {name: bob, key_sha256: \"" + strings.Repeat("a", 64) + "\", tpm: -5}\n", "", "tenants[1].tpm"},
 		{"unknown tenant limit", minimal + "  - {name: bob, key_sha256: \"" + strings.Repeat("a", 64) + "\", rps: 5}\n", "", "rps"},
