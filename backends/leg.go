@@ -120,7 +120,7 @@ type Leg struct {
 // only our request id, the backend's own key and a request for unencoded replies.
 func (b *Backend) Send(path string, body []byte, rids []string, requestID string, stream bool) (*Leg, error) {
 	req := fasthttp.AcquireRequest()
-	req.SetRequestURI("http://" + b.Addr + path)
+	req.SetRequestURI(b.base + path)
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.SetContentType("application/json")
 	req.Header.Set("X-Request-Id", requestID)

@@ -7,11 +7,11 @@ package backends
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -61,8 +61,9 @@ func (c *Capacity) PoolAlarm() bool { return c.PoolBelowContext() || c.Inconsist
 type Backend struct {
 	Name, APIKey string
 	Role         config.Role
-	// Addr is host:port; Host is the host alone (the prefill's bootstrap_host).
-	Addr, Host string
+	// Addr is host:port; Host is the host alone (the prefill's bootstrap_host); base is
+	// scheme://host:port, what every engine path is appended to.
+	Addr, Host, base string
 	// client streams requests to the engine (Send). Its timeouts are per read (see timedConn).
 	client *fasthttp.HostClient
 
@@ -147,19 +148,27 @@ func New(cfgs []config.Backend, opts Options, log *zap.Logger) (*Set, error) {
 	}
 	s := &Set{byName: map[string]*Backend{}, opts: opts, log: log.Named("backends")}
 	for _, c := range cfgs {
-		u, err := url.Parse(c.URL)
+		scheme, addr, err := c.Address()
 		if err != nil {
 			return nil, fmt.Errorf("backend %s: url: %w", c.Name, err)
 		}
-		host, _, err := net.SplitHostPort(u.Host)
-		if err != nil {
-			return nil, fmt.Errorf("backend %s: url %q needs host:port: %w", c.Name, c.URL, err)
+		host, _, _ := net.SplitHostPort(addr)
+		var tlsConf *tls.Config
+		if scheme == "https" {
+			if tlsConf, err = c.TLS.ClientConfig(); err != nil {
+				return nil, fmt.Errorf("backend %s: tls: %w", c.Name, err)
+			}
 		}
-		b := &Backend{Name: c.Name, Role: c.Role, APIKey: c.APIKey, Addr: u.Host, Host: host, log: s.log,
+		b := &Backend{Name: c.Name, Role: c.Role, APIKey: c.APIKey, Addr: addr, Host: host, base: scheme + "://" + addr, log: s.log,
 			conns: &connSet{m: map[*timedConn]struct{}{}}}
+		// Every client of an https backend speaks TLS only: fasthttp refuses a request whose
+		// scheme differs from the client's, so nothing is ever sent in plaintext to it.
+		isTLS := tlsConf != nil
 		b.client = &fasthttp.HostClient{
-			Addr:               u.Host,
+			Addr:               addr,
 			Name:               "kvgate",
+			IsTLS:              isTLS,
+			TLSConfig:          tlsConf,
 			StreamResponseBody: true,
 			MaxConns:           opts.MaxConns,
 			// A request waits briefly for a connection instead of failing at once at MaxConns.
@@ -168,9 +177,10 @@ func New(cfgs []config.Backend, opts Options, log *zap.Logger) (*Set, error) {
 			// Engines' replies are passed through; do not rewrite their header names.
 			DisableHeaderNamesNormalizing: false,
 		}
-		b.poll = &fasthttp.HostClient{Addr: u.Host, Name: "kvgate-poll", ReadTimeout: opts.PollTimeout, WriteTimeout: opts.PollTimeout, MaxConns: 4}
+		b.poll = &fasthttp.HostClient{Addr: addr, Name: "kvgate-poll", IsTLS: isTLS, TLSConfig: tlsConf,
+			ReadTimeout: opts.PollTimeout, WriteTimeout: opts.PollTimeout, MaxConns: 4}
 		// A utility reply is read whole: bounded while it is read, not only after.
-		b.ctl = &fasthttp.HostClient{Addr: u.Host, Name: "kvgate", MaxConns: 64, MaxConnWaitTimeout: time.Second,
+		b.ctl = &fasthttp.HostClient{Addr: addr, Name: "kvgate", IsTLS: isTLS, TLSConfig: tlsConf, MaxConns: 64, MaxConnWaitTimeout: time.Second,
 			MaxResponseBodySize: maxCallReply}
 		b.infoPath.Store("/server_info")
 		s.list = append(s.list, b)
@@ -538,7 +548,7 @@ func (s *Set) get(b *Backend, path string) ([]byte, error) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + b.Addr + path)
+	req.SetRequestURI(b.base + path)
 	req.Header.SetMethod(fasthttp.MethodGet)
 	if b.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+b.APIKey)

@@ -6,6 +6,8 @@ package config
 import (
 	"bytes"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -99,12 +101,91 @@ const MinCanarySecretBytes = 16
 // Backend is one engine server.
 type Backend struct {
 	Name string `yaml:"name"`
-	// URL is the engine's base URL, http://host:port.
+	// URL is the engine's address: http://host[:port] or https://host[:port] (default ports 80
+	// and 443), with no path: kvgate calls the engine's own paths (/generate, /server_info,
+	// /v1/chat/completions…) at its root.
 	URL string `yaml:"url"`
+	// TLS configures an https:// URL's connection; it is refused on an http:// one.
+	TLS BackendTLS `yaml:"tls"`
 	// Role is unified (SGLang's disaggregation_mode "null"), prefill or decode.
 	Role Role `yaml:"role"`
 	// APIKey is sent to the engine as a bearer token; the client's own key never is.
 	APIKey string `yaml:"api_key"`
+}
+
+// BackendTLS is how kvgate verifies an https:// engine and proves itself to it. There is no
+// option to skip verification and no plaintext fallback: a handshake that fails is a backend
+// that is down.
+type BackendTLS struct {
+	// CAFile is a PEM file of the CAs that sign the engine's certificate; empty: the system's
+	// roots.
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are a PEM client certificate and its key, for engines that require
+	// one (mutual TLS); both or neither.
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// ServerName is the name the engine's certificate must carry (and the SNI sent), when it
+	// differs from the URL's host (an engine reached by address).
+	ServerName string `yaml:"server_name"`
+}
+
+// IsZero reports that no TLS setting is given.
+func (t BackendTLS) IsZero() bool { return t == BackendTLS{} }
+
+// ClientConfig reads the files t names into the TLS configuration of a connection to an engine:
+// TLS 1.2 at least, the certificate verified against CAFile (or the system's roots) for
+// ServerName (or the URL's host, which the HTTP client fills in).
+func (t BackendTLS) ClientConfig() (*tls.Config, error) {
+	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("ca_file: %w", err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("ca_file: %s holds no PEM certificate", t.CAFile)
+		}
+	}
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		return nil, errors.New("cert_file and key_file go together (a client certificate needs its key)")
+	}
+	if t.CertFile != "" {
+		pair, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("cert_file/key_file: %w", err)
+		}
+		c.Certificates = []tls.Certificate{pair}
+	}
+	return c, nil
+}
+
+// Address is the backend URL's scheme and host:port (the default port made explicit), checked:
+// http or https, a host, and nothing else (no path, query, fragment or credentials).
+func (b Backend) Address() (scheme, hostPort string, err error) {
+	u, err := neturl.Parse(b.URL)
+	if err != nil {
+		return "", "", fmt.Errorf("must be http://host:port or https://host:port, got %q", b.URL)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return "", "", fmt.Errorf("must be http://host:port or https://host:port, got %q", b.URL)
+	}
+	if u.Hostname() == "" || u.Opaque != "" {
+		return "", "", fmt.Errorf("needs a host (http://host:port), got %q", b.URL)
+	}
+	if u.Path != "" && u.Path != "/" {
+		return "", "", fmt.Errorf("must not have a path (kvgate calls the engine's own paths, /generate, /server_info, /v1/chat/completions…, at its root; a base path is not supported), got path %q in %q", u.Path, b.URL)
+	}
+	if u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return "", "", fmt.Errorf("must not carry a query, fragment or credentials (use api_key), got %q", b.URL)
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return "", "", fmt.Errorf("port must be 1-65535, got %q", port)
+	}
+	return u.Scheme, net.JoinHostPort(u.Hostname(), port), nil
 }
 
 // Tenant is one API customer.
@@ -461,8 +542,14 @@ func (c *Config) Validate() error {
 			bad(f+".name", "%q must not contain '/' or spaces (it appears in admin URLs)", b.Name)
 		}
 		names[b.Name] = true
-		if u, err := neturl.Parse(b.URL); err != nil || u.Scheme != "http" || u.Host == "" {
-			bad(f+".url", "must be http://host:port, got %q", b.URL)
+		if scheme, _, err := b.Address(); err != nil {
+			bad(f+".url", "%v", err)
+		} else if scheme == "http" && !b.TLS.IsZero() {
+			bad(f+".tls", "only for https:// URLs (%q is plaintext; kvgate never falls back to it from TLS, nor upgrades it)", b.URL)
+		} else if scheme == "https" {
+			if _, err := b.TLS.ClientConfig(); err != nil {
+				bad(f+".tls", "%v", err)
+			}
 		}
 		if oneOf(f+".role", string(b.Role), string(RoleUnified), string(RolePrefill), string(RoleDecode)) {
 			roles[b.Role]++

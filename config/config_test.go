@@ -62,6 +62,13 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"no backends", "tenants: []\n", "", "backends: at least one"},
 		{"bad role", `backends: [{name: a, url: "http://127.0.0.1:1", role: mixed}]`, "", "backends[0].role"},
 		{"bad url", `backends: [{name: a, url: "127.0.0.1:1", role: unified}]`, "", "backends[0].url"},
+		{"url with a base path", `backends: [{name: a, url: "http://127.0.0.1:1/v1", role: unified}]`, "", `backends[0].url: must not have a path`},
+		{"url with a query", `backends: [{name: a, url: "http://127.0.0.1:1?x=1", role: unified}]`, "", `backends[0].url`},
+		{"url port out of range", `backends: [{name: a, url: "http://127.0.0.1:70000", role: unified}]`, "", `backends[0].url`},
+		{"tls on plaintext", `backends: [{name: a, url: "http://127.0.0.1:1", role: unified, tls: {server_name: x}}]`, "", "backends[0].tls: only for https://"},
+		{"tls ca file missing", `backends: [{name: a, url: "https://127.0.0.1:1", role: unified, tls: {ca_file: /nonexistent/ca.pem}}]`, "", "backends[0].tls: ca_file"},
+		{"tls cert without key", `backends: [{name: a, url: "https://127.0.0.1:1", role: unified, tls: {cert_file: /x.pem}}]`, "", "backends[0].tls: cert_file and key_file"},
+		{"tls unknown key", `backends: [{name: a, url: "https://127.0.0.1:1", role: unified, tls: {insecure_skip_verify: true}}]`, "", "insecure_skip_verify"},
 		{"duplicate backend", `backends: [{name: a, url: "http://h:1", role: unified}, {name: a, url: "http://h:2", role: unified}]`, "", "duplicate name"},
 		{"unpaired prefill", `backends: [{name: a, url: "http://h:1", role: prefill}]`, "", "come in pairs"},
 		{"bad tenant key", minimal + "  - {name: bob, key_sha256: nothex}\n", "", "tenants[1].key_sha256"},
@@ -260,5 +267,20 @@ func TestEnvAndFileErrorsTogether(t *testing.T) {
 	_, err := Parse([]byte(minimal+"server: {drain_timeout: -1s}\n"), []string{"KVGATE_LISTN=x", "KVGATE_BIN=/bin/kvgate"})
 	if err == nil || !strings.Contains(err.Error(), "KVGATE_LISTN") || !strings.Contains(err.Error(), "server.drain_timeout") || strings.Contains(err.Error(), "KVGATE_BIN") {
 		t.Fatalf("want both KVGATE_LISTN and server.drain_timeout named (and KVGATE_BIN, a test tool's, not), got %v", err)
+	}
+}
+
+// Backend URLs: the scheme's default port, https, and a trailing slash are accepted.
+func TestBackendAddress(t *testing.T) {
+	for url, want := range map[string]string{
+		"http://localhost":        "http localhost:80",
+		"https://engine.internal": "https engine.internal:443",
+		"http://127.0.0.1:30000/": "http 127.0.0.1:30000",
+		"https://[::1]:8443":      "https [::1]:8443",
+	} {
+		scheme, addr, err := Backend{URL: url}.Address()
+		if err != nil || scheme+" "+addr != want {
+			t.Errorf("%s: got %q %q %v, want %s", url, scheme, addr, err, want)
+		}
 	}
 }
