@@ -61,6 +61,9 @@ func (c *Capacity) PoolAlarm() bool { return c.PoolBelowContext() || c.Inconsist
 type Backend struct {
 	Name, APIKey string
 	Role         config.Role
+	// Model is the model the engine serves as configured ("" with no models: the gateway's one
+	// model); Group narrows PD pairing within the model.
+	Model, Group string
 	// Addr is host:port; Host is the host alone (the prefill's bootstrap_host); base is
 	// scheme://host:port, what every engine path is appended to.
 	Addr, Host, base string
@@ -159,7 +162,7 @@ func New(cfgs []config.Backend, opts Options, log *zap.Logger) (*Set, error) {
 				return nil, fmt.Errorf("backend %s: tls: %w", c.Name, err)
 			}
 		}
-		b := &Backend{Name: c.Name, Role: c.Role, APIKey: c.APIKey, Addr: addr, Host: host, base: scheme + "://" + addr, log: s.log,
+		b := &Backend{Name: c.Name, Role: c.Role, Model: c.Model, Group: c.Group, APIKey: c.APIKey, Addr: addr, Host: host, base: scheme + "://" + addr, log: s.log,
 			conns: &connSet{m: map[*timedConn]struct{}{}}}
 		// Every client of an https backend speaks TLS only: fasthttp refuses a request whose
 		// scheme differs from the client's, so nothing is ever sent in plaintext to it.
@@ -628,12 +631,27 @@ func (s *Set) usable(b *Backend, now time.Time) (ok, unknown bool) {
 	return true, false
 }
 
-// Routes lists every route that can take traffic now. With none, the error says why:
-// ErrCapacityUnknown (fail closed: nothing fresh to check against) or ErrNoBackend.
+// Routes lists every route that can take traffic now, over every model. With none, the error
+// says why: ErrCapacityUnknown (fail closed: nothing fresh to check against) or ErrNoBackend.
 func (s *Set) Routes(now time.Time) ([]Route, error) {
+	return s.routes(now, func(*Backend) bool { return true })
+}
+
+// RoutesFor is Routes for the engines configured to serve model.
+func (s *Set) RoutesFor(model string, now time.Time) ([]Route, error) {
+	return s.routes(now, func(b *Backend) bool { return b.Model == model })
+}
+
+// routes builds the routes over the usable backends that keep says. A prefill pairs only with
+// the decodes of its model and group: another model's decode would generate from a KV cache it
+// cannot read.
+func (s *Set) routes(now time.Time, keep func(*Backend) bool) ([]Route, error) {
 	var unified, prefill, decode []*Backend
 	unknown := false
 	for _, b := range s.list {
+		if !keep(b) {
+			continue
+		}
 		ok, unk := s.usable(b, now)
 		unknown = unknown || unk
 		if !ok {
@@ -656,6 +674,9 @@ func (s *Set) Routes(now time.Time) ([]Route, error) {
 	}
 	for _, p := range prefill {
 		for _, d := range decode {
+			if p.Model != d.Model || p.Group != d.Group {
+				continue
+			}
 			pc, dc := p.Capacity(), d.Capacity()
 			routes = append(routes, Route{
 				Path: policy.Path{Backends: []string{p.Name, d.Name},

@@ -34,7 +34,11 @@ type Config struct {
 	// MaxBodyBytes caps request bodies; larger ones get 413 request_too_large. Default 32 MiB.
 	MaxBodyBytes int `yaml:"max_body_bytes"`
 
-	Backends  []Backend `yaml:"backends"`
+	Backends []Backend `yaml:"backends"`
+	// Models names the models backends serve, their aliases and per-model settings. Optional:
+	// a model named by some backend's `model` and not listed here is served with the defaults.
+	// With no model anywhere the gateway fronts one model (whatever its engines serve).
+	Models    []Model   `yaml:"models"`
 	Tenants   []Tenant  `yaml:"tenants"`
 	Policy    Policy    `yaml:"policy"`
 	Tokenizer Tokenizer `yaml:"tokenizer"`
@@ -107,10 +111,81 @@ type Backend struct {
 	URL string `yaml:"url"`
 	// TLS configures an https:// URL's connection; it is refused on an http:// one.
 	TLS BackendTLS `yaml:"tls"`
+	// Model is the model this engine serves, as clients name it in a request's "model"; once
+	// one backend names a model, every backend must. Requests go only to their model's engines.
+	Model string `yaml:"model"`
+	// Group, when set, narrows PD pairing further: a prefill pairs only with decodes of its
+	// model and its group (engines that can reach each other's KV transfer).
+	Group string `yaml:"group"`
 	// Role is unified (SGLang's disaggregation_mode "null"), prefill or decode.
 	Role Role `yaml:"role"`
 	// APIKey is sent to the engine as a bearer token; the client's own key never is.
 	APIKey string `yaml:"api_key"`
+}
+
+// Model is one model the gateway serves.
+type Model struct {
+	// Name is the model's id (in /v1/models and in requests); the backends that serve it name it
+	// in their `model`.
+	Name string `yaml:"name"`
+	// Aliases are other ids requests may use for it (listed in /v1/models under the name).
+	Aliases []string `yaml:"aliases"`
+	// Tokenizer overrides the top-level tokenizer for this model's estimates; unset fields take
+	// the top-level values. Nil: the top-level tokenizer.
+	Tokenizer *Tokenizer `yaml:"tokenizer"`
+}
+
+// MultiModel reports whether requests are routed by model: some backend or models[] names one.
+func (c *Config) MultiModel() bool {
+	if len(c.Models) > 0 {
+		return true
+	}
+	for _, b := range c.Backends {
+		if b.Model != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// ModelNames lists the served models in order: models[] first, then any model only backends
+// name. Empty when MultiModel is false.
+func (c *Config) ModelNames() []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, m := range c.Models {
+		if !seen[m.Name] {
+			seen[m.Name] = true
+			out = append(out, m.Name)
+		}
+	}
+	for _, b := range c.Backends {
+		if b.Model != "" && !seen[b.Model] {
+			seen[b.Model] = true
+			out = append(out, b.Model)
+		}
+	}
+	return out
+}
+
+// ModelTokenizer is the tokenizer settings of model: its own over the top-level ones.
+func (c *Config) ModelTokenizer(model string) Tokenizer {
+	for _, m := range c.Models {
+		if m.Name == model && m.Tokenizer != nil {
+			return *m.Tokenizer
+		}
+	}
+	return c.Tokenizer
+}
+
+// fillZero sets every zero field of dst to src's (the same struct type): a model's tokenizer
+// inherits whatever it does not set, whatever fields the type gains.
+func fillZero(dst, src reflect.Value) {
+	for i := 0; i < dst.NumField(); i++ {
+		if f := dst.Field(i); f.CanSet() && f.IsZero() {
+			f.Set(src.Field(i))
+		}
+	}
 }
 
 // BackendTLS is how kvgate verifies an https:// engine and proves itself to it. There is no
@@ -503,6 +578,11 @@ func (c *Config) applyDefaults() {
 	if c.Limits.RedisTimeout == 0 {
 		c.Limits.RedisTimeout = 100 * time.Millisecond
 	}
+	for i := range c.Models {
+		if t := c.Models[i].Tokenizer; t != nil {
+			fillZero(reflect.ValueOf(t).Elem(), reflect.ValueOf(&c.Tokenizer).Elem())
+		}
+	}
 }
 
 // Validate refuses a configuration that cannot work, naming the field.
@@ -558,6 +638,7 @@ func (c *Config) Validate() error {
 	if (roles[RolePrefill] > 0) != (roles[RoleDecode] > 0) {
 		bad("backends", "prefill and decode backends come in pairs: have %d prefill and %d decode", roles[RolePrefill], roles[RoleDecode])
 	}
+	c.validateModels(bad)
 	tenantNames := map[string]bool{}
 	keys := map[string]bool{}
 	for i, t := range c.Tenants {
@@ -700,6 +781,71 @@ func (c *Config) Validate() error {
 		bad("server.max_conns_per_ip", "must be ≥ 0 (0 = no limit), got %d", c.Server.MaxConnsPerIP)
 	}
 	return errors.Join(errs...)
+}
+
+// validateModels: once any model is named, every backend names one; names and aliases are
+// unique ids; every prefill has a decode of its model (and group), and the other way round.
+func (c *Config) validateModels(bad func(field, format string, args ...any)) {
+	if !c.MultiModel() {
+		return
+	}
+	ids := map[string]string{} // id → where it was defined
+	claim := func(id, field string) {
+		if id == "" {
+			bad(field, "required")
+		} else if prev, dup := ids[id]; dup {
+			bad(field, "%q is already %s", id, prev)
+		} else if strings.ContainsAny(id, " \t\n") {
+			bad(field, "%q must not contain spaces", id)
+		} else {
+			ids[id] = field
+		}
+	}
+	for i, m := range c.Models {
+		f := fmt.Sprintf("models[%d]", i)
+		claim(m.Name, f+".name")
+		for j, a := range m.Aliases {
+			claim(a, fmt.Sprintf("%s.aliases[%d]", f, j))
+		}
+		if t := m.Tokenizer; t != nil {
+			if t.Library != LibraryTiktokenGo && t.Library != LibraryPkoukk {
+				bad(f+".tokenizer.library", "must be %s or %s, got %q", LibraryTiktokenGo, LibraryPkoukk, t.Library)
+			}
+			if t.Encoding != "cl100k_base" && t.Encoding != "o200k_base" {
+				bad(f+".tokenizer.encoding", "must be cl100k_base or o200k_base, got %q", t.Encoding)
+			}
+			if t.SafetyRatio < 1 || t.SafetyRatioMax < t.SafetyRatio {
+				bad(f+".tokenizer.safety_ratio", "must be ≥ 1 and ≤ safety_ratio_max, got %v and %v", t.SafetyRatio, t.SafetyRatioMax)
+			}
+		}
+	}
+	type pdKey struct{ model, group string }
+	halves := map[pdKey][2]int{}
+	for i, b := range c.Backends {
+		f := fmt.Sprintf("backends[%d].model", i)
+		if b.Model == "" {
+			bad(f, "required once any backend or models[] names a model (requests are routed by model)")
+			continue
+		}
+		if len(c.Models) > 0 {
+			if where, ok := ids[b.Model]; !ok || !strings.HasSuffix(where, ".name") {
+				bad(f, "%q is not a models[].name", b.Model)
+			}
+		}
+		k, h := pdKey{b.Model, b.Group}, halves[pdKey{b.Model, b.Group}]
+		switch b.Role {
+		case RolePrefill:
+			h[0]++
+		case RoleDecode:
+			h[1]++
+		}
+		halves[k] = h
+	}
+	for k, h := range halves {
+		if (h[0] > 0) != (h[1] > 0) {
+			bad("backends", "model %q group %q: prefill and decode backends come in pairs: have %d prefill and %d decode", k.model, k.group, h[0], h[1])
+		}
+	}
 }
 
 func isSHA256Hex(s string) bool {

@@ -44,6 +44,10 @@ type exchange struct {
 	// estimate is the raw tiktoken count when the estimate tier ran (to learn the ratio).
 	estimate int
 	route    *backends.Route
+	// model is the served model the request named ("" with one model); counter counts and
+	// calibrates for it.
+	model   string
+	counter *admission.Counter
 	// echoes are foreign markers the client's own prompt contained (or began).
 	echoes []string
 	// idsUnread: a token-id prompt whose text no engine on the route could give back; short
@@ -132,6 +136,10 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 		return e
 	}
 	x.req = req
+	if x.model, e = g.models.resolve(x.kind, req.Model, modelHasField(x.kind)); e != nil {
+		return e
+	}
+	x.counter = g.models.counter(x.model)
 	if req.StoredContext != "" && !g.cfg.Policy.AllowStoredContext {
 		return request.StoredContextError(req.StoredContext)
 	}
@@ -141,7 +149,7 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 	if !req.OutputGiven {
 		output = g.cfg.Policy.DefaultMaxTokens * max(req.N, 1)
 	}
-	routes, err := g.backends.Routes(time.Now())
+	routes, err := g.routesFor(x.model)
 	if err != nil {
 		return routeError(err)
 	}
@@ -157,7 +165,7 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 	}
 	tenantMax := x.tenant.MaxPromptTokens
 	limit := policy.Limit(paths, output, tenantMax)
-	res := g.count.Decide(x.req.Prompts, routes, output, tenantMax, limit)
+	res := x.counter.Decide(x.req.Prompts, routes, output, tenantMax, limit)
 	pick, undecided := res.Pick, res.Undecided
 	x.decision, x.estimate = res.Decision, res.Estimate
 	dur := time.Since(x.start)

@@ -460,7 +460,7 @@ func (x *exchange) learn(reply any, b *backends.Backend) {
 	if x.estimate <= 0 || b.Role == config.RolePrefill || len(x.req.Prompts) != 1 {
 		return
 	}
-	x.g.count.Learn(x.estimate, backends.PromptCount(reply)) // the same reader as settlement
+	x.counter.Learn(x.estimate, backends.PromptCount(reply)) // the same reader as settlement
 }
 
 // replyHeaders are the engine reply headers a client may see. Everything else an engine sets
