@@ -36,8 +36,9 @@ type Config struct {
 
 	Backends []Backend `yaml:"backends"`
 	// Models names the models backends serve, their aliases and per-model settings. Optional:
-	// a model named by some backend's `model` and not listed here is served with the defaults.
-	// With no model anywhere the gateway fronts one model (whatever its engines serve).
+	// without it the backends' `model` values are the models, with the top-level settings; with
+	// it, every backend's `model` must be listed (a typo is an error, not a new model). With no
+	// model anywhere the gateway fronts one model (whatever its engines serve).
 	Models    []Model   `yaml:"models"`
 	Tenants   []Tenant  `yaml:"tenants"`
 	Policy    Policy    `yaml:"policy"`

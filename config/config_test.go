@@ -65,6 +65,11 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"url with a base path", `backends: [{name: a, url: "http://127.0.0.1:1/v1", role: unified}]`, "", `backends[0].url: must not have a path`},
 		{"url with a query", `backends: [{name: a, url: "http://127.0.0.1:1?x=1", role: unified}]`, "", `backends[0].url`},
 		{"url port out of range", `backends: [{name: a, url: "http://127.0.0.1:70000", role: unified}]`, "", `backends[0].url`},
+		{"model on one backend only", "backends: [{name: a, url: \"http://h:1\", role: unified, model: m}, {name: b, url: \"http://h:2\", role: unified}]\n", "", "backends[1].model: required"},
+		{"model not listed", "backends: [{name: a, url: \"http://h:1\", role: unified, model: m}]\nmodels: [{name: x}]\n", "", `backends[0].model: "m" is not a models[].name`},
+		{"alias taken", "backends: [{name: a, url: \"http://h:1\", role: unified, model: m}]\nmodels: [{name: m}, {name: n, aliases: [m]}]\n", "", "models[1].aliases[0]"},
+		{"model tokenizer", "backends: [{name: a, url: \"http://h:1\", role: unified, model: m}]\nmodels: [{name: m, tokenizer: {encoding: p50k}}]\n", "", "models[0].tokenizer.encoding"},
+		{"pd pair across models", "backends: [{name: a, url: \"http://h:1\", role: prefill, model: m}, {name: b, url: \"http://h:2\", role: decode, model: n}]\n", "", `model "m" group "": prefill and decode`},
 		{"tls on plaintext", `backends: [{name: a, url: "http://127.0.0.1:1", role: unified, tls: {server_name: x}}]`, "", "backends[0].tls: only for https://"},
 		{"tls ca file missing", `backends: [{name: a, url: "https://127.0.0.1:1", role: unified, tls: {ca_file: /nonexistent/ca.pem}}]`, "", "backends[0].tls: ca_file"},
 		{"tls cert without key", `backends: [{name: a, url: "https://127.0.0.1:1", role: unified, tls: {cert_file: /x.pem}}]`, "", "backends[0].tls: cert_file and key_file"},
@@ -282,5 +287,23 @@ func TestBackendAddress(t *testing.T) {
 		if err != nil || scheme+" "+addr != want {
 			t.Errorf("%s: got %q %q %v, want %s", url, scheme, addr, err, want)
 		}
+	}
+}
+
+// A model's tokenizer takes the top-level settings it does not set.
+func TestModelTokenizerInherits(t *testing.T) {
+	c, err := Parse([]byte("backends: [{name: a, url: \"http://h:1\", role: unified, model: m}, {name: b, url: \"http://h:2\", role: unified, model: n}]\n"+
+		"models: [{name: m, tokenizer: {encoding: o200k_base}}, {name: n}]\ntokenizer: {safety_ratio: 1.5}\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tk := c.ModelTokenizer("m"); tk.Encoding != "o200k_base" || tk.SafetyRatio != 1.5 || tk.Library != LibraryTiktokenGo || tk.ExactTimeout != c.Tokenizer.ExactTimeout {
+		t.Fatalf("model m's tokenizer: %+v", tk)
+	}
+	if tk := c.ModelTokenizer("n"); tk != c.Tokenizer {
+		t.Fatalf("model n (no tokenizer of its own) takes the top-level tokenizer: %+v", tk)
+	}
+	if names := c.ModelNames(); strings.Join(names, ",") != "m,n" {
+		t.Fatalf("ModelNames: %v", names)
 	}
 }
