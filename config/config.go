@@ -41,6 +41,7 @@ type Config struct {
 	// model anywhere the gateway fronts one model (whatever its engines serve).
 	Models    []Model   `yaml:"models"`
 	Tenants   []Tenant  `yaml:"tenants"`
+	Discovery Discovery `yaml:"discovery"`
 	Policy    Policy    `yaml:"policy"`
 	Tokenizer Tokenizer `yaml:"tokenizer"`
 	State     State     `yaml:"state"`
@@ -115,6 +116,11 @@ type Backend struct {
 	// Model is the model this engine serves, as clients name it in a request's "model"; once
 	// one backend names a model, every backend must. Requests go only to their model's engines.
 	Model string `yaml:"model"`
+	// Discover is "" (the URL is one engine) or dns: the URL's host is resolved every
+	// discovery.interval and each address is a backend of its own, named name@address, with the
+	// entry's role, model, group, key and TLS (an https member's certificate must carry the
+	// host's name, or tls.server_name).
+	Discover string `yaml:"discover"`
 	// Group, when set, narrows PD pairing further: a prefill pairs only with decodes of its
 	// model and its group (engines that can reach each other's KV transfer).
 	Group string `yaml:"group"`
@@ -122,6 +128,14 @@ type Backend struct {
 	Role Role `yaml:"role"`
 	// APIKey is sent to the engine as a bearer token; the client's own key never is.
 	APIKey string `yaml:"api_key"`
+}
+
+// Discovery configures how backends with discover: dns find their members.
+type Discovery struct {
+	// Interval is how often each discovered host is resolved again. Default 10s.
+	Interval time.Duration `yaml:"interval"`
+	// Resolver is a DNS server (host:port) asked instead of the system's resolver.
+	Resolver string `yaml:"resolver"`
 }
 
 // Model is one model the gateway serves.
@@ -579,6 +593,9 @@ func (c *Config) applyDefaults() {
 	if c.Limits.RedisTimeout == 0 {
 		c.Limits.RedisTimeout = 100 * time.Millisecond
 	}
+	if c.Discovery.Interval == 0 {
+		c.Discovery.Interval = 10 * time.Second
+	}
 	for i := range c.Models {
 		if t := c.Models[i].Tokenizer; t != nil {
 			fillZero(reflect.ValueOf(t).Elem(), reflect.ValueOf(&c.Tokenizer).Elem())
@@ -631,6 +648,9 @@ func (c *Config) Validate() error {
 			if _, err := b.TLS.ClientConfig(); err != nil {
 				bad(f+".tls", "%v", err)
 			}
+		}
+		if b.Discover != "" && b.Discover != "dns" {
+			bad(f+".discover", "must be dns or empty, got %q", b.Discover)
 		}
 		if oneOf(f+".role", string(b.Role), string(RoleUnified), string(RolePrefill), string(RoleDecode)) {
 			roles[b.Role]++
@@ -770,6 +790,14 @@ func (c *Config) Validate() error {
 			bad("server.metrics_listen", "must be host:port, got %q", c.Server.MetricsListen)
 		} else if c.Server.MetricsListen == c.Listen {
 			bad("server.metrics_listen", "must differ from listen (%s)", c.Listen)
+		}
+	}
+	if c.Discovery.Interval < 100*time.Millisecond {
+		bad("discovery.interval", "must be at least 100ms, got %s", c.Discovery.Interval)
+	}
+	if c.Discovery.Resolver != "" {
+		if _, _, err := net.SplitHostPort(c.Discovery.Resolver); err != nil {
+			bad("discovery.resolver", "must be host:port (a DNS server), got %q", c.Discovery.Resolver)
 		}
 	}
 	if c.Server.DrainDelay < 0 {
