@@ -42,6 +42,7 @@ type Config struct {
 	Models    []Model   `yaml:"models"`
 	Tenants   []Tenant  `yaml:"tenants"`
 	Discovery Discovery `yaml:"discovery"`
+	Reload    Reload    `yaml:"reload"`
 	Policy    Policy    `yaml:"policy"`
 	Tokenizer Tokenizer `yaml:"tokenizer"`
 	State     State     `yaml:"state"`
@@ -128,6 +129,12 @@ type Backend struct {
 	Role Role `yaml:"role"`
 	// APIKey is sent to the engine as a bearer token; the client's own key never is.
 	APIKey string `yaml:"api_key"`
+}
+
+// Reload configures how `kvgate serve` picks up a changed file (SIGHUP always reloads).
+type Reload struct {
+	// Watch reloads when the configuration file changes (its directory is watched).
+	Watch bool `yaml:"watch"`
 }
 
 // Discovery configures how backends with discover: dns find their members.

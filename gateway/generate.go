@@ -136,18 +136,18 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 		return e
 	}
 	x.req = req
-	if x.model, e = g.models.resolve(x.kind, req.Model, modelHasField(x.kind)); e != nil {
+	if x.model, e = g.modelTab().resolve(x.kind, req.Model, modelHasField(x.kind)); e != nil {
 		return e
 	}
-	x.counter = g.models.counter(x.model)
-	if req.StoredContext != "" && !g.cfg.Policy.AllowStoredContext {
+	x.counter = g.modelTab().counter(x.model)
+	if req.StoredContext != "" && !g.pol().AllowStoredContext {
 		return request.StoredContextError(req.StoredContext)
 	}
 	x.inject() // before counting: the marker is part of the prompt
 	req.Render()
 	output := req.Output
 	if !req.OutputGiven {
-		output = g.cfg.Policy.DefaultMaxTokens * max(req.N, 1)
+		output = g.pol().DefaultMaxTokens * max(req.N, 1)
 	}
 	routes, err := g.routesFor(x.model)
 	if err != nil {
@@ -177,7 +177,7 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 		if undecided {
 			x.reason = reasonCountUnavailable
 		}
-		if g.cfg.Policy.Mode != config.ModeMonitor {
+		if g.pol().Mode != config.ModeMonitor {
 			if undecided {
 				// Some path might admit it, but no sound count could say: not a 413 (the prompt
 				// may fit), and never an admit. Retryable.
@@ -213,7 +213,7 @@ func (x *exchange) tooLong(routes []backends.Route, output, limit int) *apierr.E
 	}
 	limit = max(limit, 0)
 	n := x.decision.Tokens
-	e := &apierr.Error{Status: x.g.cfg.Policy.OverflowStatus, Type: "invalid_request_error", Code: "context_length_exceeded"}
+	e := &apierr.Error{Status: x.g.pol().OverflowStatus, Type: "invalid_request_error", Code: "context_length_exceeded"}
 	e.Param = x.kind.PromptParam()
 	if x.reason == policy.ReasonTenantMaxPrompt {
 		e.Message = fmt.Sprintf("Your prompt resulted in %d tokens, more than this API key's limit of %d prompt tokens. Please reduce the length of the prompt.", n, x.tenant.MaxPromptTokens)

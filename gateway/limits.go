@@ -109,7 +109,7 @@ func (x *exchange) reserveLimits(ctx *fasthttp.RequestCtx) *apierr.Error {
 	items := int64(max(len(x.req.Prompts), 1))
 	output := x.req.Output
 	if !x.req.OutputGiven {
-		output = g.cfg.Policy.DefaultMaxTokens * max(x.req.N, 1)
+		output = g.pol().DefaultMaxTokens * max(x.req.N, 1)
 	}
 	prompt := int64(x.decision.Tokens) * items // the largest prompt's count bounds each one
 	tokens := prompt + int64(output)*items

@@ -31,10 +31,17 @@ type modelTable struct {
 	// /generate, /encode, /classify): the first one configured.
 	fallback string
 	counters map[string]*admission.Counter
+	aliases  map[string][]string // name → its aliases, for /v1/models
 }
 
+// modelTab is the model table in force (Reload swaps it).
+func (g *Gateway) modelTab() *modelTable { return g.models.Load() }
+
+// pol is the admission policy in force (Reload swaps it).
+func (g *Gateway) pol() *config.Policy { return g.policy.Load() }
+
 func newModelTable(cfg *config.Config, set *backends.Set, ratio *tokenize.SafetyRatio, m *metrics, log *zap.Logger) (*modelTable, error) {
-	t := &modelTable{multi: cfg.MultiModel(), ids: map[string]string{}, counters: map[string]*admission.Counter{}}
+	t := &modelTable{multi: cfg.MultiModel(), ids: map[string]string{}, counters: map[string]*admission.Counter{}, aliases: map[string][]string{}}
 	names := []string{""}
 	if t.multi {
 		names = cfg.ModelNames()
@@ -43,6 +50,7 @@ func newModelTable(cfg *config.Config, set *backends.Set, ratio *tokenize.Safety
 			for _, a := range mod.Aliases {
 				t.ids[a] = mod.Name
 			}
+			t.aliases[mod.Name] = mod.Aliases
 		}
 	}
 	t.names = names
@@ -95,7 +103,7 @@ func (t *modelTable) resolve(kind request.Kind, given string, hasField bool) (st
 
 // routesFor is the routes of model now (every route with one model).
 func (g *Gateway) routesFor(model string) ([]backends.Route, error) {
-	if !g.models.multi {
+	if !g.modelTab().multi {
 		return g.backends.Routes(time.Now())
 	}
 	return g.backends.RoutesFor(model, time.Now())
@@ -131,15 +139,9 @@ func (g *Gateway) listModels(ctx *fasthttp.RequestCtx, id string, one bool) {
 				}
 			}
 		}
-		limit := max(policy.Limit(paths, g.cfg.Policy.DefaultMaxTokens, t.MaxPromptTokens), 0)
+		limit := max(policy.Limit(paths, g.pol().DefaultMaxTokens, t.MaxPromptTokens), 0)
 		m := map[string]any{"id": served, "object": "model", "owned_by": "kvgate", "root": served, "max_model_len": limit}
-		var aliases []string
-		for _, mod := range g.cfg.Models {
-			if mod.Name == name {
-				aliases = mod.Aliases
-			}
-		}
-		if len(aliases) > 0 {
+		if aliases := g.modelTab().aliases[name]; len(aliases) > 0 {
 			m["aliases"] = aliases
 		}
 		return m, nil
@@ -147,14 +149,14 @@ func (g *Gateway) listModels(ctx *fasthttp.RequestCtx, id string, one bool) {
 	var body []byte
 	if one {
 		name, e := "", (*apierr.Error)(nil)
-		if g.models.multi {
-			name, e = g.models.resolve(request.Chat, id, true)
+		if g.modelTab().multi {
+			name, e = g.modelTab().resolve(request.Chat, id, true)
 		}
 		var m map[string]any
 		if e == nil {
 			m, e = entry(name)
 		}
-		if e == nil && !g.models.multi && m["id"] != id {
+		if e == nil && !g.modelTab().multi && m["id"] != id {
 			e = apierr.ModelNotFound(id)
 		}
 		if e != nil {
@@ -164,10 +166,10 @@ func (g *Gateway) listModels(ctx *fasthttp.RequestCtx, id string, one bool) {
 		body, _ = json.Marshal(m)
 	} else {
 		data := []any{}
-		for _, name := range g.models.names {
+		for _, name := range g.modelTab().names {
 			m, e := entry(name)
 			if e != nil {
-				if g.models.multi {
+				if g.modelTab().multi {
 					// A model whose engines are all down is listed with nothing admitted, not
 					// dropped: clients see it exists and that it cannot take a prompt now.
 					m = map[string]any{"id": name, "object": "model", "owned_by": "kvgate", "root": name, "max_model_len": 0}

@@ -43,7 +43,7 @@ func (x *exchange) engineFields() map[string]json.RawMessage {
 	if opts, ok := x.usageStreamOptions(); ok {
 		set("stream_options", opts) // kvgate limits
 	}
-	if !x.kind.Generates() || x.g.cfg.Policy.SharePrefixCache {
+	if !x.kind.Generates() || x.g.pol().SharePrefixCache {
 		return f
 	}
 	// Tenants never share prefix-cache entries: whatever the client sent is replaced. Every

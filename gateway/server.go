@@ -44,8 +44,10 @@ type Gateway struct {
 	log      *zap.Logger
 	access   *zap.Logger
 	backends *backends.Set
-	count    *admission.Counter // the default model's counting and calibration (package admission)
-	models   *modelTable        // routing by model, a Counter per model (models.go)
+	count    *admission.Counter            // the default model's counting and calibration (package admission)
+	models   atomic.Pointer[modelTable]    // routing by model, a Counter per model (models.go); swapped by Reload
+	policy   atomic.Pointer[config.Policy] // policy.*, swapped by Reload
+	reloadMu sync.Mutex                    // one Reload at a time
 	tenants  *tenants.Directory
 	admin    *admin.API // /admin/ (package admin)
 	metrics  *metrics
@@ -106,11 +108,13 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	}
 	ratio := tokenize.NewSafetyRatio(cfg.Tokenizer.SafetyRatio, cfg.Tokenizer.SafetyRatioMax)
 	g.metrics = newMetrics(set, ratio.Get, g.degraded)
-	var err error
-	if g.models, err = newModelTable(cfg, set, ratio, g.metrics, g.log); err != nil {
+	models, err := newModelTable(cfg, set, ratio, g.metrics, g.log)
+	if err != nil {
 		return nil, err
 	}
-	g.count = g.models.counter(g.models.fallback)
+	g.models.Store(models)
+	g.policy.Store(&cfg.Policy)
+	g.count = models.counter(models.fallback)
 	g.lim = newLimitsState(g) // kvgate limits
 	g.admin = &admin.API{Key: adminKey, Backends: set, Incidents: st.Incidents, Quarantines: g.quarantine, Tenants: g.tenants, QuarantineTTL: cfg.Canary.QuarantineTTL,
 		Store: st.Tenants, Log: g.log, Bearer: bearer, ReadBody: readBody}
@@ -124,7 +128,7 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	prev := set.OnCapacityChange
 	set.OnCapacityChange = func(b *backends.Backend, old, cur *backends.Capacity) {
 		g.metrics.capChanges.WithLabelValues(b.Name).Inc()
-		g.models.counter(b.Model).Calibrate(b)
+		g.modelTab().counter(b.Model).Calibrate(b)
 		if prev != nil {
 			prev(b, old, cur)
 		}
@@ -133,7 +137,7 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	set.OnPolled = func(b *backends.Backend) {
 		// A failed calibration is retried on the poll schedule (backing off) until it succeeds,
 		// not only when the engine's capacity changes.
-		g.models.counter(b.Model).RetryCalibration(b, time.Now())
+		g.modelTab().counter(b.Model).RetryCalibration(b, time.Now())
 		if prevPolled != nil {
 			prevPolled(b)
 		}

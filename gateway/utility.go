@@ -93,7 +93,7 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 			return
 		}
 	}
-	served, e := g.models.resolve(request.Chat, model, true) // before the limits: an unknown model costs nothing
+	served, e := g.modelTab().resolve(request.Chat, model, true) // before the limits: an unknown model costs nothing
 	if e != nil {
 		fail(e)
 		return

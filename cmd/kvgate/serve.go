@@ -23,6 +23,10 @@ Runs the gateway. Settings come from the YAML file, then KVGATE_* environment va
 (KVGATE_ and the setting's path: KVGATE_STATE_REDIS_URL, KVGATE_CANARY_SECRET); an unknown
 KVGATE_* variable refuses the start. kvgate check-config validates a file without serving.
 
+On SIGHUP (and, with reload.watch, when the file changes) the file is read again and its
+backends, models, tenants, policy, tokenizer and discovery applied; an invalid file is logged
+and the running configuration kept; requests in flight are not touched.
+
 On SIGTERM or SIGINT: /readyz answers 503 for server.drain_delay while requests are still
 served, then the listener closes and requests in flight have server.drain_timeout to finish.
 Exit status: 0 after a clean drain, 1 if the start failed or the drain had to cut requests,
@@ -86,6 +90,7 @@ func runServe(args []string) int {
 		log.Error("cannot start", zap.Error(err))
 		return 1
 	}
+	reloader(ctx, fs.Lookup("config").Value.String(), gw, cfg.Reload.Watch, log)
 	log.Info("kvgate serving", zap.String("listen", ln.Addr().String()), zap.String("mode", string(cfg.Policy.Mode)),
 		zap.Int("backends", len(cfg.Backends)), zap.Int("tenants", len(cfg.Tenants)))
 	<-ctx.Done()
