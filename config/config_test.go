@@ -1,7 +1,16 @@
 package config
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
+	"math/big"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -305,5 +314,42 @@ func TestModelTokenizerInherits(t *testing.T) {
 	}
 	if names := c.ModelNames(); strings.Join(names, ",") != "m,n" {
 		t.Fatalf("ModelNames: %v", names)
+	}
+}
+
+// examples/fleet.yaml (the README's two-model, discovered, TLS example) loads once its
+// certificate files exist: a CA and a client certificate made here stand for /etc/kvgate's.
+func TestFleetExampleLoads(t *testing.T) {
+	raw, err := os.ReadFile("../examples/fleet.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test"}, IsCA: true, BasicConstraintsValid: true,
+		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, _ := x509.MarshalECPrivateKey(key)
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	for name, body := range map[string][]byte{"engines-ca.pem": certPEM, "gw.pem": certPEM,
+		"gw-key.pem": pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})} {
+		if err := os.WriteFile(filepath.Join(dir, name), body, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := Parse([]byte(strings.ReplaceAll(string(raw), "/etc/kvgate", dir)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.MultiModel() || strings.Join(c.ModelNames(), ",") != "qwen3-32b,llama-3.1-8b" || c.Backends[0].Discover != "dns" ||
+		!c.Reload.Watch || c.ModelTokenizer("llama-3.1-8b").Encoding != "o200k_base" {
+		t.Fatalf("fleet example: %+v", c)
+	}
+	// Without the files it is refused, naming the key.
+	if _, err := Parse(raw, nil); err == nil || !strings.Contains(err.Error(), "backends[0].tls: ca_file") {
+		t.Fatalf("missing ca_file: %v", err)
 	}
 }
