@@ -136,10 +136,11 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 		return e
 	}
 	x.req = req
-	if x.model, e = g.modelTab().resolve(x.kind, req.Model, modelHasField(x.kind)); e != nil {
+	models := g.modelTab() // one table for the whole decision, whatever a reload does meanwhile
+	if x.model, e = models.resolve(x.kind, req.Model, modelHasField(x.kind)); e != nil {
 		return e
 	}
-	x.counter = g.modelTab().counter(x.model)
+	x.counter = models.counter(x.model)
 	if req.StoredContext != "" && !g.pol().AllowStoredContext {
 		return request.StoredContextError(req.StoredContext)
 	}

@@ -101,9 +101,11 @@ func (t *modelTable) resolve(kind request.Kind, given string, hasField bool) (st
 	return "", apierr.ModelNotFound(given)
 }
 
-// routesFor is the routes of model now (every route with one model).
+// routesFor is the routes of model now; model "" (one model: no backend names one) is every
+// route. Decided by the name the request resolved, not by the table in force, so a reload
+// between the two cannot mix them.
 func (g *Gateway) routesFor(model string) ([]backends.Route, error) {
-	if !g.modelTab().multi {
+	if model == "" {
 		return g.backends.Routes(time.Now())
 	}
 	return g.backends.RoutesFor(model, time.Now())
