@@ -82,7 +82,7 @@ type Server struct {
 	DrainDelay time.Duration `yaml:"drain_delay"`
 	// DrainTimeout is the second phase: the listener closes and requests in flight may finish
 	// for this long. A stream still open at the deadline ends with an error event (and an access
-	// line), and the process exits 1; 0 cuts at once. Default 30s.
+	// line), then the process exits 0; 0 cuts at once. Default 30s.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
 }
 
