@@ -20,8 +20,9 @@ import (
 const serveUsage = `usage: kvgate serve [--config PATH]
 
 Runs the gateway. Settings come from the YAML file, then KVGATE_* environment variables
-(KVGATE_ and the setting's path: KVGATE_STATE_REDIS_URL, KVGATE_CANARY_SECRET); an unknown
-KVGATE_* variable refuses the start. kvgate check-config validates a file without serving.
+(KVGATE_ and the setting's path: KVGATE_STATE_REDIS_URL, KVGATE_CANARY_SECRET, or with _FILE
+appended to read it from a file); an unknown KVGATE_* variable refuses the start. kvgate check
+validates a file without serving.
 
 On SIGTERM or SIGINT: /readyz answers 503 for server.drain_delay while requests are still
 served, then the listener closes and requests in flight have server.drain_timeout to finish.
