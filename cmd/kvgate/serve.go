@@ -79,6 +79,7 @@ func runServe(args []string) int {
 		fmt.Fprintln(os.Stderr, "kvgate serve:", err)
 		return 2
 	}
+	gateway.Version = version // kvgate_build_info
 	log := gateway.NewLogger()
 	defer func() { _ = log.Sync() }()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
