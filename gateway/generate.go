@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/admission"
@@ -77,6 +79,12 @@ type exchange struct {
 	// model is the metrics' model label (modelLabels): the route's advertised model, set when
 	// the request is forwarded; at finish, the request's own when it names an advertised one.
 	model string
+
+	// Tracing (tracing.go): nil while tracing is off. relayLeg is the span of the engine leg
+	// whose reply is relayed; it ends with the exchange's.
+	traceCtx context.Context
+	span     trace.Span
+	relayLeg trace.Span
 }
 
 // generate is the pipeline for the three generation routes, top to bottom:
@@ -85,11 +93,13 @@ func (g *Gateway) generate(ctx *fasthttp.RequestCtx, kind request.Kind) {
 	x := &exchange{g: g, rid: requestID(ctx), engineRID: newID(), start: time.Now(), kind: kind,
 		client: ctx.RemoteAddr().String(), method: string(ctx.Method())}
 	defer x.recoverPanic(ctx)
+	x.startSpan(ctx)
 	ctx.Response.Header.Set("X-Request-Id", x.rid)
 	if e := x.admit(ctx); e != nil {
 		x.fail(ctx, e)
 		return
 	}
+	x.spanAdmitted()
 	if e := x.reserveLimits(); e != nil { // kvgate limits: 429 after the 413 decision, before any backend
 		x.fail(ctx, e)
 		return
@@ -309,8 +319,12 @@ func (x *exchange) finish() {
 		if d := x.firstToken.Load(); d > 0 {
 			fields = append(fields, zap.Duration("ttft", time.Duration(d)))
 		}
+		if x.span != nil {
+			fields = append(fields, zap.String("trace_id", x.span.SpanContext().TraceID().String()))
+		}
 		ce.Write(fields...)
 	}
+	x.endSpan()
 }
 
 // unifiedRoutes keeps the routes served by one unified engine.

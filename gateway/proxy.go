@@ -152,14 +152,17 @@ func (x *exchange) attemptUnified(ctx *fasthttp.RequestCtx) {
 	b := x.route.Unified
 	rids := backends.Rids(x.engineRID, x.req.Batch, len(x.req.Prompts))
 	body := backends.EngineBody(x.engineFields(), rids, x.req.Batch, nil)
+	traceparent, leg := x.startLeg("unified", b)
 	x.ohSent() // kvgate overhead
-	l, err := b.Send(x.kind.Path(), body, rids, x.engineRID, "", x.req.Stream)
+	l, err := b.Send(x.kind.Path(), body, rids, x.engineRID, traceparent, x.req.Stream)
 	x.ohHeaders() // kvgate overhead
 	x.g.countUpstream(b, l, err)
 	if err != nil {
+		x.endLeg(leg, 0, err)
 		x.failUpstream(ctx, b, err)
 		return
 	}
+	x.legRelayed(leg, l.Status())
 	x.relay(ctx, l, nil)
 	x.ohReplied() // kvgate overhead
 }
@@ -175,20 +178,35 @@ func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (
 	}
 	rids := backends.Rids(base, x.req.Batch, len(x.req.Prompts))
 	body := backends.EngineBody(x.engineFields(), rids, x.req.Batch, p) // a new room on every try
-	pf := p.StartPrefill(x.kind.Path(), body, rids, base, "", x.g.observeUpstream)
+	ptp, psp := x.startLeg("prefill", p)
+	pf := p.StartPrefill(x.kind.Path(), body, rids, base, ptp, x.prefillObserver(psp))
 	decodeAnswered := make(chan struct{})
 	backends.AbortWhenPrefillFails(d, rids, pf, decodeAnswered)
+	dtp, dsp := x.startLeg("decode", d)
 	x.ohSent() // kvgate overhead
-	dl, err := d.Send(x.kind.Path(), body, rids, base, "", x.req.Stream)
+	dl, err := d.Send(x.kind.Path(), body, rids, base, dtp, x.req.Stream)
 	x.ohHeaders() // kvgate overhead
 	close(decodeAnswered)
 	x.g.countUpstream(d, dl, err)
 	handed := false
+	decodeStatus, decodeSpanOpen := 0, dsp != nil
+	if err == nil {
+		decodeStatus = dl.Status()
+	}
 	defer func() {
 		if dl != nil && !handed {
 			dl.Release()
 		}
+		if decodeSpanOpen { // a try given up: its decode leg's span ends here
+			x.endLeg(dsp, decodeStatus, err)
+		}
 	}()
+	relayed := func() { // the decode leg's span ends with the exchange's
+		if decodeSpanOpen {
+			x.legRelayed(dsp, decodeStatus)
+			decodeSpanOpen = false
+		}
+	}
 	if err != nil {
 		p.AbortAll(rids) // a transport error on one leg cancels the other
 		if !last {
@@ -203,6 +221,7 @@ func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (
 			return false
 		}
 		handed = true
+		relayed()
 		x.relay(ctx, dl, nil) // decode's error first: passed on, scanned
 		return true
 	}
@@ -240,6 +259,7 @@ func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (
 		return true
 	}
 	handed = true
+	relayed()
 	x.ohHeaders() // kvgate overhead: prefill's answer was engine time too
 	x.relay(ctx, dl, p)
 	x.ohReplied() // kvgate overhead

@@ -92,7 +92,13 @@ func runServe(args []string) int {
 	log.Info("kvgate serving", zap.String("listen", ln.Addr().String()), zap.String("mode", string(cfg.Policy.Mode)),
 		zap.Int("backends", len(cfg.Backends)), zap.Int("tenants", len(cfg.Tenants)))
 	<-ctx.Done()
-	return drain(gw, cfg.Server, log)
+	code := drain(gw, cfg.Server, log)
+	fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := gw.StopTracing(fctx); err != nil {
+		log.Warn("tracing: spans still queued at exit were not all exported", zap.Error(err))
+	}
+	return code
 }
 
 // drain runs the two phases of a shutdown: readiness 503 while still serving (drain_delay), then

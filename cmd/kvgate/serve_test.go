@@ -19,9 +19,10 @@ import (
 
 // startServe starts `kvgate serve --config cfg` listening on port, its output in logs, and
 // waits until /readyz answers 200; it returns the process and the base URL.
-func startServe(t *testing.T, cfg string, port int, logs *syncBuf) (*exec.Cmd, string) {
+func startServe(t *testing.T, cfg string, port int, logs *syncBuf, env ...string) (*exec.Cmd, string) {
 	t.Helper()
 	cmd := exec.Command(testkit.Binary(t), "serve", "--config", cfg)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = logs, logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
