@@ -160,11 +160,13 @@ func rateLimited(v policy.Verdict, lim policy.Limits, tokens int64) *apierr.Erro
 	case policy.LimitConcurrent:
 		e.Message = fmt.Sprintf("Too many requests in flight for this API key: limit %d concurrent requests. Please try again when one has finished.", lim.MaxConcurrent)
 	default:
-		if lim.RPM > 0 {
-			e.Message = fmt.Sprintf("Rate limit reached for requests per minute: limit %d. Please try again in %ds.", lim.RPM, e.RetryAfter)
-		} else {
-			e.Message = "Rate limit reached: this replica cannot grant a share of this API key's limit while shared state is unreachable. Please try again shortly."
-		}
+		e.Message = fmt.Sprintf("Rate limit reached for requests per minute: limit %d. Please try again in %ds.", lim.RPM, e.RetryAfter)
+	}
+	if v.Degraded {
+		// Not the tenant's whole limit: say so, or a client with nothing in flight elsewhere
+		// cannot understand the refusal.
+		e.Message += fmt.Sprintf(" (Limits are degraded: the gateway's shared state is unreachable, so each of %d replicas enforces its own share, %d, of this limit until it is back.)",
+			v.Replicas, v.Share)
 	}
 	return e
 }
@@ -281,7 +283,7 @@ func (g *Gateway) degradedReadyBody(pingFailed bool) []byte {
 	}
 	if g.lim != nil && g.lim.limiter.Degraded() {
 		n := g.lim.limiter.Replicas()
-		reasons = append(reasons, fmt.Sprintf("shared state (Redis) unreachable: tenant limits are enforced per replica at limit / %d", n))
+		reasons = append(reasons, fmt.Sprintf("shared state (Redis) unreachable: tenant limits are enforced per replica at limit / %d (at least 1)", n))
 		body["limits"] = map[string]any{"mode": "local_share", "replicas": n}
 	}
 	body["reason"] = strings.Join(reasons, "; ")
