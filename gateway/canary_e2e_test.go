@@ -142,6 +142,9 @@ func TestCanaryCutsALeakAndQuarantinesAcrossReplicas(t *testing.T) {
 	if r.status != 502 || decodeError(t, r).Error.Code != "upstream_integrity" || bytes.Contains(r.body, []byte("KVG-")) {
 		t.Fatalf("non-streaming leak: want 502 upstream_integrity, got %d %s", r.status, r.body)
 	}
+	if msg := decodeError(t, r).Error.Message; !strings.Contains(msg, "quarantined") || strings.Contains(msg, "retry") {
+		t.Fatalf("a leak's error must say the path is quarantined, not invite a retry: %q", msg)
+	}
 }
 
 func prefix2url(s *testkit.Sim) string { return s.URL }
