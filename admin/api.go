@@ -136,7 +136,8 @@ func (g *API) backendsList(ctx *fasthttp.RequestCtx) {
 
 // incidents answers GET /admin/incidents, newest first: ?limit= (1 to 10000, default 100),
 // ?since= (RFC 3339, or Unix milliseconds: incidents at or after it) and ?tenant= (incidents
-// whose victim or requester it is). A bad parameter is a 400 naming it.
+// whose victim or requester it is), both over the newest maxIncidentScan incidents. A bad
+// parameter is a 400 naming it.
 func (g *API) incidents(ctx *fasthttp.RequestCtx) {
 	q := ctx.QueryArgs()
 	limit := 100
@@ -167,7 +168,7 @@ func (g *API) incidents(ctx *fasthttp.RequestCtx) {
 	defer cancel()
 	n := limit
 	if filtered {
-		n = 0 // every kept incident (the log is capped), filtered below
+		n = maxIncidentScan // the newest this many, filtered below: a bounded read
 	}
 	list, err := g.Incidents.List(rctx, n)
 	if err != nil {
@@ -186,6 +187,10 @@ func (g *API) incidents(ctx *fasthttp.RequestCtx) {
 	}
 	writeJSON(ctx, 200, map[string]any{"incidents": out})
 }
+
+// maxIncidentScan is how many of the newest incidents a filtered listing reads (the Redis log
+// keeps up to 100,000; reading them all for one request would cost tens of megabytes).
+const maxIncidentScan = 10000
 
 // parseSince reads ?since=: RFC 3339 (with or without fractions), or Unix milliseconds.
 func parseSince(s string) (time.Time, bool) {
