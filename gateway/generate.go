@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/admission"
@@ -44,10 +46,10 @@ type exchange struct {
 	// estimate is the raw tiktoken count when the estimate tier ran (to learn the ratio).
 	estimate int
 	route    *backends.Route
-	// model is the served model the request named ("" with one model); counter counts and
-	// calibrates for it.
-	model   string
-	counter *admission.Counter
+	// servedModel is the configured model the request named ("" with one model: no backend
+	// names one); counter counts and calibrates for it.
+	servedModel string
+	counter     *admission.Counter
 	// echoes are foreign markers the client's own prompt contained (or began).
 	echoes []string
 	// idsUnread: a token-id prompt whose text no engine on the route could give back; short
@@ -71,13 +73,22 @@ type exchange struct {
 	// For the access log: the client's address and the method, read when the request arrived
 	// (fasthttp reuses its RequestCtx); the times from start to the first bytes of a streamed
 	// reply handed to the client and to its first event carrying generated text (ns, 0: none);
-	// the tokens settled (usage: "" when nothing was produced or the tenant has no limits).
+	// the tokens settled (usage: "" when nothing was produced).
 	client, method string
 	firstByte      atomic.Int64
 	firstToken     atomic.Int64
 	usage          string
 	promptTokens   int64
 	outputTokens   int64
+	// model is the metrics' model label (modelLabels): the route's advertised model, set when
+	// the request is forwarded; at finish, the request's own when it names an advertised one.
+	model string
+
+	// Tracing (tracing.go): nil while tracing is off. relayLeg is the span of the engine leg
+	// whose reply is relayed; it ends with the exchange's.
+	traceCtx context.Context
+	span     trace.Span
+	relayLeg trace.Span
 }
 
 // generate is the pipeline for the three generation routes, top to bottom:
@@ -86,11 +97,13 @@ func (g *Gateway) generate(ctx *fasthttp.RequestCtx, kind request.Kind) {
 	x := &exchange{g: g, rid: requestID(ctx), engineRID: newID(), start: time.Now(), kind: kind,
 		client: ctx.RemoteAddr().String(), method: string(ctx.Method())}
 	defer x.recoverPanic(ctx)
+	x.startSpan(ctx)
 	ctx.Response.Header.Set("X-Request-Id", x.rid)
 	if e := x.admit(ctx); e != nil {
 		x.fail(ctx, e)
 		return
 	}
+	x.spanAdmitted()
 	if e := x.reserveLimits(ctx); e != nil { // kvgate limits: 429 after the 413 decision, before any backend
 		x.fail(ctx, e)
 		return
@@ -137,10 +150,10 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 	}
 	x.req = req
 	models := g.modelTab() // one table for the whole decision, whatever a reload does meanwhile
-	if x.model, e = models.resolve(x.kind, req.Model, modelHasField(x.kind)); e != nil {
+	if x.servedModel, e = models.resolve(x.kind, req.Model, modelHasField(x.kind)); e != nil {
 		return e
 	}
-	x.counter = models.counter(x.model)
+	x.counter = models.counter(x.servedModel)
 	if req.StoredContext != "" && !g.pol().AllowStoredContext {
 		return request.StoredContextError(req.StoredContext)
 	}
@@ -150,7 +163,7 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 	if !req.OutputGiven {
 		output = g.pol().DefaultMaxTokens * max(req.N, 1)
 	}
-	routes, err := g.routesFor(x.model)
+	routes, err := g.routesFor(x.servedModel)
 	if err != nil {
 		return routeError(err)
 	}
@@ -201,6 +214,9 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 	x.route = &routes[pick]
 	return nil
 }
+
+// tenantAnonymous is the tenant label of what no key identified.
+const tenantAnonymous = "anonymous"
 
 // reasonCountUnavailable: no path admitted, and some path could not be decided without an exact
 // count that was not available.
@@ -272,6 +288,22 @@ func (x *exchange) finish() {
 	x.settleLimits() // kvgate limits: settle the reservation from what the reply used
 	g := x.g
 	g.metrics.requests.WithLabelValues(x.kind.Path(), strconv.Itoa(x.status)).Inc()
+	if x.model == "" {
+		model := ""
+		if x.req != nil {
+			model = x.req.Model
+		}
+		x.model = g.metrics.models.label(model)
+	}
+	g.metrics.duration.WithLabelValues(x.model, x.kind.Path()).Observe(time.Since(x.start).Seconds())
+	if x.usage != "" {
+		tenant := tenantAnonymous
+		if x.tenant != nil {
+			tenant = x.tenant.Name
+		}
+		g.metrics.tokens.WithLabelValues(tenant, x.model, "input").Add(float64(x.promptTokens))
+		g.metrics.tokens.WithLabelValues(tenant, x.model, "output").Add(float64(x.outputTokens))
+	}
 	if ce := g.access.Check(zap.InfoLevel, "request"); ce != nil {
 		tenant, model := "", ""
 		if x.tenant != nil {
@@ -296,8 +328,12 @@ func (x *exchange) finish() {
 		if d := x.firstToken.Load(); d > 0 {
 			fields = append(fields, zap.Duration("ttft", time.Duration(d)))
 		}
+		if x.span != nil {
+			fields = append(fields, zap.String("trace_id", x.span.SpanContext().TraceID().String()))
+		}
 		ce.Write(fields...)
 	}
+	x.endSpan()
 }
 
 // unifiedRoutes keeps the routes served by one unified engine.
