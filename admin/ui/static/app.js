@@ -60,7 +60,8 @@ function backendRow(b) {
   cell(tr, "role", b.configured_role + (b.role_matches ? "" : " (engine says " + (b.reported_disaggregation_mode || "?") + ")"),
     b.role_matches ? "" : "bad");
   let health = b.usable ? "usable" : "not usable";
-  if (!c) health = "capacity unknown";
+  if (b.quarantined_until) health = "quarantined";
+  else if (!c) health = "capacity unknown";
   if (b.last_error) health += ": " + b.last_error;
   cell(tr, "health", health, b.usable ? "ok" : "bad");
   cell(tr, "context", c ? num(c.max_model_len) : "unknown", "num");
