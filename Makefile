@@ -75,7 +75,7 @@ docker:
 # Tools the deploy/ tests use, built once from the Go module proxy into $(go env GOPATH)/bin
 # (helm: about 3.5 minutes on 2 cores). make test uses them when present; .ci/run installs them
 # first, and in CI (CI=true) the tests fail without them.
-GOBIN_DIR := $(shell $(GO) env GOPATH)/bin
+GOBIN_DIR := $(or $(shell $(GO) env GOBIN),$(shell $(GO) env GOPATH)/bin)
 HELM_VERSION ?= v4.3.2
 PROMTOOL_VERSION ?= v0.316.0
 tools: helm promtool

@@ -141,7 +141,7 @@ func (g *API) login(ctx *fasthttp.RequestCtx) {
 	c.SetExpire(sess.Expires)
 	c.SetHTTPOnly(true)
 	c.SetSameSite(fasthttp.CookieSameSiteStrictMode)
-	c.SetSecure(ctx.IsTLS())
+	c.SetSecure(overTLS(ctx))
 	ctx.Response.Header.SetCookie(c)
 	g.Log.Info("status page: login", zap.String("client_addr", ctx.RemoteIP().String()))
 	ctx.Redirect(uiPrefix, fasthttp.StatusSeeOther)
@@ -158,9 +158,15 @@ func (g *API) logout(ctx *fasthttp.RequestCtx) {
 	c.SetExpire(fasthttp.CookieExpireDelete)
 	c.SetHTTPOnly(true)
 	c.SetSameSite(fasthttp.CookieSameSiteStrictMode)
-	c.SetSecure(ctx.IsTLS())
+	c.SetSecure(overTLS(ctx))
 	ctx.Response.Header.SetCookie(c)
 	writeJSON(ctx, 200, map[string]any{"logged_out": true})
+}
+
+// overTLS: the browser reached us over TLS, here or at a proxy that terminated it and said so in
+// X-Forwarded-Proto. A client can forge that header, but only to make its own cookie Secure.
+func overTLS(ctx *fasthttp.RequestCtx) bool {
+	return ctx.IsTLS() || strings.EqualFold(string(ctx.Request.Header.Peek("X-Forwarded-Proto")), "https")
 }
 
 // session is the request's live session, from its cookie.

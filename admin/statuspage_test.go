@@ -116,6 +116,17 @@ func TestStatusPageSessions(t *testing.T) {
 	}
 }
 
+// Behind a proxy that terminated TLS (X-Forwarded-Proto: https) the cookie is Secure.
+func TestStatusPageCookieSecureBehindTLSProxy(t *testing.T) {
+	gw := testkit.StartGateway(t, testkit.ParseConfig(t, fmt.Sprintf(
+		"backends: [{name: x, url: \"http://127.0.0.1:9\", role: unified}]\nadmin_key_sha256: %q\n", testkit.KeySHA256("k"))))
+	r := do(t, "POST", gw.URL+"/admin/ui/login", strings.NewReader("key=k"),
+		map[string]string{"Content-Type": "application/x-www-form-urlencoded", "X-Forwarded-Proto": "https"})
+	if cs := r.Cookies(); len(cs) != 1 || !cs[0].Secure || !cs[0].HttpOnly || cs[0].SameSite != http.SameSiteStrictMode {
+		t.Fatalf("cookie behind a TLS proxy: %+v", cs)
+	}
+}
+
 // Without an admin key configured nothing opens a session.
 func TestStatusPageWithoutAdminKey(t *testing.T) {
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, "backends: [{name: x, url: \"http://127.0.0.1:9\", role: unified}]\n"))

@@ -150,8 +150,13 @@ func promtoolBinary(t *testing.T) string {
 	if p, err := exec.LookPath("promtool"); err == nil {
 		candidates = append(candidates, p)
 	}
-	if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
-		candidates = append(candidates, filepath.Join(strings.TrimSpace(string(out)), "bin", "promtool"))
+	if out, err := exec.Command("go", "env", "GOBIN", "GOPATH").Output(); err == nil {
+		// go install puts tools in GOBIN when it is set, else in GOPATH/bin.
+		if gobin, gopath, _ := strings.Cut(string(out), "\n"); strings.TrimSpace(gobin) != "" {
+			candidates = append(candidates, filepath.Join(strings.TrimSpace(gobin), "promtool"))
+		} else {
+			candidates = append(candidates, filepath.Join(strings.TrimSpace(gopath), "bin", "promtool"))
+		}
 	}
 	for _, c := range candidates {
 		if _, err := os.Stat(c); err == nil {

@@ -37,8 +37,13 @@ func helmBinary(t *testing.T) string {
 	if p, err := exec.LookPath("helm"); err == nil {
 		candidates = append(candidates, p)
 	}
-	if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
-		candidates = append(candidates, filepath.Join(strings.TrimSpace(string(out)), "bin", "helm"))
+	if out, err := exec.Command("go", "env", "GOBIN", "GOPATH").Output(); err == nil {
+		// go install puts tools in GOBIN when it is set, else in GOPATH/bin.
+		if gobin, gopath, _ := strings.Cut(string(out), "\n"); strings.TrimSpace(gobin) != "" {
+			candidates = append(candidates, filepath.Join(strings.TrimSpace(gobin), "helm"))
+		} else {
+			candidates = append(candidates, filepath.Join(strings.TrimSpace(gopath), "bin", "helm"))
+		}
 	}
 	for _, c := range candidates {
 		if c == "" {
