@@ -125,17 +125,18 @@ func (g *API) Auth(ctx *fasthttp.RequestCtx) bool {
 
 // backendStatus is one row of /admin/backends.
 type backendStatus struct {
-	Name           string             `json:"name"`
-	ConfiguredRole string             `json:"configured_role"`
-	ReportedMode   string             `json:"reported_disaggregation_mode,omitempty"`
-	RoleMatches    bool               `json:"role_matches"`
-	Usable         bool               `json:"usable"`
-	Capacity       *backends.Capacity `json:"capacity,omitempty"`
+	Name             string             `json:"name"`
+	ConfiguredRole   string             `json:"configured_role"`
+	ReportedMode     string             `json:"reported_disaggregation_mode,omitempty"`
+	RoleMatches      bool               `json:"role_matches"`
+	Usable           bool               `json:"usable"`
+	Capacity         *backends.Capacity `json:"capacity,omitempty"`
+	LastError        string             `json:"last_error,omitempty"`
+	QuarantinedUntil *time.Time         `json:"quarantined_until,omitempty"`
+
 	// PoolAlarm: the pool is smaller than the context or the engine's own max_req_input_len
 	// (the leak's precondition); false while capacity is unknown.
-	PoolAlarm        bool       `json:"pool_alarm"`
-	LastError        string     `json:"last_error,omitempty"`
-	QuarantinedUntil *time.Time `json:"quarantined_until,omitempty"`
+	PoolAlarm bool `json:"pool_alarm"`
 }
 
 func describeBackend(set *backends.Set, b *backends.Backend, now time.Time) backendStatus {
