@@ -38,7 +38,7 @@ func StartIncidentScene(t testing.TB) *IncidentScene {
 	fmt.Fprintf(&b, "  - {name: r, key_sha256: %q, rpm: 1}\n", KeySHA256("sk-r"))
 	fmt.Fprintf(&b, "admin_key_sha256: %q\n", KeySHA256(s.AdminKey))
 	b.WriteString("policy: {mode: monitor}\ncapacity: {poll_interval: 200ms}\n")
-	b.WriteString("canary: {enabled: true, secret: test-secret-16-bytes, every_bytes: 48, quarantine_ttl: 10m}\n")
+	b.WriteString("canary: {enabled: true, secret: incident-scene-canary-secret-32-bytes, every_bytes: 48, quarantine_ttl: 10m}\n")
 	s.GW = StartGateway(t, ParseConfig(t, b.String()))
 
 	chat := func(key, body string) (int, string) {
