@@ -88,3 +88,35 @@ func TestReleaseKit(t *testing.T) {
 		t.Errorf("LICENSE is not the Apache-2.0 text (%d bytes)", len(lic))
 	}
 }
+
+// The README's first screen (everything before its first section) fits a screen (40 lines of at
+// most 100 characters), names the two commands, and points at production and the docs.
+func TestReadmeFirstScreen(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _, found := strings.Cut(string(b), "\n## ")
+	if !found {
+		t.Fatal("README has no sections")
+	}
+	lines := strings.Split(first, "\n")
+	if len(lines) > 40 {
+		t.Errorf("the first screen is %d lines", len(lines))
+	}
+	for i, l := range lines {
+		if len([]rune(l)) > 100 {
+			t.Errorf("line %d is %d characters", i+1, len([]rune(l)))
+		}
+	}
+	for _, want := range []string{"make demo", "make test", "deploy/helm/kvgate", "examples/production.yaml", "/admin/ui/", "docs/lab.md", "docs/deploy.md"} {
+		if !strings.Contains(first, want) {
+			t.Errorf("the first screen does not mention %s", want)
+		}
+	}
+	for _, f := range []string{"../docs/lab.md", "../docs/deploy.md", "../examples/production.yaml", "../CHANGELOG.md", "helm/kvgate/Chart.yaml"} {
+		if _, err := os.Stat(f); err != nil {
+			t.Errorf("the README points at %s: %v", f, err)
+		}
+	}
+}
