@@ -315,3 +315,31 @@ func TestStatusPageFilesAndHeaders(t *testing.T) {
 		}
 	}
 }
+
+// During a Redis outage the incident and tenant lists cannot be read (503), and that is exactly
+// when the page is opened: the backends, which the replica reads itself, still show, and the
+// failures are named.
+func TestStatusPageWithRedisDown(t *testing.T) {
+	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	dead := testkit.FreePort(t) // nothing listens there
+	gw := testkit.StartGateway(t, testkit.ParseConfig(t, fmt.Sprintf(
+		"backends: [{name: u0, url: %q, role: unified}]\nadmin_key_sha256: %q\nstate: {redis_url: \"redis://127.0.0.1:%d/0\"}\n",
+		sim.URL, testkit.KeySHA256("the-admin-key"), dead)))
+	ctx := browser(t)
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(gw.URL+"/admin/ui/"),
+		chromedp.WaitVisible(chromedp.CSS("#login form")),
+		chromedp.SendKeys(chromedp.CSS("#key"), "the-admin-key"),
+		chromedp.Submit(chromedp.CSS("#key")),
+		chromedp.WaitVisible(chromedp.CSS(`body[data-loaded="1"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#error")),
+	); err != nil {
+		t.Fatalf("login with Redis down: %v", err)
+	}
+	if got := text(t, ctx, `tr[data-backend="u0"] td[data-field="pool"]`); got != "4,096" {
+		t.Errorf("u0's pool with Redis down: %q", got)
+	}
+	if msg := text(t, ctx, "#error"); !strings.Contains(msg, "incidents") {
+		t.Errorf("the error line does not name the incident list: %q", msg)
+	}
+}

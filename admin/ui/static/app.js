@@ -168,21 +168,31 @@ function showError(e) {
   p.hidden = false;
 }
 
+// Each section loads on its own: with Redis down the incident list fails (503) while the
+// backends, which this replica reads itself, still show.
 async function refresh() {
-  try {
-    const [b, inc, ten, st] = await Promise.all([call("backends"), call("incidents?limit=50"), call("tenants"), call("stats")]);
-    fill("backends", b.backends || [], backendRow);
-    fill("incidents", inc.incidents || [], incidentRow);
-    const settled = sumBy(st.counters.tokens_settled, "tenant");
-    const limited = sumBy(st.counters.rate_limited, "tenant");
-    fill("tenants", ten.tenants || [], (t) => tenantRow(t, settled, limited));
-    fill("refusals", refusalRows(st.counters), refusalRow);
-    document.getElementById("error").hidden = true;
-    document.getElementById("updated").textContent = "updated " + new Date().toISOString().replace("T", " ").replace(/\..*Z$/, "Z");
-    document.body.dataset.loaded = "1";
-  } catch (e) {
-    if (e.message !== "signed out") showError(e);
+  const [b, inc, ten, st] = await Promise.allSettled([call("backends"), call("incidents?limit=50"), call("tenants"), call("stats")]);
+  const errors = [];
+  const ok = (r) => {
+    if (r.status === "fulfilled") return r.value;
+    if (r.reason.message !== "signed out") errors.push(r.reason.message);
+    return null;
+  };
+  const backends = ok(b), incidents = ok(inc), tenants = ok(ten), stats = ok(st);
+  if (backends) fill("backends", backends.backends || [], backendRow);
+  if (incidents) fill("incidents", incidents.incidents || [], incidentRow);
+  const counters = stats ? stats.counters : {};
+  if (tenants) {
+    const settled = sumBy(counters.tokens_settled, "tenant");
+    const limited = sumBy(counters.rate_limited, "tenant");
+    fill("tenants", tenants.tenants || [], (t) => tenantRow(t, settled, limited));
   }
+  if (stats) fill("refusals", refusalRows(counters), refusalRow);
+  const p = document.getElementById("error");
+  p.textContent = errors.join("; ");
+  p.hidden = errors.length === 0;
+  document.getElementById("updated").textContent = "updated " + new Date().toISOString().replace("T", " ").replace(/\..*Z$/, "Z");
+  document.body.dataset.loaded = "1";
 }
 
 async function start() {
