@@ -352,3 +352,20 @@ func TestChartConfigFromExistingSecret(t *testing.T) {
 		}
 	}
 }
+
+// values.schema.json: a misspelt value fails the render and names itself, instead of being
+// ignored (a drain timeout typo would otherwise shorten the grace period silently).
+func TestChartValuesSchemaRefusesTypos(t *testing.T) {
+	bin := helmBinary(t)
+	for set, want := range map[string]string{
+		"drain.timeoutSecond=90":          "timeoutSecond",
+		"serviceMonitor.enable=true":      "enable",
+		"secrets.values.adminKeySHA256=x": "adminKeySHA256",
+		"config.listen=127.0.0.1:9":       "listen",
+	} {
+		out, err := exec.Command(bin, "template", "x", chartDir(t), "--set", set).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), want) {
+			t.Errorf("--set %s: want a schema error naming %s, got %v\n%s", set, want, err, out)
+		}
+	}
+}
