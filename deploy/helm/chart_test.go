@@ -240,15 +240,25 @@ func TestChartRendersAProductionInstall(t *testing.T) {
 			continue
 		}
 		ref := e.ValueFrom
-		if ref == nil || ref.SecretKeyRef == nil || ref.SecretKeyRef.Name != sec.Name {
+		if ref == nil || ref.SecretKeyRef == nil {
+			t.Fatalf("env %s does not come from a Secret: %+v", e.Name, e)
+		}
+		if ref.SecretKeyRef.Name == "engine-keys" { // the values' backendAPIKeys: a Secret of the user's
+			if e.Name != "KVGATE_BACKENDS_PREFILL_0_API_KEY" || ref.SecretKeyRef.Key != "prefill-0" {
+				t.Fatalf("backend key env %+v", e)
+			}
+			env = append(env, e.Name+"=an-engine-key")
+			continue
+		}
+		if ref.SecretKeyRef.Name != sec.Name {
 			t.Fatalf("env %s does not come from the chart's Secret: %+v", e.Name, e)
 		}
 		if v, ok := sec.StringData[ref.SecretKeyRef.Key]; ok {
 			env = append(env, e.Name+"="+v)
 		}
 	}
-	if len(env) != 4 {
-		t.Fatalf("want the canary secret, admin key hash and Redis URL from the Secret, got %v", env)
+	if len(env) != 6 {
+		t.Fatalf("want the listen address, canary secret, admin key hash, Redis URL, tenants and a backend key, got %v", env)
 	}
 	for _, secret := range sec.StringData {
 		if strings.Contains(cm.Data["kvgate.yaml"], secret) {
@@ -261,6 +271,9 @@ func TestChartRendersAProductionInstall(t *testing.T) {
 	}
 	if cfg.Listen != "0.0.0.0:8080" || !cfg.Canary.Enabled || cfg.Canary.Secret == "" || cfg.State.RedisURL == "" || cfg.AdminKeySHA256 == "" {
 		t.Fatalf("config as loaded: listen %s, canary %v, redis %q", cfg.Listen, cfg.Canary.Enabled, cfg.State.RedisURL)
+	}
+	if len(cfg.Tenants) != 1 || cfg.Tenants[0].Name != "acme" || cfg.Tenants[0].RPM != 600 || cfg.Backends[0].APIKey != "an-engine-key" {
+		t.Fatalf("tenants and backend keys from the Secrets: %+v, backend %s key set %v", cfg.Tenants, cfg.Backends[0].Name, cfg.Backends[0].APIKey != "")
 	}
 	var mounted bool
 	for _, v := range pod.Volumes {
@@ -361,6 +374,7 @@ func TestChartValuesSchemaRefusesTypos(t *testing.T) {
 		"drain.timeoutSecond=90":          "timeoutSecond",
 		"serviceMonitor.enable=true":      "enable",
 		"secrets.values.adminKeySHA256=x": "adminKeySHA256",
+		"backendAPIKeys[0].backend=x":     "secretName",
 		"config.listen=127.0.0.1:9":       "listen",
 	} {
 		out, err := exec.Command(bin, "template", "x", chartDir(t), "--set", set).CombinedOutput()
