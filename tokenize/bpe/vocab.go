@@ -11,8 +11,9 @@
 // needs a heap. The result equals ordinary BPE (lowest rank first, leftmost on ties); the tests
 // compare it with a straightforward merge loop and with tiktoken-go.
 //
-// Token ids are ranks: a token made by merging two others has a larger id than both (tiktoken's
-// vocabularies by construction; checked for Hugging Face ones when they are loaded).
+// Token ids are ranks: of the merges possible at a step, BPE applies the one that makes the
+// smallest id, leftmost on ties (tiktoken's ranks; a Hugging Face merge list must be in that
+// order, which FromMerges checks).
 package bpe
 
 import (
@@ -48,7 +49,7 @@ func FromRanks(tokens [][]byte) (*Vocab, error) {
 
 // FromMerges builds a vocabulary with Hugging Face's BPE semantics: only the listed merges
 // happen, a merge's priority being the id of the token it makes (merge lists converted from
-// tiktoken list every split of a token, in rank order; the loader checks the order). wholeWord
+// tiktoken list every split of a token, in rank order; the order is checked). wholeWord
 // is Hugging Face's ignore_merges: a pre-token that is a token counts 1 even when merges could
 // not reach it.
 func FromMerges(tokens [][]byte, merges [][2]uint32, wholeWord bool) (*Vocab, error) {
@@ -59,6 +60,7 @@ func FromMerges(tokens [][]byte, merges [][2]uint32, wholeWord bool) (*Vocab, er
 		}
 	}
 	pairs := make(map[uint64]uint32, len(merges))
+	var lastMade uint32
 	for i, m := range merges {
 		a, b := m[0], m[1]
 		if int(a) >= len(tokens) || int(b) >= len(tokens) || tokens[a] == nil || tokens[b] == nil {
@@ -69,9 +71,12 @@ func FromMerges(tokens [][]byte, merges [][2]uint32, wholeWord bool) (*Vocab, er
 		if !ok {
 			return nil, fmt.Errorf("bpe: merge %d (%q + %q) makes %q, which is not in the vocabulary", i, tokens[a], tokens[b], joined)
 		}
-		if id <= a || id <= b {
-			return nil, fmt.Errorf("bpe: merge %d makes token %d from %d and %d: merged tokens must come after their parts (unsupported vocabulary order)", i, id, a, b)
+		// Counting ranks merges by the id of the token they make: right when the merge list is
+		// in that order (as lists made from tiktoken ranks are), wrong otherwise.
+		if id < lastMade {
+			return nil, fmt.Errorf("bpe: merge %d makes token %d after a merge made token %d: merges not in token order are unsupported", i, id, lastMade)
 		}
+		lastMade = id
 		if _, dup := pairs[pairKey(a, b)]; !dup {
 			pairs[pairKey(a, b)] = id
 		}
@@ -135,7 +140,9 @@ func build(tokens [][]byte, pairs map[uint64]uint32, wholeAll bool) (*Vocab, err
 					continue
 				}
 			}
-			if !v.validPair(left, right) {
+			// Only merges made before this token count (all of them are listed already when
+			// the merges were given).
+			if !v.validPairBelow(left, right, uint32(id)) {
 				continue
 			}
 			v.splitLeft[id], v.splitRight[id] = left, right
@@ -182,7 +189,11 @@ func (v *Vocab) Token(id int) []byte {
 // validPair reports whether BPE can leave token1 directly before token2: no merge across their
 // boundary would happen before both are complete (rust-gems bpe's is_valid_token_pair).
 func (v *Vocab) validPair(token1, token2 uint32) bool {
-	limit := ^uint32(0)
+	return v.validPairBelow(token1, token2, ^uint32(0))
+}
+
+// validPairBelow is validPair considering only merges that make tokens below limit.
+func (v *Vocab) validPairBelow(token1, token2, limit uint32) bool {
 	for {
 		if combined, ok := v.pairs[pairKey(token1, token2)]; ok && combined < limit {
 			return false
