@@ -22,7 +22,6 @@ import (
 	"github.com/ardanlabs/jinja"
 	"golang.org/x/text/unicode/norm"
 
-	"github.com/kvgate/kvgate/tokenize"
 	"github.com/kvgate/kvgate/tokenize/bpe"
 )
 
@@ -34,7 +33,7 @@ const (
 
 // Tokenizer is one model's tokenizer and chat template. Safe for concurrent use.
 type Tokenizer struct {
-	*tokenize.Counter
+	*bpe.Counter
 	template *jinja.Template
 	// BOS and EOS are the strings templates receive as bos_token / eos_token ("" when unset).
 	BOS, EOS string
@@ -144,7 +143,7 @@ func parse(name string, raw, cfgRaw []byte) (*Tokenizer, error) {
 		}
 		added = append(added, a.Content)
 	}
-	t := &Tokenizer{Counter: tokenize.NewCounter("hf/"+name, split, vocab, tokenize.NewSpecialMatcher(added), normalize)}
+	t := &Tokenizer{Counter: bpe.NewCounter("hf/"+name, split, vocab, bpe.NewSpecialMatcher(added), normalize)}
 	if err := t.loadConfig(cfgRaw); err != nil {
 		return nil, err
 	}
