@@ -74,20 +74,63 @@ func (c *Counter) Count(text string, stopAfter int) (int, bool) {
 	return n, true
 }
 
+// Encode returns the tokens of text (their ids and texts, which concatenate to text made valid
+// UTF-8): Count's tokens, for a simulator that must produce them. Added tokens get the ids given
+// to NewSpecialMatcher.
+func (c *Counter) Encode(text string) ([]uint32, []string) {
+	if !utf8.ValidString(text) {
+		text = strings.ToValidUTF8(text, "\uFFFD")
+	}
+	var sc Scratch
+	var ids []uint32
+	var pieces []string
+	for len(text) > 0 {
+		seg, special := text, ""
+		if c.special != nil {
+			var at int
+			at, special = c.special.Find(text)
+			seg, text = text[:at], text[at+len(special):]
+		} else {
+			text = ""
+		}
+		if c.normalize != nil {
+			seg = c.normalize(seg)
+		}
+		for i := 0; i < len(seg); {
+			j := c.split.Next(seg, i)
+			start := len(ids)
+			ids = c.vocab.AppendTokens(ids, seg[i:j], &sc)
+			at := i
+			for _, id := range ids[start:] {
+				n := len(c.vocab.tokens[id])
+				pieces = append(pieces, seg[at:at+n])
+				at += n
+			}
+			i = j
+		}
+		if special != "" {
+			ids = append(ids, c.special.ids[special])
+			pieces = append(pieces, special)
+		}
+	}
+	return ids, pieces
+}
+
 // SpecialMatcher finds added tokens (special tokens such as <|im_start|>) in text: Hugging Face
 // tokenizers cut them out before anything else, leftmost first, longest at a position.
 type SpecialMatcher struct {
 	byFirst [256][]string // tokens by first byte, longest first
 	firsts  []byte        // the first bytes in use ('<' alone for every model we know)
+	ids     map[string]uint32
 }
 
-// NewSpecialMatcher returns a matcher of tokens (nil when there are none).
-func NewSpecialMatcher(tokens []string) *SpecialMatcher {
+// NewSpecialMatcher returns a matcher of tokens (content → id; nil when there are none).
+func NewSpecialMatcher(tokens map[string]uint32) *SpecialMatcher {
 	if len(tokens) == 0 {
 		return nil
 	}
-	m := &SpecialMatcher{}
-	for _, t := range tokens {
+	m := &SpecialMatcher{ids: tokens}
+	for t := range tokens {
 		if t != "" {
 			if m.byFirst[t[0]] == nil {
 				m.firsts = append(m.firsts, t[0])

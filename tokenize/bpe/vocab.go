@@ -240,6 +240,19 @@ func (v *Vocab) Count(piece string, sc *Scratch) int {
 	return v.backtrack(piece, sc)
 }
 
+// AppendTokens appends the ids BPE encodes piece (one pre-token) into (the simulator needs the
+// tokens themselves; counting never builds them).
+func (v *Vocab) AppendTokens(ids []uint32, piece string, sc *Scratch) []uint32 {
+	if piece == "" {
+		return ids
+	}
+	if id, ok := v.whole[piece]; ok {
+		return append(ids, id)
+	}
+	v.backtrack(piece, sc)
+	return append(ids, sc.stack...)
+}
+
 func (v *Vocab) backtrack(piece string, sc *Scratch) int {
 	n := len(piece)
 	words := n/64 + 1

@@ -37,6 +37,10 @@ type Tokenizer struct {
 	template *jinja.Template
 	// BOS and EOS are the strings templates receive as bos_token / eos_token ("" when unset).
 	BOS, EOS string
+	// EncodeAdds is how many special tokens the post-processor adds when text is encoded with
+	// add_special_tokens (what an engine does with a /generate or completions text prompt; a
+	// rendered chat template is encoded without them).
+	EncodeAdds int
 }
 
 type tokenizerJSON struct {
@@ -49,9 +53,10 @@ type tokenizerJSON struct {
 		Normalized bool   `json:"normalized"`
 		Special    bool   `json:"special"`
 	} `json:"added_tokens"`
-	Normalizer   json.RawMessage `json:"normalizer"`
-	PreTokenizer json.RawMessage `json:"pre_tokenizer"`
-	Model        struct {
+	Normalizer    json.RawMessage `json:"normalizer"`
+	PostProcessor json.RawMessage `json:"post_processor"`
+	PreTokenizer  json.RawMessage `json:"pre_tokenizer"`
+	Model         struct {
 		Type                    string            `json:"type"`
 		Dropout                 *float64          `json:"dropout"`
 		UnkToken                *string           `json:"unk_token"`
@@ -133,7 +138,7 @@ func parse(name string, raw, cfgRaw []byte) (*Tokenizer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", TokenizerFile, err)
 	}
-	var added []string
+	added := map[string]uint32{}
 	for _, a := range tj.AddedTokens {
 		if a.LStrip || a.RStrip || a.SingleWord {
 			return nil, fmt.Errorf("%s: added token %q: lstrip, rstrip and single_word are unsupported", TokenizerFile, a.Content)
@@ -141,13 +146,55 @@ func parse(name string, raw, cfgRaw []byte) (*Tokenizer, error) {
 		if a.Normalized && normalize != nil && normalize(a.Content) != a.Content {
 			return nil, fmt.Errorf("%s: added token %q changes under the normalizer (unsupported)", TokenizerFile, a.Content)
 		}
-		added = append(added, a.Content)
+		added[a.Content] = uint32(a.ID)
 	}
-	t := &Tokenizer{Counter: bpe.NewCounter("hf/"+name, split, vocab, bpe.NewSpecialMatcher(added), normalize)}
+	adds, err := postProcessorAdds(tj.PostProcessor)
+	if err != nil {
+		return nil, err
+	}
+	t := &Tokenizer{Counter: bpe.NewCounter("hf/"+name, split, vocab, bpe.NewSpecialMatcher(added), normalize), EncodeAdds: adds}
 	if err := t.loadConfig(cfgRaw); err != nil {
 		return nil, err
 	}
 	return t, nil
+}
+
+// postProcessorAdds counts the special tokens a post-processor adds to one sequence.
+func postProcessorAdds(raw json.RawMessage) (int, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return 0, nil
+	}
+	var p struct {
+		Type       string            `json:"type"`
+		Processors []json.RawMessage `json:"processors"`
+		Single     []map[string]any  `json:"single"`
+	}
+	if err := json.Unmarshal(raw, &p); err != nil {
+		return 0, fmt.Errorf("%s: post_processor: %w", TokenizerFile, err)
+	}
+	switch p.Type {
+	case "ByteLevel":
+		return 0, nil
+	case "TemplateProcessing":
+		n := 0
+		for _, piece := range p.Single {
+			if _, ok := piece["SpecialToken"]; ok {
+				n++
+			}
+		}
+		return n, nil
+	case "Sequence":
+		n := 0
+		for _, sub := range p.Processors {
+			k, err := postProcessorAdds(sub)
+			if err != nil {
+				return 0, err
+			}
+			n += k
+		}
+		return n, nil
+	}
+	return 0, fmt.Errorf("%s: unsupported post_processor type %q", TokenizerFile, p.Type)
 }
 
 func normalizer(raw json.RawMessage) (func(string) string, error) {

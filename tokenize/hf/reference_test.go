@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -90,6 +91,7 @@ type chat struct {
 
 type referenceResult struct {
 	Counts       []int             `json:"counts"`
+	IDs          [][]uint32        `json:"ids"`
 	Renders      []json.RawMessage `json:"renders"`
 	RenderCounts []int             `json:"render_counts"`
 }
@@ -169,6 +171,11 @@ func TestCountsEqualHuggingFace(t *testing.T) {
 				got, complete := tk.Count(text, -1)
 				if got != ref.Counts[i] || !complete {
 					t.Errorf("Count(%.60q…) = %d, %v; @huggingface/tokenizers %d", text, got, complete, ref.Counts[i])
+				}
+				// The tokens themselves (what the simulator generates from) are the reference's too.
+				ids, pieces := tk.Encode(text)
+				if !slices.Equal(ids, ref.IDs[i]) || len(pieces) != len(ids) {
+					t.Errorf("Encode(%.60q…): %d ids differ from @huggingface/tokenizers' %d", text, len(ids), len(ref.IDs[i]))
 				}
 			}
 			for i, c := range chats {

@@ -1,7 +1,7 @@
 // Reference counts and renders for tokenize/hf's tests: Hugging Face's own JavaScript tokenizer
 // (@huggingface/tokenizers) and Jinja (@huggingface/jinja) over a model's tokenizer.json and
 // tokenizer_config.json. Reads {"dir", "texts": [...], "chats": [{messages, tools,
-// add_generation_prompt, kwargs}]} as JSON on stdin, writes {"counts": [...], "renders": [...],
+// add_generation_prompt, kwargs}]} as JSON on stdin, writes {"counts": [...], "ids": [[...], ...], "renders": [...],
 // "render_counts": [...]} (a render that throws gives {"error": message}).
 // Run: node reference.mjs NODE_MODULES_DIR < request.json
 import { readFileSync } from "node:fs";
@@ -22,12 +22,17 @@ const { Template } = await load("@huggingface/jinja");
 const tokenizerJson = JSON.parse(readFileSync(path.join(req.dir, "tokenizer.json"), "utf8"));
 const config = JSON.parse(readFileSync(path.join(req.dir, "tokenizer_config.json"), "utf8"));
 const tok = new Tokenizer(tokenizerJson, config);
-const count = (text) => tok.encode(text, { add_special_tokens: false }).ids.length;
+const encode = (text) => tok.encode(text, { add_special_tokens: false }).ids;
+const count = (text) => encode(text).length;
 const str = (t) => (t == null ? "" : typeof t === "string" ? t : t.content ?? "");
 const template = new Template(config.chat_template);
 
-const out = { counts: [], renders: [], render_counts: [] };
-for (const t of req.texts) out.counts.push(count(t));
+const out = { counts: [], ids: [], renders: [], render_counts: [] };
+for (const t of req.texts) {
+  const ids = encode(t);
+  out.counts.push(ids.length);
+  out.ids.push(ids);
+}
 for (const c of req.chats) {
   try {
     const ctx = { ...(c.kwargs ?? {}), messages: c.messages, add_generation_prompt: c.add_generation_prompt,
