@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -257,5 +258,32 @@ func TestEnvAndFileErrorsTogether(t *testing.T) {
 	_, err := Parse([]byte(minimal+"server: {drain_timeout: -1s}\n"), []string{"KVGATE_LISTN=x", "KVGATE_BIN=/bin/kvgate"})
 	if err == nil || !strings.Contains(err.Error(), "KVGATE_LISTN") || !strings.Contains(err.Error(), "server.drain_timeout") || strings.Contains(err.Error(), "KVGATE_BIN") {
 		t.Fatalf("want both KVGATE_LISTN and server.drain_timeout named (and KVGATE_BIN, a test tool's, not), got %v", err)
+	}
+}
+
+// tokenizer.hf_dir must hold the model's two tokenizer files: a missing directory or file is a
+// configuration error naming the key and the file.
+func TestHFDirNeedsBothFiles(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct{ dir, file string }{
+		{dir + "/nope", "tokenizer.json"}, {dir, "tokenizer.json"},
+	} {
+		_, err := Parse([]byte(minimal+fmt.Sprintf("tokenizer: {hf_dir: %q}\n", c.dir)), nil)
+		if err == nil || !strings.Contains(err.Error(), "tokenizer.hf_dir") || !strings.Contains(err.Error(), c.file) {
+			t.Fatalf("hf_dir %s: err = %v", c.dir, err)
+		}
+	}
+	if err := os.WriteFile(dir+"/tokenizer.json", []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Parse([]byte(minimal+fmt.Sprintf("tokenizer: {hf_dir: %q}\n", dir)), nil); err == nil || !strings.Contains(err.Error(), "tokenizer_config.json") {
+		t.Fatalf("err = %v", err)
+	}
+	if err := os.WriteFile(dir+"/tokenizer_config.json", []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Parse([]byte(minimal+fmt.Sprintf("tokenizer: {hf_dir: %q}\n", dir)), nil)
+	if err != nil || c.Tokenizer.HFDir != dir {
+		t.Fatalf("both files present: %v", err)
 	}
 }

