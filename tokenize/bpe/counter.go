@@ -17,6 +17,9 @@ type Counter struct {
 	special *SpecialMatcher
 	// normalize, when set, rewrites text before it is split (Hugging Face normalizers).
 	normalize func(string) string
+	// scratch holds per-call working memory, the piece cache included (per Counter: cached
+	// counts belong to this vocabulary).
+	scratch sync.Pool
 }
 
 // NewCounter returns a Counter; special (added tokens) and normalize may be nil.
@@ -25,8 +28,6 @@ func NewCounter(name string, split *Splitter, vocab *Vocab, special *SpecialMatc
 }
 
 func (c *Counter) Name() string { return c.name }
-
-var scratchPool = sync.Pool{New: func() any { return new(Scratch) }}
 
 // Count returns the token count of text, or, when that is over stopAfter (>= 0), some count
 // over it and false: counting stops at the first pre-token past the limit. Invalid UTF-8 is
@@ -40,8 +41,11 @@ func (c *Counter) Count(text string, stopAfter int) (int, bool) {
 	if stopAfter < 0 {
 		limit = math.MaxInt
 	}
-	sc := scratchPool.Get().(*Scratch)
-	defer scratchPool.Put(sc)
+	sc, _ := c.scratch.Get().(*Scratch)
+	if sc == nil {
+		sc = new(Scratch)
+	}
+	defer c.scratch.Put(sc)
 	n := 0
 	for len(text) > 0 {
 		seg := text
@@ -59,7 +63,7 @@ func (c *Counter) Count(text string, stopAfter int) (int, bool) {
 		}
 		for i := 0; i < len(seg); {
 			j := c.split.Next(seg, i)
-			n += c.vocab.Count(seg[i:j], sc)
+			n += c.vocab.cachedCount(seg[i:j], sc)
 			if n > limit {
 				return n, false
 			}

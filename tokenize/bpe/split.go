@@ -145,6 +145,26 @@ func contraction(s string, i int) int {
 	return 0
 }
 
+// letters is span(s, j, isLetter) with the ASCII case inline: most of prose.
+func letters(s string, j int) int {
+	for j < len(s) {
+		c := s[j]
+		if c < utf8.RuneSelf {
+			if asciiClass[c]&clLetter == 0 {
+				return j
+			}
+			j++
+			continue
+		}
+		r, n := utf8.DecodeRuneInString(s[j:])
+		if !unicode.IsLetter(r) {
+			return j
+		}
+		j += n
+	}
+	return j
+}
+
 func (sp *Splitter) span(s string, j int, in func(rune) bool) int {
 	for j < len(s) {
 		r, n := runeAt(s, j)
@@ -170,11 +190,11 @@ func (sp *Splitter) Next(s string, i int) int {
 			}
 		}
 		if isLetter(r) {
-			return sp.span(s, i+n, isLetter)
+			return letters(s, i+n)
 		}
 		if isPrefix(r) && i+n < len(s) {
 			if r2, n2 := runeAt(s, i+n); isLetter(r2) {
-				return sp.span(s, i+n+n2, isLetter)
+				return letters(s, i+n+n2)
 			}
 		}
 	}

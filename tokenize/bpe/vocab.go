@@ -18,6 +18,7 @@ package bpe
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"sort"
 )
@@ -33,6 +34,7 @@ type Vocab struct {
 	splitRight []uint32
 	nextPrefix []int32 // the longest reachable token that is a strict prefix of each token, -1 none
 	trie       trie
+	maxLen     int // the longest token's length: a longer pre-token is never one token
 }
 
 // noToken marks an id with no token (vocabularies may have gaps).
@@ -97,6 +99,7 @@ func build(tokens [][]byte, pairs map[uint64]uint32, wholeAll bool) (*Vocab, err
 			return nil, fmt.Errorf("bpe: tokens %d and %d are both %q", prev, id, t)
 		}
 		v.whole[string(t)] = uint32(id)
+		v.maxLen = max(v.maxLen, len(t))
 	}
 	for b := range 256 {
 		if _, ok := v.whole[string([]byte{byte(b)})]; !ok {
@@ -227,6 +230,40 @@ func (v *Vocab) validPairBelow(token1, token2, limit uint32) bool {
 type Scratch struct {
 	stack []uint32
 	bits  []uint64
+	cache *pieceCache
+}
+
+// pieceCache remembers the counts of short pre-tokens: prose repeats its words, and a hit in this
+// small table (L2-resident, no pointers, so it never keeps a text alive) saves a lookup in the
+// vocabulary's large map. Direct-mapped; a collision just replaces the entry.
+type pieceCache [1 << 12]cacheEntry
+
+type cacheEntry struct {
+	a, b uint64 // the piece's bytes, zero-padded to 16
+	meta uint32 // len<<8 | count; 0: empty
+}
+
+// cachedCount is Count through the scratch's piece cache (pieces of 2 to 16 bytes).
+func (v *Vocab) cachedCount(piece string, sc *Scratch) int {
+	if len(piece) <= 1 || len(piece) > 16 {
+		return v.Count(piece, sc)
+	}
+	var buf [16]byte
+	copy(buf[:], piece)
+	a, b := binary.LittleEndian.Uint64(buf[:8]), binary.LittleEndian.Uint64(buf[8:])
+	h := (a*0x9E3779B97F4A7C15 ^ b*0xC2B2AE3D27D4EB4F ^ uint64(len(piece))) >> (64 - 12)
+	if sc.cache == nil {
+		sc.cache = new(pieceCache)
+	}
+	e := &sc.cache[h]
+	if e.a == a && e.b == b && e.meta>>8 == uint32(len(piece)) {
+		return int(e.meta & 0xff)
+	}
+	n := v.Count(piece, sc)
+	if n < 256 {
+		*e = cacheEntry{a: a, b: b, meta: uint32(len(piece))<<8 | uint32(n)}
+	}
+	return n
 }
 
 // Count returns the number of tokens BPE encodes piece (one pre-token) into.
@@ -234,8 +271,10 @@ func (v *Vocab) Count(piece string, sc *Scratch) int {
 	if len(piece) <= 1 {
 		return len(piece)
 	}
-	if _, ok := v.whole[piece]; ok {
-		return 1
+	if len(piece) <= v.maxLen {
+		if _, ok := v.whole[piece]; ok {
+			return 1
+		}
 	}
 	return v.backtrack(piece, sc)
 }
