@@ -14,21 +14,14 @@ import (
 // all installed into .cache/npm by scripts/fetch-hf-tokenizers.sh (.ci/run runs it). Without
 // them a test fails in CI (CI=true) and skips elsewhere, saying what to run.
 
-// RepoRoot is the directory holding go.mod, above the test's working directory.
+// RepoRoot is the module root (ModuleRoot), failing the test when it cannot be found.
 func RepoRoot(t testing.TB) string {
 	t.Helper()
-	wd, err := os.Getwd()
+	root, err := ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for d := wd; ; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			return d
-		}
-		if filepath.Dir(d) == d {
-			t.Fatal("testkit: no go.mod above the test's directory")
-		}
-	}
+	return root
 }
 
 func missing(t testing.TB, msg string) {
