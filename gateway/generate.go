@@ -159,6 +159,11 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 	}
 	x.inject() // before counting: the marker is part of the prompt
 	req.Render()
+	if tpl := models.template(x.servedModel); tpl != nil {
+		if e := req.RenderTemplate(tpl); e != nil {
+			return e
+		}
+	}
 	output := req.Output
 	if !req.OutputGiven {
 		output = g.pol().DefaultMaxTokens * max(req.N, 1)

@@ -21,6 +21,7 @@ import (
 	"github.com/kvgate/kvgate/policy"
 	"github.com/kvgate/kvgate/request"
 	"github.com/kvgate/kvgate/tokenize"
+	"github.com/kvgate/kvgate/tokenize/hf"
 )
 
 type modelTable struct {
@@ -31,8 +32,14 @@ type modelTable struct {
 	// /generate, /encode, /classify): the first one configured.
 	fallback string
 	counters map[string]*admission.Counter
-	aliases  map[string][]string // name → its aliases, for /v1/models
+	// templates: with a tokenizer.hf_dir, the model's own chat template renders its chat prompts
+	// (nil: the generic render).
+	templates map[string]request.ChatTemplate
+	aliases   map[string][]string // name → its aliases, for /v1/models
 }
+
+// template is model's chat template, or nil.
+func (t *modelTable) template(model string) request.ChatTemplate { return t.templates[model] }
 
 // modelTab is the model table in force (Reload swaps it).
 func (g *Gateway) modelTab() *modelTable { return g.models.Load() }
@@ -41,7 +48,8 @@ func (g *Gateway) modelTab() *modelTable { return g.models.Load() }
 func (g *Gateway) pol() *config.Policy { return g.policy.Load() }
 
 func newModelTable(cfg *config.Config, set *backends.Set, ratio *tokenize.SafetyRatio, m *metrics, log *zap.Logger) (*modelTable, error) {
-	t := &modelTable{multi: cfg.MultiModel(), ids: map[string]string{}, counters: map[string]*admission.Counter{}, aliases: map[string][]string{}}
+	t := &modelTable{multi: cfg.MultiModel(), ids: map[string]string{}, counters: map[string]*admission.Counter{},
+		templates: map[string]request.ChatTemplate{}, aliases: map[string][]string{}}
 	names := []string{""}
 	if t.multi {
 		names = cfg.ModelNames()
@@ -57,8 +65,21 @@ func newModelTable(cfg *config.Config, set *backends.Set, ratio *tokenize.Safety
 	for _, name := range names {
 		t.ids[name] = name
 		tk := cfg.ModelTokenizer(name)
-		enc, err := tokenize.NewEncoder(string(tk.Library), tk.Encoding)
-		if err != nil {
+		var (
+			enc tokenize.Encoder
+			err error
+			// hfTok, with tokenizer.hf_dir: the model's own tokenizer and chat template, whose
+			// counts are exact (no engine needs to be asked).
+			hfTok      *hf.Tokenizer
+			encodeAdds int
+		)
+		if tk.HFDir != "" {
+			if hfTok, err = hf.Load(tk.HFDir); err != nil {
+				return nil, fmt.Errorf("tokenizer.hf_dir (model %q): %w", name, err)
+			}
+			enc, encodeAdds = hfTok, hfTok.EncodeAdds
+			t.templates[name] = hfTok
+		} else if enc, err = tokenize.NewEncoder(string(tk.Library), tk.Encoding); err != nil {
 			return nil, fmt.Errorf("building tokenizer (model %q): %w", name, err)
 		}
 		r := ratio // the top-level tokenizer's ratio is shared by every model that uses it
@@ -68,7 +89,7 @@ func newModelTable(cfg *config.Config, set *backends.Set, ratio *tokenize.Safety
 		t.counters[name] = admission.New(admission.Options{Encoder: enc, Ratio: r, Set: set,
 			ExactConcurrency: tk.ExactConcurrency, ExactTimeout: tk.ExactTimeout,
 			SafetyRatio: tk.SafetyRatio, CalibrationRetryMax: tk.CalibrationRetryMax,
-			PollInterval: cfg.Capacity.PollInterval, Log: log,
+			PollInterval: cfg.Capacity.PollInterval, Log: log, LocalExact: hfTok != nil, LocalTextOverhead: encodeAdds,
 			ExactCalls: m.exactCalls, Calibrations: m.calibrations})
 	}
 	return t, nil
