@@ -323,10 +323,10 @@ func TestModelTokenizerInherits(t *testing.T) {
 	}
 }
 
-// examples/fleet.yaml (the README's two-model, discovered, TLS example) loads once its
+// docs/fleet.yaml (the README's two-model, discovered, TLS example) loads once its
 // certificate files exist: a CA and a client certificate made here stand for /etc/kvgate's.
 func TestFleetExampleLoads(t *testing.T) {
-	raw, err := os.ReadFile("../examples/fleet.yaml")
+	raw, err := os.ReadFile("../docs/fleet.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
