@@ -20,6 +20,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	mathbits "math/bits"
 	"sort"
 )
 
@@ -29,7 +30,12 @@ type Vocab struct {
 	// whole maps a token's bytes to its id, for the pre-tokens that are one token.
 	whole map[string]uint32
 	// pairs maps two adjacent tokens to the token BPE merges them into.
-	pairs      map[uint64]uint32
+	pairs map[uint64]uint32
+	// pairFilter is a Bloom filter of pairs' keys: most pairs the compatible-pair check asks
+	// about merge into nothing, and one or two bit tests answer that (never wrongly: a key in
+	// pairs always passes) where a miss in the large map costs a hash probe. Nil while building.
+	pairFilter []uint64
+	pairShift  uint
 	splitLeft  []uint32 // the two tokens BPE merged into each token (itself for single bytes)
 	splitRight []uint32
 	nextPrefix []int32 // the longest reachable token that is a strict prefix of each token, -1 none
@@ -163,6 +169,7 @@ func build(tokens [][]byte, pairs map[uint64]uint32, wholeAll bool) (*Vocab, err
 			delete(v.whole, string(t))
 		}
 	}
+	v.buildPairFilter()
 	v.trie = newTrie(tokens, reachable)
 	v.nextPrefix = make([]int32, n)
 	for id, t := range tokens {
@@ -195,10 +202,45 @@ func (v *Vocab) validPair(token1, token2 uint32) bool {
 	return v.validPairBelow(token1, token2, ^uint32(0))
 }
 
+// buildPairFilter sizes the filter at 16 bits or more per pair, two bits per key: about 1.4%
+// of the keys not in pairs still go to the map.
+func (v *Vocab) buildPairFilter() {
+	bits := uint(1 << 10)
+	for bits < 16*uint(len(v.pairs)) {
+		bits <<= 1
+	}
+	v.pairShift = 64 - uint(mathbits.TrailingZeros(bits)) // bits is a power of two
+	filter := make([]uint64, bits/64)
+	for key := range v.pairs {
+		a, b := v.pairFilterBits(key)
+		filter[a>>6] |= 1 << (a & 63)
+		filter[b>>6] |= 1 << (b & 63)
+	}
+	v.pairFilter = filter
+}
+
+// pairFilterBits are the two filter bits of key, from two independent multiplicative hashes.
+func (v *Vocab) pairFilterBits(key uint64) (uint64, uint64) {
+	return (key * 0x9E3779B97F4A7C15) >> v.pairShift, ((key ^ key>>29) * 0xC2B2AE3D27D4EB4F) >> v.pairShift
+}
+
+// merged returns the token BPE merges token1 and token2 into, if any.
+func (v *Vocab) merged(token1, token2 uint32) (uint32, bool) {
+	key := pairKey(token1, token2)
+	if v.pairFilter != nil {
+		a, b := v.pairFilterBits(key)
+		if v.pairFilter[a>>6]&(1<<(a&63)) == 0 || v.pairFilter[b>>6]&(1<<(b&63)) == 0 {
+			return 0, false
+		}
+	}
+	combined, ok := v.pairs[key]
+	return combined, ok
+}
+
 // validPairBelow is validPair considering only merges that make tokens below limit.
 func (v *Vocab) validPairBelow(token1, token2, limit uint32) bool {
 	for {
-		if combined, ok := v.pairs[pairKey(token1, token2)]; ok && combined < limit {
+		if combined, ok := v.merged(token1, token2); ok && combined < limit {
 			return false
 		}
 		if token1 > token2 {
