@@ -83,7 +83,7 @@ type Gateway struct {
 func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger) (*Gateway, error) {
 	if st == nil {
 		var err error
-		if st, err = state.Open(&config.Config{}, log); err != nil {
+		if st, err = state.Open(&config.Config{Canary: config.Canary{IncidentTTL: cfg.Canary.IncidentTTL}}, log); err != nil {
 			return nil, err
 		}
 	}

@@ -37,7 +37,9 @@ type State struct {
 // a Redis that does not answer is not (the gateway starts degraded and catches up).
 func Open(cfg *config.Config, log *zap.Logger) (*State, error) {
 	if cfg.State.RedisURL == "" {
-		return &State{Incidents: NewMemoryIncidents(10000), Quarantine: NewMemoryQuarantine(), Tenants: NewMemoryTenants()}, nil
+		inc := NewMemoryIncidents(10000)
+		inc.TTL = cfg.Canary.IncidentTTL
+		return &State{Incidents: inc, Quarantine: NewMemoryQuarantine(), Tenants: NewMemoryTenants()}, nil
 	}
 	client, err := NewClient(cfg.State.RedisURL, string(cfg.State.RedisMode))
 	if err != nil {
@@ -47,6 +49,7 @@ func Open(cfg *config.Config, log *zap.Logger) (*State, error) {
 	// rate-limited warnings, not as plain text on stderr.
 	unlog := useRedisLogger(NewRedisLogger(log, 0))
 	inc := NewRedisIncidents(client, cfg.State.KeyPrefix, 100000, 10000)
+	inc.TTL = cfg.Canary.IncidentTTL
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := client.Ping(ctx).Err(); err != nil {
