@@ -77,7 +77,7 @@ type Index struct {
 	head     int
 	used     int64
 	tenantID map[string]uint32
-	names    []string // by id−1
+	names    []string          // by id−1
 	backend  map[string]uint64 // a bit per backend; names past 63 share the last bit
 	evicted  uint64
 }
@@ -279,11 +279,11 @@ func (ix *Index) Stats() Stats {
 type verdict uint8
 
 const (
-	unknown  verdict = iota // no recent prompt holds it
-	common                  // boilerplate
-	ownText                 // the requester sent it too
-	offPath                 // only prompts sent to backends off the reply's path hold it
-	foreign                 // another tenant's prompt on the path: evidence
+	unknown verdict = iota // no recent prompt holds it
+	common                 // boilerplate
+	ownText                // the requester sent it too
+	offPath                // only prompts sent to backends off the reply's path hold it
+	foreign                // another tenant's prompt on the path: evidence
 )
 
 // lookup judges fp for a reply to requester over backends mask; called with mu read-held.

@@ -1,8 +1,8 @@
 package fingerprint
 
 import (
-	"encoding/hex"
 	"encoding/binary"
+	"encoding/hex"
 )
 
 // Match is one foreign fingerprint found in a reply: what an incident keeps instead of text.
