@@ -46,6 +46,7 @@ type exchange struct {
 	route    *backends.Route
 	// echoes are foreign markers the client's own prompt contained (or began).
 	echoes []string
+	fp     printsState // prompt fingerprints (prints.go)
 	// idsUnread: a token-id prompt whose text no engine on the route could give back; short
 	// marker fragments in its reply may be the client's own, so they cut the reply but
 	// quarantine nothing (a whole marker still does; see shortFragment).
@@ -92,6 +93,7 @@ func (g *Gateway) generate(ctx *fasthttp.RequestCtx, kind request.Kind) {
 		return
 	}
 	x.coverTokenIDs()
+	x.notePrompt()
 	g.forward(ctx, x)
 }
 

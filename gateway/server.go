@@ -31,6 +31,7 @@ import (
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
+	"github.com/kvgate/kvgate/fingerprint"
 	"github.com/kvgate/kvgate/internal/panics"
 	"github.com/kvgate/kvgate/policy"
 	"github.com/kvgate/kvgate/reply"
@@ -66,6 +67,9 @@ type Gateway struct {
 	bgMu       sync.Mutex     // guards bgClosed and bg.Add against Shutdown's Wait
 	bgClosed   bool
 	quarantine *state.Quarantines
+	// prints: prompt fingerprints of this replica (prints.go); nil when off.
+	prints     *fingerprint.Index
+	printsWeak prometheus.Counter
 
 	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/limits.go)
 
@@ -125,6 +129,7 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	g.metrics.reg.MustRegister(g.metrics.repliesOverBudget, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_buffered_reply_bytes",
 		Help: "Bytes charged to upstream.max_buffered_bytes now (replies in flight, and finished ones until a collection ran)."},
 		func() float64 { return float64(g.replies.InUse()) }))
+	g.initPrints()
 	g.metricsH = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(g.metrics.reg, promhttp.HandlerOpts{}))
 	prev := set.OnCapacityChange
 	set.OnCapacityChange = func(b *backends.Backend, old, cur *backends.Capacity) {
