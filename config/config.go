@@ -210,6 +210,10 @@ type Fingerprints struct {
 	// CommonTenants: text this many distinct tenants sent is boilerplate, never evidence.
 	// Default 3.
 	CommonTenants int `yaml:"common_tenants"`
+	// ReplicaLocal keeps fingerprints on the replica that forwarded the prompt. Default false:
+	// with Redis state, replicas share them (a stream of keyed hashes, no text), so a leak is
+	// caught whichever replica serves the reply.
+	ReplicaLocal bool `yaml:"replica_local"`
 }
 
 // Capacity configures how engine capacity is read.

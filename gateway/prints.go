@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"context"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -8,6 +10,7 @@ import (
 
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/fingerprint"
+	"github.com/kvgate/kvgate/internal/panics"
 	"github.com/kvgate/kvgate/reply"
 	"github.com/kvgate/kvgate/state"
 )
@@ -36,18 +39,61 @@ func (g *Gateway) initPrints() {
 	g.prints = fingerprint.NewIndex(fingerprint.NewHasher([]byte(c.Secret)), fingerprint.Config{
 		MaxBytes: c.Fingerprints.MaxBytes, TTL: c.DetectWindow,
 		CutMatches: c.Fingerprints.CutMatches, CommonTenants: c.Fingerprints.CommonTenants})
+	if !c.Fingerprints.ReplicaLocal && g.state.Prints != nil {
+		g.printsOut, g.replicaID = make(chan state.PrintsRecord, printsQueue), newID()
+	}
+	g.printsUnshared = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_fingerprint_unshared_total",
+		Help: "Prompt fingerprint records kept on this replica only (the shared stream's queue was full or Redis failed)."})
 	g.printsWeak = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_fingerprint_weak_total",
 		Help: "Replies that carried some of another tenant's recent prompt fingerprints, fewer than canary.fingerprints.cut_matches (counted and logged, no incident)."})
 	stat := func(name, help string, f func(fingerprint.Stats) float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return f(g.prints.Stats()) })
 	}
-	g.metrics.reg.MustRegister(g.printsWeak,
+	g.metrics.reg.MustRegister(g.printsWeak, g.printsUnshared,
 		stat("kvgate_fingerprint_index_bytes", "Bytes accounted to this replica's prompt fingerprint index (capped by canary.fingerprints.max_bytes).",
 			func(s fingerprint.Stats) float64 { return float64(s.Bytes) }),
 		stat("kvgate_fingerprint_index_prompts", "Prompts whose fingerprints this replica keeps.",
 			func(s fingerprint.Stats) float64 { return float64(s.Prompts) }),
 		stat("kvgate_fingerprint_index_evicted", "Prompts forgotten (oldest first, at the cap or past canary.detect_window).",
 			func(s fingerprint.Stats) float64 { return float64(s.Evicted) }))
+}
+
+// printsQueue bounds the records waiting for the shared stream: beyond it a record stays
+// replica-local (counted), never delaying a request.
+const printsQueue = 1024
+
+// runPrints shares this replica's prompt fingerprints and applies every other replica's, until
+// ctx ends (nothing when replica-local).
+func (g *Gateway) runPrints(ctx context.Context) {
+	if g.printsOut == nil {
+		return
+	}
+	shared := g.state.Prints
+	go panics.Loop(ctx, g.log, "prints_publish", time.Second, func(ctx context.Context) {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case rec := <-g.printsOut:
+				pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				if err := shared.Publish(pctx, rec); err != nil {
+					g.printsUnshared.Inc()
+					g.log.Warn("prompt fingerprints not shared (kept on this replica)", zap.Error(err))
+				}
+				cancel()
+			}
+		}
+	})
+	last := ""
+	go panics.Loop(ctx, g.log, "prints_follow", time.Second, func(ctx context.Context) {
+		var err error
+		last, err = shared.Follow(ctx, g.replicaID, last, func(rec state.PrintsRecord) {
+			g.prints.Record(rec.Tenant, rec.Backends, rec.FPs, rec.At)
+		})
+		if err != nil && ctx.Err() == nil {
+			g.log.Warn("shared prompt fingerprints not read (retrying)", zap.Error(err))
+		}
+	})
 }
 
 // notePrompt fingerprints the prompt about to be forwarded along x.route: the index keeps a
@@ -64,7 +110,15 @@ func (x *exchange) notePrompt() {
 	x.fp.text, x.fp.idsText = "", "" // the filter is all this request needs from here
 	fps, own := ix.Hasher().Prompt(text)
 	x.fp.own = own
-	ix.Record(x.tenant.Name, x.route.Backends, fps, time.Now())
+	now := time.Now()
+	if x.g.printsOut != nil {
+		select {
+		case x.g.printsOut <- state.PrintsRecord{Origin: x.g.replicaID, Tenant: x.tenant.Name, Backends: x.route.Backends, At: now, FPs: slices.Clone(fps)}:
+		default:
+			x.g.printsUnshared.Inc()
+		}
+	}
+	ix.Record(x.tenant.Name, x.route.Backends, fps, now)
 }
 
 // textDetector is the reply's fingerprint scanner for the guard (nil: none). A token-id prompt

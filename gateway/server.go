@@ -68,8 +68,11 @@ type Gateway struct {
 	bgClosed   bool
 	quarantine *state.Quarantines
 	// prints: prompt fingerprints of this replica (prints.go); nil when off.
-	prints     *fingerprint.Index
-	printsWeak prometheus.Counter
+	prints         *fingerprint.Index
+	printsWeak     prometheus.Counter
+	printsUnshared prometheus.Counter
+	printsOut      chan state.PrintsRecord // to the shared stream (nil: replica-local)
+	replicaID      string
 
 	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/limits.go)
 
@@ -199,6 +202,7 @@ func (g *Gateway) Run(ctx context.Context) {
 		go panics.Loop(ctx, g.log, "state_sync", time.Second, g.state.Run)
 	}
 	go panics.Loop(ctx, g.log, "limits_sync", time.Second, g.lim.run) // tenant sync, limiter recovery, heartbeat
+	g.runPrints(ctx)
 	panics.Loop(ctx, g.log, "quarantine_sync", time.Second, g.syncLoop)
 }
 

@@ -26,6 +26,8 @@ type State struct {
 	// Limits holds the tenant limit cells shared by replicas; nil for memory state (the
 	// limiter then keeps them itself).
 	Limits *RedisLimits
+	// Prints shares prompt fingerprints between replicas; nil for memory state.
+	Prints *RedisPrints
 	// Run carries background work (the incident flusher); nil for memory state.
 	Run    func(ctx context.Context)
 	client redis.UniversalClient
@@ -57,7 +59,8 @@ func Open(cfg *config.Config, log *zap.Logger) (*State, error) {
 	}
 	return &State{Incidents: inc, Quarantine: NewRedisQuarantine(client, cfg.State.KeyPrefix),
 		Tenants: NewRedisTenants(client, cfg.State.KeyPrefix), Limits: NewRedisLimits(client, cfg.State.KeyPrefix),
-		Degraded: inc.Degraded, Run: inc.Run, client: client, unlog: unlog}, nil
+		Degraded: inc.Degraded, Run: inc.Run, client: client, unlog: unlog,
+		Prints: NewRedisPrints(client, cfg.State.KeyPrefix, cfg.Canary.DetectWindow, 0)}, nil
 }
 
 // Ping asks the shared store for an answer now (nil for memory state): /readyz reports an
