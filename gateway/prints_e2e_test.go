@@ -1,12 +1,15 @@
 package gateway_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/kvgate/kvgate/internal/testkit"
 )
@@ -265,6 +268,7 @@ func TestPromptTextLeakIsCutWithDefaultSettings(t *testing.T) {
 	if leaks < 2*len(paths)-1 || streamedLeaks == 0 {
 		t.Fatalf("only %d of %d trials leaked (%d streamed): the scenario does not reproduce the leak", leaks, 2*len(paths), streamedLeaks)
 	}
+	noVictimTextInRedis(t, prefix, 2*len(paths))
 	avg := float64(streamedBytes) / float64(streamedLeaks)
 	t.Logf("streamed leaks: %d, %.0f bytes of text reached the client on average before the cut", streamedLeaks, avg)
 	if avg > 256 {
@@ -322,5 +326,58 @@ func TestPromptTextLeakAcrossFourReplicas(t *testing.T) {
 				t.Fatalf("4 replicas taking turns caught %d of %d leaking replies (%.0f%%), want ≥ %.0f%%", caught, leaks, 100*rate, 100*mode.want)
 			}
 		})
+	}
+}
+
+// noVictimTextInRedis reads every key the gateway wrote under prefix: no 24-byte run of any
+// warm-up prompt of trials [0, trials) is in any of them, and the incident and fingerprint
+// streams expire.
+func noVictimTextInRedis(t *testing.T, prefix string, trials int) {
+	t.Helper()
+	opt, err := redis.ParseURL(testRedisURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(opt)
+	defer c.Close()
+	ctx := context.Background()
+	keys, err := c.Keys(ctx, prefix+"*").Result()
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("keys under %s: %v %v", prefix, keys, err)
+	}
+	var dump strings.Builder
+	for _, k := range keys {
+		switch typ := c.Type(ctx, k).Val(); typ {
+		case "stream":
+			msgs, _ := c.XRange(ctx, k, "-", "+").Result()
+			for _, m := range msgs {
+				fmt.Fprint(&dump, m.Values)
+			}
+			if ttl := c.PTTL(ctx, k).Val(); ttl <= 0 {
+				t.Errorf("stream %s never expires (PTTL %v)", k, ttl)
+			}
+		case "string":
+			dump.WriteString(c.Get(ctx, k).Val())
+		case "hash":
+			fmt.Fprint(&dump, c.HGetAll(ctx, k).Val())
+		case "set":
+			fmt.Fprint(&dump, c.SMembers(ctx, k).Val())
+		case "zset":
+			fmt.Fprint(&dump, c.ZRange(ctx, k, 0, -1).Val())
+		}
+	}
+	all := dump.String()
+	if !strings.Contains(all, "incident") {
+		t.Fatalf("no incident stream among %v", keys)
+	}
+	for trial := 0; trial < trials; trial++ {
+		for i := 0; i < 6; i++ {
+			p := tenantProse(uint64(trial*100+i), 350)
+			for j := 0; j+24 <= len(p); j += 24 {
+				if strings.Contains(all, p[j:j+24]) {
+					t.Fatalf("Redis holds victim text %q (trial %d, warm-up %d)", p[j:j+24], trial, i)
+				}
+			}
+		}
 	}
 }
