@@ -2,46 +2,46 @@ package fingerprint
 
 import "math/bits"
 
-// Own is every shingle of the requester's own prompt, as a Bloom filter over the rolling hash
-// (10 bits and 3 probes per character: about 1.7% false positives, each of which can only make a
-// foreign fingerprint look like the requester's own, never the reverse). Every shingle, not a
-// sample: a reply quoting the requester's text at any offset must never count as a leak. It lives
-// as long as its request: about 1.25 bytes per prompt character.
+// Own is every shingle of the requester's own prompt, as a blocked Bloom filter over the rolling
+// hash: 3 bits in one 64-bit word per shingle (one memory access), 10 bits of filter per
+// character, about 2% false positives, each of which can only make a foreign fingerprint look
+// like the requester's own, never the reverse. Every shingle, not a sample: a reply quoting the
+// requester's text at any offset must never count as a leak. It lives as long as its request:
+// about 1.25 bytes per prompt byte.
 type Own struct {
 	bits []uint64
-	mask uint64 // len(bits)*64 − 1 (a power of two)
+	mask uint64 // len(bits) − 1 (a power of two)
 }
 
 const ownBitsPerChar = 10
 
 func newOwn(chars int) *Own {
-	n := uint64(64)
-	for n < uint64(chars)*ownBitsPerChar {
+	n := uint64(1)
+	for n*64 < uint64(chars)*ownBitsPerChar {
 		n <<= 1
 	}
-	return &Own{bits: make([]uint64, n/64), mask: n - 1}
+	return &Own{bits: make([]uint64, n), mask: n - 1}
 }
 
-func (o *Own) probes(v uint64) (a, b, c uint64) {
-	// v is a keyed hash modulo 2^61−1: mix it so every probe reads fresh bits.
+// probe is the word and the 3 bits of v.
+func (o *Own) probe(v uint64) (uint64, uint64) {
+	// v is a keyed hash modulo 2^61−1: mix it so every part reads fresh bits.
 	hi, lo := bits.Mul64(v^0x9e3779b97f4a7c15, 0xff51afd7ed558ccd)
 	x := hi ^ lo
-	return x & o.mask, (x >> 21) & o.mask, (x>>42 ^ x<<7) & o.mask
+	return (x >> 18) & o.mask, 1<<(x&63) | 1<<(x>>6&63) | 1<<(x>>12&63)
 }
 
 func (o *Own) add(v uint64) {
-	a, b, c := o.probes(v)
-	o.bits[a/64] |= 1 << (a % 64)
-	o.bits[b/64] |= 1 << (b % 64)
-	o.bits[c/64] |= 1 << (c % 64)
+	w, b := o.probe(v)
+	o.bits[w] |= b
 }
 
 func (o *Own) has(v uint64) bool {
 	if o == nil {
 		return false
 	}
-	a, b, c := o.probes(v)
-	return o.bits[a/64]&(1<<(a%64)) != 0 && o.bits[b/64]&(1<<(b%64)) != 0 && o.bits[c/64]&(1<<(c%64)) != 0
+	w, b := o.probe(v)
+	return o.bits[w]&b == b
 }
 
 // Bytes is the filter's size.
