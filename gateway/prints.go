@@ -75,25 +75,57 @@ func (g *Gateway) runPrints(ctx context.Context) {
 			case <-ctx.Done():
 				return
 			case rec := <-g.printsOut:
-				pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-				if err := shared.Publish(pctx, rec); err != nil {
-					g.printsUnshared.Inc()
-					g.log.Warn("prompt fingerprints not shared (kept on this replica)", zap.Error(err))
-				}
-				cancel()
+				g.publishPrints(ctx, rec, 2*time.Second)
 			}
 		}
 	})
-	last := ""
 	go panics.Loop(ctx, g.log, "prints_follow", time.Second, func(ctx context.Context) {
-		var err error
-		last, err = shared.Follow(ctx, g.replicaID, last, func(rec state.PrintsRecord) {
-			g.prints.Record(rec.Tenant, rec.Backends, rec.FPs, rec.At)
-		})
-		if err != nil && ctx.Err() == nil {
+		g.printsMu.Lock()
+		from := g.printsLast
+		g.printsMu.Unlock()
+		if _, err := shared.Follow(ctx, from, g.applyPrints); err != nil && ctx.Err() == nil {
 			g.log.Warn("shared prompt fingerprints not read (retrying)", zap.Error(err))
 		}
 	})
+}
+
+// publishPrints writes rec to the shared stream within timeout; a failure leaves it local.
+func (g *Gateway) publishPrints(ctx context.Context, rec state.PrintsRecord, timeout time.Duration) {
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := g.state.Prints.Publish(pctx, rec); err != nil {
+		g.printsUnshared.Inc()
+		g.log.Warn("prompt fingerprints not shared (kept on this replica)", zap.Error(err))
+	}
+}
+
+// applyPrints records another replica's prompt once, in stream order (Follow and catchUpPrints
+// both read the stream).
+func (g *Gateway) applyPrints(id string, rec state.PrintsRecord, ok bool) {
+	g.printsMu.Lock()
+	defer g.printsMu.Unlock()
+	if !state.IDLess(g.printsLast, id) {
+		return
+	}
+	g.printsLast = id
+	if ok && rec.Origin != g.replicaID {
+		g.prints.Record(rec.Tenant, rec.Backends, rec.FPs, rec.At)
+	}
+}
+
+// catchUpPrints reads what other replicas published since the follower's last read, so a reply
+// is checked against every prompt forwarded before it (one short Redis read; a failure leaves the
+// follower to catch up).
+func (g *Gateway) catchUpPrints() {
+	if g.printsOut == nil || g.state.Degraded != nil && g.state.Degraded() {
+		return
+	}
+	g.printsMu.Lock()
+	from := g.printsLast
+	g.printsMu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_ = g.state.Prints.CatchUp(ctx, from, g.applyPrints)
 }
 
 // notePrompt fingerprints the prompt about to be forwarded along x.route: the index keeps a
@@ -112,10 +144,17 @@ func (x *exchange) notePrompt() {
 	x.fp.own = own
 	now := time.Now()
 	if x.g.printsOut != nil {
-		select {
-		case x.g.printsOut <- state.PrintsRecord{Origin: x.g.replicaID, Tenant: x.tenant.Name, Backends: x.route.Backends, At: now, FPs: slices.Clone(fps)}:
-		default:
-			x.g.printsUnshared.Inc()
+		rec := state.PrintsRecord{Origin: x.g.replicaID, Tenant: x.tenant.Name, Backends: x.route.Backends, At: now, FPs: slices.Clone(fps)}
+		if x.g.state.Degraded == nil || !x.g.state.Degraded() {
+			// Published before the prompt reaches an engine: its pages cannot be read by
+			// another reply before every replica can know them (one short Redis write).
+			x.g.publishPrints(context.Background(), rec, 100*time.Millisecond)
+		} else {
+			select { // Redis away: queue (bounded), never wait
+			case x.g.printsOut <- rec:
+			default:
+				x.g.printsUnshared.Inc()
+			}
 		}
 	}
 	ix.Record(x.tenant.Name, x.route.Backends, fps, now)
@@ -128,6 +167,7 @@ func (x *exchange) textDetector() reply.TextDetector {
 		return nil
 	}
 	if x.fp.scanner == nil {
+		x.g.catchUpPrints()
 		x.fp.scanner = x.g.prints.NewScanner(x.tenant.Name, x.route.Backends, x.fp.own)
 	}
 	return printsDetector{x}

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/state"
 )
 
 // These tests are issue 18's "done when": the leaking simulator pair behind kvgate with the
@@ -169,8 +170,24 @@ func waitIncident(t *testing.T, url, rid string) (incidentRecord, bool) {
 }
 
 // releaseAll ends the quarantine of the pair and waits until every gateway routes again.
-func releaseAll(t *testing.T, gws []*testkit.Gateway) {
+func releaseAll(t *testing.T, gws []*testkit.Gateway, prefix string) {
 	t.Helper()
+	// The quarantine reaches Redis in the background after the incident: release only once it is
+	// there, or the late write would quarantine the pair again.
+	opt, err := redis.ParseURL(testRedisURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(opt)
+	defer c.Close()
+	keys := state.Keys{Prefix: prefix}
+	deadline := time.Now().Add(5 * time.Second)
+	for c.Exists(context.Background(), keys.QuarantineFlag("p0"), keys.QuarantineFlag("d0")).Val() != 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the quarantine never reached Redis")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	for _, name := range []string{"p0", "d0"} {
 		if a := post(t, gws[0].URL, "/admin/backends/"+name+"/release", "admin-key", ""); a.status != 200 {
 			t.Fatalf("release %s: %d %s", name, a.status, a.body)
@@ -179,9 +196,13 @@ func releaseAll(t *testing.T, gws []*testkit.Gateway) {
 	small := `{"model":"sim","messages":[{"role":"user","content":"hello"}],"max_tokens":1}`
 	for _, gw := range gws {
 		deadline := time.Now().Add(5 * time.Second)
-		for post(t, gw.URL, "/v1/chat/completions", "sk-z", small).status != 200 {
+		for {
+			r := post(t, gw.URL, "/v1/chat/completions", "sk-z", small)
+			if r.status == 200 {
+				break
+			}
 			if time.Now().After(deadline) {
-				t.Fatalf("%s still refuses after the release", gw.URL)
+				t.Fatalf("%s still refuses after the release: %d %s", gw.URL, r.status, r.body)
 			}
 			time.Sleep(30 * time.Millisecond)
 		}
@@ -263,7 +284,7 @@ func TestPromptTextLeakIsCutWithDefaultSettings(t *testing.T) {
 			t.Fatalf("trial %d %s: a whole leaking reply must be a 502 with no text: %d %q", trial, path, r.status, text)
 		}
 		t.Logf("trial %d %s stream=%v: cut by %s after %d bytes of text, %d matches from %d tenants", trial, path, stream, inc.Detector, len(text), inc.Matches, inc.Victims)
-		releaseAll(t, gws)
+		releaseAll(t, gws, prefix)
 	}
 	if leaks < 2*len(paths)-1 || streamedLeaks == 0 {
 		t.Fatalf("only %d of %d trials leaked (%d streamed): the scenario does not reproduce the leak", leaks, 2*len(paths), streamedLeaks)
@@ -314,7 +335,7 @@ func TestPromptTextLeakAcrossFourReplicas(t *testing.T) {
 					streamed++
 					streamedBytes += len(text)
 				}
-				releaseAll(t, gws)
+				releaseAll(t, gws, prefix)
 			}
 			if leaks < trials-1 {
 				t.Fatalf("only %d of %d trials leaked", leaks, trials)

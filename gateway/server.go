@@ -73,6 +73,8 @@ type Gateway struct {
 	printsUnshared prometheus.Counter
 	printsOut      chan state.PrintsRecord // to the shared stream (nil: replica-local)
 	replicaID      string
+	printsMu       sync.Mutex
+	printsLast     string // id of the last shared record applied
 
 	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/limits.go)
 

@@ -64,10 +64,11 @@ func (r *RedisPrints) Publish(ctx context.Context, rec PrintsRecord) error {
 	return nil
 }
 
-// Follow calls apply with every record in the stream (oldest first: a replica that starts
-// catches up with the window) and then every new one as it arrives, until ctx ends. Records
-// from origin itself are skipped. It returns the first Redis error (the caller retries).
-func (r *RedisPrints) Follow(ctx context.Context, origin string, from string, apply func(PrintsRecord)) (last string, err error) {
+// Follow calls apply with every record in the stream after the id from ("": from the start, so
+// a replica that starts catches up with the window) and then every new one as it arrives, until
+// ctx ends. apply gets each entry's id (records of origin itself included: the caller skips
+// them, and uses ids to apply each once). It returns the first Redis error (the caller retries).
+func (r *RedisPrints) Follow(ctx context.Context, from string, apply func(id string, rec PrintsRecord, ok bool)) (last string, err error) {
 	last = from
 	if last == "" {
 		last = "0-0"
@@ -84,13 +85,50 @@ func (r *RedisPrints) Follow(ctx context.Context, origin string, from string, ap
 			for _, m := range s.Messages {
 				last = m.ID
 				rec, ok := decodePrints(m)
-				if ok && rec.Origin != origin {
-					apply(rec)
-				}
+				apply(m.ID, rec, ok)
 			}
 		}
 	}
 	return last, ctx.Err()
+}
+
+// CatchUp calls apply with every record after the id from, without waiting: a reply about to be
+// scanned sees every prompt published before it, whatever Follow's delay.
+func (r *RedisPrints) CatchUp(ctx context.Context, from string, apply func(id string, rec PrintsRecord, ok bool)) error {
+	if from == "" {
+		from = "0-0"
+	}
+	for {
+		msgs, err := r.client.XRangeN(ctx, r.key, "("+from, "+", 256).Result()
+		if err != nil {
+			return err
+		}
+		for _, m := range msgs {
+			from = m.ID
+			rec, ok := decodePrints(m)
+			apply(m.ID, rec, ok)
+		}
+		if len(msgs) < 256 {
+			return nil
+		}
+	}
+}
+
+// IDLess orders two stream ids ("ms-seq"; "" before every id).
+func IDLess(a, b string) bool {
+	if a == "" || b == "" {
+		return a == "" && b != ""
+	}
+	am, as, _ := strings.Cut(a, "-")
+	bm, bs, _ := strings.Cut(b, "-")
+	an, _ := strconv.ParseUint(am, 10, 64)
+	bn, _ := strconv.ParseUint(bm, 10, 64)
+	if an != bn {
+		return an < bn
+	}
+	asq, _ := strconv.ParseUint(as, 10, 64)
+	bsq, _ := strconv.ParseUint(bs, 10, 64)
+	return asq < bsq
 }
 
 func decodePrints(m redis.XMessage) (PrintsRecord, bool) {

@@ -2,6 +2,7 @@ package state_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,7 +26,11 @@ func TestRedisPrintsShareRecords(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, _ = r.Follow(fctx, "B", "", func(rec state.PrintsRecord) { got <- rec })
+		_, _ = r.Follow(fctx, "", func(_ string, rec state.PrintsRecord, ok bool) {
+			if ok && rec.Origin != "B" {
+				got <- rec
+			}
+		})
 	}()
 	defer func() { cancel(); <-done }()
 	wait := func() state.PrintsRecord {
@@ -47,5 +52,21 @@ func TestRedisPrintsShareRecords(t *testing.T) {
 	_ = r.Publish(ctx, state.PrintsRecord{Origin: "C", Tenant: "carol", FPs: []uint64{8}})
 	if rec := wait(); rec.Tenant != "carol" {
 		t.Fatalf("want carol's record after skipping B's own, got %+v", rec)
+	}
+	// CatchUp reads what is there after an id at once, in order.
+	var tenants []string
+	var ids []string
+	if err := r.CatchUp(ctx, "", func(id string, rec state.PrintsRecord, ok bool) {
+		tenants, ids = append(tenants, rec.Tenant), append(ids, id)
+	}); err != nil || strings.Join(tenants, ",") != "alice,bob,carol" {
+		t.Fatalf("CatchUp from the start: %v %v", tenants, err)
+	}
+	tenants = nil
+	if err := r.CatchUp(ctx, ids[0], func(_ string, rec state.PrintsRecord, _ bool) { tenants = append(tenants, rec.Tenant) }); err != nil ||
+		strings.Join(tenants, ",") != "bob,carol" {
+		t.Fatalf("CatchUp after the first: %v %v", tenants, err)
+	}
+	if !state.IDLess("", ids[0]) || !state.IDLess(ids[0], ids[1]) || state.IDLess(ids[2], ids[1]) || !state.IDLess("9-1", "10-0") || !state.IDLess("10-2", "10-10") {
+		t.Fatal("IDLess order wrong")
 	}
 }
