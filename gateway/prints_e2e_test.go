@@ -402,3 +402,28 @@ func noVictimTextInRedis(t *testing.T, prefix string, trials int) {
 		}
 	}
 }
+
+// Context around a marker hit is kept only when asked for (canary.incident_context), redacted.
+func TestIncidentContextOnlyWhenAsked(t *testing.T) {
+	for _, optIn := range []bool{false, true} {
+		prefill, decode := leakPair(t, "3")
+		prefix := uniquePrefix(t)
+		extra := ", every_bytes: 48, fingerprints: {off: true}"
+		if optIn {
+			extra += ", incident_context: true"
+		}
+		gw := testkit.StartGateway(t, testkit.ParseConfig(t, printsYAML(prefix, "monitor", 40, extra,
+			[3]string{"p0", prefill.URL, "prefill"}, [3]string{"d0", decode.URL, "decode"})))
+		r, leaked, _, integrity := leakTrial(t, []*testkit.Gateway{gw}, gw, decode, 0, "/v1/chat/completions", true)
+		if !leaked || !integrity {
+			t.Fatalf("incident_context=%v: the marker leak was not reproduced and cut (leaked %v, cut %v)", optIn, leaked, integrity)
+		}
+		inc, ok := waitIncident(t, gw.URL, r.header.Get("X-Request-Id"))
+		if !ok || inc.Detector != "marker" {
+			t.Fatalf("incident_context=%v: want a marker incident, got %+v (found %v)", optIn, inc, ok)
+		}
+		if optIn != (inc.Context != "") || strings.Contains(inc.Context, "KVG-") || len(inc.Context) > 220 {
+			t.Fatalf("incident_context=%v: context %q", optIn, inc.Context)
+		}
+	}
+}
