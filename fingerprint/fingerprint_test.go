@@ -189,3 +189,38 @@ func TestFingerprintsAreKeyed(t *testing.T) {
 		t.Fatalf("%d fingerprints for %d characters: sampling too sparse", len(a), len(text))
 	}
 }
+
+// The winnower reports exactly the minimum (rightmost on ties) of every full window, each
+// position once, as a direct computation does; small values make ties common.
+func TestWinnowerMatchesDirectMinima(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for trial := 0; trial < 200; trial++ {
+		n := Window + rng.IntN(200)
+		vals := make([]uint64, n)
+		for i := range vals {
+			vals[i] = uint64(rng.IntN(8))
+		}
+		var want []int
+		for end := Window - 1; end < n; end++ {
+			best := end - Window + 1
+			for j := best; j <= end; j++ {
+				if vals[j] <= vals[best] {
+					best = j
+				}
+			}
+			if len(want) == 0 || want[len(want)-1] != best {
+				want = append(want, best)
+			}
+		}
+		w := newWinnower()
+		var got []int
+		for _, v := range vals {
+			if _, ok := w.push(v); ok {
+				got = append(got, w.last)
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("trial %d: kept positions %v, want %v", trial, got, want)
+		}
+	}
+}

@@ -13,7 +13,7 @@ import (
 // (normalised characters) that always yields a common fingerprint.
 const (
 	Shingle    = 24
-	Window     = 16
+	Window     = 16 // a power of two (winnower masks indices)
 	Guaranteed = Shingle + Window - 1
 )
 
@@ -164,7 +164,7 @@ func (h *Hasher) Sample(dst []uint64, text string) []uint64 {
 	})
 	if w.n > 0 && w.n < Window {
 		// Text shorter than one window: its smallest shingle stands for it.
-		dst = append(dst, h.final(w.vals[w.head]))
+		dst = append(dst, h.final(w.min()))
 	}
 	return dst
 }
@@ -172,14 +172,17 @@ func (h *Hasher) Sample(dst []uint64, text string) []uint64 {
 // winnower keeps the minimum of the last Window values (the rightmost on ties), reporting each
 // newly kept one once.
 type winnower struct {
-	// a monotonic queue of (value, position), values increasing from the front
+	// a monotonic queue of (value, position), values increasing from the front; indices are
+	// taken modulo Window (a power of two) by masking
 	vals [Window]uint64
 	pos  [Window]int
-	head int
-	size int
+	head uint
+	size uint
 	n    int // values pushed
 	last int // position of the last reported minimum
 }
+
+const windowMask = Window - 1
 
 func newWinnower() *winnower { return &winnower{last: -1} }
 
@@ -187,27 +190,26 @@ func (w *winnower) push(v uint64) (uint64, bool) {
 	i := w.n
 	w.n++
 	// Drop from the front what leaves the window with v's arrival.
-	for w.size > 0 && w.pos[w.head] <= i-Window {
-		w.head = (w.head + 1) % Window
+	if w.size > 0 && w.pos[w.head&windowMask] <= i-Window {
+		w.head++
 		w.size--
 	}
 	// Drop from the back every value not smaller than v: v is later and at most as large.
-	for w.size > 0 {
-		b := (w.head + w.size - 1) % Window
-		if w.vals[b] < v {
-			break
-		}
+	for w.size > 0 && w.vals[(w.head+w.size-1)&windowMask] >= v {
 		w.size--
 	}
-	b := (w.head + w.size) % Window
+	b := (w.head + w.size) & windowMask
 	w.vals[b], w.pos[b] = v, i
 	w.size++
 	if w.n < Window {
 		return 0, false // the first window is not full yet (a shorter text: see Sample)
 	}
-	if p := w.pos[w.head]; p != w.last {
+	if p := w.pos[w.head&windowMask]; p != w.last {
 		w.last = p
-		return w.vals[w.head], true
+		return w.vals[w.head&windowMask], true
 	}
 	return 0, false
 }
+
+// min is the smallest value pushed in the current window.
+func (w *winnower) min() uint64 { return w.vals[w.head&windowMask] }

@@ -61,7 +61,7 @@ func (h *Hasher) Prompt(text string) (fps []uint64, own *Own) {
 		}
 	})
 	if w.n > 0 && w.n < Window {
-		fps = append(fps, h.final(w.vals[w.head]))
+		fps = append(fps, h.final(w.min()))
 	}
 	return fps, own
 }
