@@ -94,9 +94,19 @@ func (g *Gateway) publishPrints(ctx context.Context, rec state.PrintsRecord, tim
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if err := g.state.Prints.Publish(pctx, rec); err != nil {
+		g.printsFailedAt.Store(time.Now().UnixNano())
 		g.printsUnshared.Inc()
 		g.log.Warn("prompt fingerprints not shared (kept on this replica)", zap.Error(err))
+		return
 	}
+	g.printsFailedAt.Store(0)
+}
+
+// printsFailing says a publish failed in the last second (and none succeeded since): requests
+// then queue their records instead of waiting for Redis.
+func (g *Gateway) printsFailing() bool {
+	at := g.printsFailedAt.Load()
+	return at != 0 && time.Since(time.Unix(0, at)) < time.Second
 }
 
 // applyPrints records another replica's prompt once, in stream order (Follow and catchUpPrints
@@ -117,7 +127,7 @@ func (g *Gateway) applyPrints(id string, rec state.PrintsRecord, ok bool) {
 // is checked against every prompt forwarded before it (one short Redis read; a failure leaves the
 // follower to catch up).
 func (g *Gateway) catchUpPrints() {
-	if g.printsOut == nil || g.state.Degraded != nil && g.state.Degraded() {
+	if g.printsOut == nil || g.printsFailing() {
 		return
 	}
 	g.printsMu.Lock()
@@ -131,21 +141,21 @@ func (g *Gateway) catchUpPrints() {
 // notePrompt fingerprints the prompt about to be forwarded along x.route: the index keeps a
 // sample for other tenants' replies, and the filter of all of it serves this reply.
 func (x *exchange) notePrompt() {
-	ix := x.g.prints
-	if ix == nil || x.route == nil || x.tenant == nil {
-		return
-	}
 	text := x.fp.text
 	if x.fp.idsText != "" {
 		text += "\n" + x.fp.idsText
 	}
 	x.fp.text, x.fp.idsText = "", "" // the filter is all this request needs from here
+	ix := x.g.prints
+	if ix == nil || x.route == nil || x.tenant == nil {
+		return
+	}
 	fps, own := ix.Hasher().Prompt(text)
 	x.fp.own = own
 	now := time.Now()
 	if x.g.printsOut != nil {
 		rec := state.PrintsRecord{Origin: x.g.replicaID, Tenant: x.tenant.Name, Backends: x.route.Backends, At: now, FPs: slices.Clone(fps)}
-		if x.g.state.Degraded == nil || !x.g.state.Degraded() {
+		if !x.g.printsFailing() {
 			// Published before the prompt reaches an engine: its pages cannot be read by
 			// another reply before every replica can know them (one short Redis write).
 			x.g.publishPrints(context.Background(), rec, 100*time.Millisecond)

@@ -74,7 +74,8 @@ type Gateway struct {
 	printsOut      chan state.PrintsRecord // to the shared stream (nil: replica-local)
 	replicaID      string
 	printsMu       sync.Mutex
-	printsLast     string // id of the last shared record applied
+	printsLast     string       // id of the last shared record applied
+	printsFailedAt atomic.Int64 // unix ns of the last failed publish (0: the last one worked)
 
 	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/limits.go)
 
