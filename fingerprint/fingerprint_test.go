@@ -224,3 +224,20 @@ func TestWinnowerMatchesDirectMinima(t *testing.T) {
 		}
 	}
 }
+
+// A reply is hashed up to MaxScanBytes of its text: a long one costs bounded work and memory.
+func TestScannerReadsAtMostMaxScanBytes(t *testing.T) {
+	now := time.Unix(1e9, 0)
+	ix := newTestIndex(Config{CutMatches: 1})
+	victim := words(40, 300)
+	keep(ix, "a", []string{"u0"}, victim, now)
+	filler := strings.Repeat("x", MaxScanBytes-10)
+	sc := ix.NewScanner("b", []string{"u0"}, nil)
+	if sc.Feed(filler) || sc.Feed(" "+victim) {
+		t.Fatal("text past MaxScanBytes was scanned")
+	}
+	sc = ix.NewScanner("b", []string{"u0"}, nil)
+	if sc.Feed(filler[:1<<20]) || !sc.Feed(" "+victim) {
+		t.Fatal("text within MaxScanBytes was not scanned")
+	}
+}

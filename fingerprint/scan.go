@@ -16,6 +16,14 @@ type Match struct {
 // maxKeptMatches bounds what a Scanner keeps for the incident.
 const maxKeptMatches = 16
 
+// MaxScanBytes is how much of a reply's text a Scanner reads: a leak of stale pages shows at the
+// start of what the engine generates, and hashing costs about 50 ns per byte, so a 60 MB reply
+// is not hashed whole (the marker scanners still read all of it).
+const MaxScanBytes = 4 << 20
+
+// lookupBatch bounds the shingles waiting for one index lookup (memory per Feed call).
+const lookupBatch = 4096
+
 // Scanner hashes one reply's text as it streams and counts the fingerprints that are another
 // tenant's recent prompt text. Not safe for concurrent use (one per reply).
 type Scanner struct {
@@ -52,18 +60,32 @@ func (s *Scanner) Feed(text string) bool {
 	if s.leak {
 		return true
 	}
+	if s.offset >= MaxScanBytes {
+		return false
+	}
+	text = text[:min(len(text), MaxScanBytes-s.offset)]
 	s.pending = s.pending[:0]
 	s.r.feed(text, s.offset, func(v uint64, end int) {
-		if !s.own.has(v) {
+		if !s.own.has(v) && !s.leak {
 			s.pending = append(s.pending, shingle{v, end})
+			if len(s.pending) == lookupBatch {
+				s.lookup()
+				s.pending = s.pending[:0]
+			}
 		}
 	})
 	s.offset += len(text)
-	if len(s.pending) == 0 {
-		return false
+	if len(s.pending) > 0 {
+		s.lookup()
 	}
+	return s.leak
+}
+
+// lookup checks the pending shingles against the index.
+func (s *Scanner) lookup() {
 	ix := s.ix
 	ix.mu.RLock()
+	defer ix.mu.RUnlock()
 	for _, sh := range s.pending {
 		fp := ix.h.final(sh.v)
 		if _, dup := s.seen[fp]; dup {
@@ -85,11 +107,9 @@ func (s *Scanner) Feed(text string) bool {
 		}
 		if len(s.seen) >= ix.cfg.CutMatches {
 			s.leak = true
-			break
+			return
 		}
 	}
-	ix.mu.RUnlock()
-	return s.leak
 }
 
 // Leak says the reply carried enough foreign fingerprints to be cut.
