@@ -54,7 +54,7 @@ func printsYAML(prefix, mode string, tenants int, extra string, backends ...[3]s
 	fmt.Fprintf(&b, "admin_key_sha256: %q\n", testkit.KeySHA256("admin-key"))
 	fmt.Fprintf(&b, "policy: {mode: %s}\n", mode)
 	b.WriteString("capacity: {poll_interval: 200ms}\n")
-	b.WriteString("canary: {enabled: true, secret: test-secret-16-bytes" + extra + "}\n")
+	b.WriteString("canary: {enabled: true, secret: test-secret-of-at-least-32-bytes" + extra + "}\n")
 	fmt.Fprintf(&b, "state: {redis_url: %q, key_prefix: %q}\n", testRedisURL(), prefix)
 	return b.String()
 }
