@@ -53,7 +53,7 @@ func TestSharedBoilerplateRaisesNoIncident(t *testing.T) {
 				body = genBody(path, prompt, 200, stream)
 			}
 			r := post(t, gw.URL, path, fmt.Sprintf("sk-t%d", i), body)
-			text, integrity := replyText(r)
+			text, integrity := replyText(r, path)
 			if r.status != 200 || integrity {
 				t.Fatalf("tenant t%d %s stream=%v: %d, cut=%v: %.300s", i, path, stream, r.status, integrity, r.body)
 			}
