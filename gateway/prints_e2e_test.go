@@ -303,7 +303,7 @@ func TestPromptTextLeakIsCutWithDefaultSettings(t *testing.T) {
 // Four replicas taking turns, one Redis. With shared fingerprints (the default) at least 95% of
 // leaking replies are caught. Replica-local fingerprints are measured too: in this scenario
 // (the simulator's LIFO allocator, one warm-up at a time) a leaking reply quotes the last
-// prompt's pages only, so a replica catches it when it forwarded that prompt.
+// prompt's pages mostly, so a replica catches it mainly when it forwarded that prompt.
 func TestPromptTextLeakAcrossFourReplicas(t *testing.T) {
 	for _, mode := range []struct {
 		name, extra string
