@@ -397,6 +397,32 @@ type Canary struct {
 	Placement Placement `yaml:"placement"`
 	// QuarantineTTL is how long a backend that leaked stays out of rotation. Default 15m.
 	QuarantineTTL time.Duration `yaml:"quarantine_ttl"`
+	// IncidentContext keeps up to 200 bytes of reply text around a marker hit in the incident
+	// (markers redacted). Default false: incidents hold tenants, hashes, offsets and lengths only,
+	// since the record of a leak would otherwise be a copy of the leaked text.
+	IncidentContext bool `yaml:"incident_context"`
+	// IncidentTTL is how long incidents are kept (memory and Redis). Default 168h.
+	IncidentTTL time.Duration `yaml:"incident_ttl"`
+	// Fingerprints detects another tenant's prompt text in a reply (package fingerprint).
+	Fingerprints Fingerprints `yaml:"fingerprints"`
+}
+
+// Fingerprints configures prompt-text leak detection; on whenever canaries are, unless Off.
+type Fingerprints struct {
+	// Off turns prompt fingerprints off (markers still work).
+	Off bool `yaml:"off"`
+	// MaxBytes caps this replica's fingerprint index; the oldest prompts go first. Default 64 MiB.
+	MaxBytes int64 `yaml:"max_bytes"`
+	// CutMatches distinct foreign fingerprints in a reply are a leak (cut, incident,
+	// quarantine); fewer are counted only. Default 3.
+	CutMatches int `yaml:"cut_matches"`
+	// CommonTenants: text this many distinct tenants sent is boilerplate, never evidence.
+	// Default 3.
+	CommonTenants int `yaml:"common_tenants"`
+	// ReplicaLocal keeps fingerprints on the replica that forwarded the prompt. Default false:
+	// with Redis state, replicas share them (a stream of keyed hashes, no text), so a leak is
+	// caught whichever replica serves the reply.
+	ReplicaLocal bool `yaml:"replica_local"`
 }
 
 // Capacity configures how engine capacity is read.
@@ -575,6 +601,18 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Canary.QuarantineTTL == 0 {
 		c.Canary.QuarantineTTL = 15 * time.Minute
+	}
+	if c.Canary.IncidentTTL == 0 {
+		c.Canary.IncidentTTL = 168 * time.Hour
+	}
+	if c.Canary.Fingerprints.MaxBytes == 0 {
+		c.Canary.Fingerprints.MaxBytes = 64 << 20
+	}
+	if c.Canary.Fingerprints.CutMatches == 0 {
+		c.Canary.Fingerprints.CutMatches = 3
+	}
+	if c.Canary.Fingerprints.CommonTenants == 0 {
+		c.Canary.Fingerprints.CommonTenants = 3
 	}
 	if c.Capacity.PollInterval == 0 {
 		c.Capacity.PollInterval = 2 * time.Second
@@ -772,6 +810,15 @@ func (c *Config) Validate() error {
 		bad("canary.every_bytes", "must be ≥ 0 (0 = once), got %d", c.Canary.EveryBytes)
 	}
 	oneOf("canary.placement", string(c.Canary.Placement), string(PlacementSystemEnd), string(PlacementPrefix))
+	if f := c.Canary.Fingerprints; f.MaxBytes < 1<<20 {
+		bad("canary.fingerprints.max_bytes", "must be at least 1048576 (1 MiB), got %d", f.MaxBytes)
+	}
+	if f := c.Canary.Fingerprints; f.CutMatches < 1 || f.CutMatches > 1000 {
+		bad("canary.fingerprints.cut_matches", "must be 1 to 1000, got %d", f.CutMatches)
+	}
+	if f := c.Canary.Fingerprints; f.CommonTenants < 2 || f.CommonTenants > 1000 {
+		bad("canary.fingerprints.common_tenants", "must be 2 to 1000 (text that many tenants sent is boilerplate), got %d", f.CommonTenants)
+	}
 	if c.Canary.DetectWindow < c.Canary.Epoch {
 		bad("canary.detect_window", "must be ≥ canary.epoch (%s), got %s", c.Canary.Epoch, c.Canary.DetectWindow)
 	}
@@ -809,7 +856,7 @@ func (c *Config) Validate() error {
 		{"upstream.idle_timeout", c.Upstream.IdleTimeout}, {"tokenizer.exact_timeout", c.Tokenizer.ExactTimeout},
 		{"tokenizer.calibration_retry_max", c.Tokenizer.CalibrationRetryMax},
 		{"canary.epoch", c.Canary.Epoch}, {"canary.detect_window", c.Canary.DetectWindow},
-		{"canary.quarantine_ttl", c.Canary.QuarantineTTL},
+		{"canary.quarantine_ttl", c.Canary.QuarantineTTL}, {"canary.incident_ttl", c.Canary.IncidentTTL},
 		{"server.header_timeout", c.Server.HeaderTimeout}, {"server.read_timeout", c.Server.ReadTimeout},
 		{"server.idle_timeout", c.Server.IdleTimeout},
 	} {

@@ -38,6 +38,11 @@ func TestParseDefaults(t *testing.T) {
 		c.Server.MetricsAuth != MetricsAuthNone || c.Server.MetricsListen != "" {
 		t.Fatalf("defaults not applied: %+v", c)
 	}
+	// Prompt fingerprints are on with canaries, incidents hold no text and expire.
+	if f := c.Canary.Fingerprints; f.Off || f.MaxBytes != 64<<20 || f.CutMatches != 3 || f.CommonTenants != 3 ||
+		c.Canary.IncidentContext || c.Canary.IncidentTTL != 168*time.Hour {
+		t.Fatalf("canary defaults not applied: %+v", c.Canary)
+	}
 }
 
 func TestEnvOverrides(t *testing.T) {
@@ -119,6 +124,11 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"short canary secret", minimal + "canary: {enabled: true, secret: " + strings.Repeat("s", 31) + "}\n", "", "canary.secret: must be at least 32 bytes, got 31"},
 		{"short canary secret while off", minimal + "canary: {secret: short}\n", "", "canary.secret"},
 		{"short canary secret from env", minimal + "canary: {enabled: true}\n", "KVGATE_CANARY_SECRET=abc", "canary.secret"},
+		{"tiny fingerprint index", minimal + "canary: {fingerprints: {max_bytes: 1000}}\n", "", "canary.fingerprints.max_bytes"},
+		{"negative cut matches", minimal + "canary: {fingerprints: {cut_matches: -1}}\n", "", "canary.fingerprints.cut_matches"},
+		{"one tenant is not boilerplate", minimal + "canary: {fingerprints: {common_tenants: 1}}\n", "", "canary.fingerprints.common_tenants"},
+		{"negative incident ttl", minimal + "canary: {incident_ttl: -1h}\n", "", "canary.incident_ttl"},
+		{"bad incident ttl from env", minimal, "KVGATE_CANARY_INCIDENT_TTL=forever", "KVGATE_CANARY_INCIDENT_TTL"},
 		{"negative drain delay", minimal + "server: {drain_delay: -1s}\n", "", "server.drain_delay"},
 		{"negative drain timeout", minimal + "server: {drain_timeout: -5s}\n", "", "server.drain_timeout"},
 		{"negative drain timeout from env", minimal, "KVGATE_SERVER_DRAIN_TIMEOUT=-1s", "server.drain_timeout"},

@@ -61,6 +61,7 @@ func (x *exchange) coverTokenIDs() {
 	if all.Len() == 0 {
 		return
 	}
+	x.fp.idsText = all.String()
 	x.echoes = mergeEchoes(x.echoes, g.keyring.FindMarkerFragments(all.String()))
 }
 

@@ -26,7 +26,8 @@ func (x *exchange) inject() {
 	req := x.req
 	// Fragments count too: a reply repeating the 8 characters of a marker that the client sent
 	// is the client's own text (FindMarkerFragments finds whole markers as well).
-	x.echoes = g.keyring.FindMarkerFragments(req.OwnText())
+	x.fp.text = req.OwnText()
+	x.echoes = g.keyring.FindMarkerFragments(x.fp.text)
 	if !req.Kind.Generates() {
 		return // no text comes back to carry a marker; replies are still scanned
 	}
@@ -49,13 +50,24 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 	if x.route != nil {
 		names = x.route.Backends
 	}
-	inc := state.Incident{Time: time.Now().UTC(), Kind: kind, RequestID: x.rid, Victim: h.Victim,
-		Requester: x.tenant.Name, Backends: names, Epoch: h.Epoch, Context: h.Context}
+	inc := state.Incident{Time: time.Now().UTC(), Kind: kind, Detector: state.DetectorMarker, RequestID: x.rid, Victim: h.Victim,
+		Requester: x.tenant.Name, Backends: names, Epoch: h.Epoch}
+	if g.cfg.Canary.IncidentContext {
+		inc.Context = h.Context // opt-in: text around the hit, markers redacted
+	}
+	printed := kind == state.KindLeak && x.printsEvidence(&inc, h)
 	g.metrics.incidents.WithLabelValues(kind).Inc()
 	// A short fragment in the reply to a token-id prompt whose text could not be read may be the
 	// client's own: the reply is cut and the incident kept, but nothing is quarantined on it.
-	quarantine := kind == state.KindLeak && !(x.idsUnread && shortFragment(h.Marker))
-	if kind == state.KindLeak && !quarantine {
+	quarantine := kind == state.KindLeak && (printed || !(x.idsUnread && shortFragment(h.Marker)))
+	if printed {
+		g.log.Error("another tenant's prompt text in an engine reply: reply cut, backends quarantined",
+			zap.String("request_id", x.rid), zap.String("engine_rid", x.engineRID), zap.String("requester", x.tenant.Name), zap.String("victim", h.Victim),
+			zap.Int("matches", inc.Matches), zap.Int("victims", inc.Victims), zap.Strings("backends", names))
+		for _, n := range names {
+			g.quarantine.Mark(n, g.cfg.Canary.QuarantineTTL, "prompt text leak "+x.rid)
+		}
+	} else if kind == state.KindLeak && !quarantine {
 		g.log.Error("foreign canary marker fragment in the reply to an unreadable token-id prompt: reply cut, no quarantine",
 			zap.String("request_id", x.rid), zap.String("requester", x.tenant.Name), zap.String("victim", h.Victim), zap.Strings("backends", names))
 	} else if kind == state.KindLeak {

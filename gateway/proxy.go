@@ -117,6 +117,7 @@ func (x *exchange) close() {
 				b.AddInflight(-x.decision.Tokens)
 			}
 		}
+		x.printsDone()
 		x.finish()
 	})
 }
@@ -447,7 +448,7 @@ func (x *exchange) writeEngineReply(ctx *fasthttp.RequestCtx, code int, contentT
 // newGuard is the reply scanner for this exchange (nil when canaries are off).
 func (x *exchange) newGuard() *reply.Guard {
 	return reply.NewGuard(reply.Scope{Keyring: x.g.keyring, Requester: x.tenant.Name, Echoes: x.echoes, Kind: x.kind,
-		EngineRID: x.engineRID, OnEcho: func(h canary.Hit) { x.g.recordIncident(x, state.KindEcho, h) }})
+		EngineRID: x.engineRID, OnEcho: func(h canary.Hit) { x.g.recordIncident(x, state.KindEcho, h) }, Text: x.textDetector()})
 }
 
 // overBudget answers a reply that does not fit in upstream.max_buffered_bytes: 503 with

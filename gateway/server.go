@@ -31,6 +31,7 @@ import (
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
+	"github.com/kvgate/kvgate/fingerprint"
 	"github.com/kvgate/kvgate/internal/panics"
 	"github.com/kvgate/kvgate/reply"
 	"github.com/kvgate/kvgate/request"
@@ -69,6 +70,15 @@ type Gateway struct {
 	bgMu       sync.Mutex     // guards bgClosed and bg.Add against Shutdown's Wait
 	bgClosed   bool
 	quarantine *state.Quarantines
+	// prints: prompt fingerprints of this replica (prints.go); nil when off.
+	prints         *fingerprint.Index
+	printsWeak     prometheus.Counter
+	printsUnshared prometheus.Counter
+	printsOut      chan state.PrintsRecord // to the shared stream (nil: replica-local)
+	replicaID      string
+	printsMu       sync.Mutex
+	printsLast     string       // id of the last shared record applied
+	printsFailedAt atomic.Int64 // unix ns of the last failed publish (0: the last one worked)
 
 	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/limits.go)
 
@@ -89,7 +99,7 @@ type Gateway struct {
 func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger) (*Gateway, error) {
 	if st == nil {
 		var err error
-		if st, err = state.Open(&config.Config{}, log); err != nil {
+		if st, err = state.Open(&config.Config{Canary: config.Canary{IncidentTTL: cfg.Canary.IncidentTTL}}, log); err != nil {
 			return nil, err
 		}
 	}
@@ -129,6 +139,7 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	g.metrics.reg.MustRegister(g.metrics.repliesOverBudget, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_buffered_reply_bytes",
 		Help: "Bytes charged to upstream.max_buffered_bytes now (replies in flight, and finished ones until a collection ran)."},
 		func() float64 { return float64(g.replies.InUse()) }))
+	g.initPrints()
 	g.metricsH = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(g.metrics.reg, promhttp.HandlerOpts{}))
 	prev := set.OnCapacityChange
 	set.OnCapacityChange = func(b *backends.Backend, old, cur *backends.Capacity) {
@@ -198,6 +209,7 @@ func (g *Gateway) Run(ctx context.Context) {
 		go panics.Loop(ctx, g.log, "state_sync", time.Second, g.state.Run)
 	}
 	go panics.Loop(ctx, g.log, "limits_sync", time.Second, g.lim.run) // tenant sync, limiter recovery, heartbeat
+	g.runPrints(ctx)
 	panics.Loop(ctx, g.log, "quarantine_sync", time.Second, g.syncLoop)
 }
 

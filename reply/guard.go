@@ -20,6 +20,15 @@ type Scope struct {
 	EngineRID string // the rid held text is released under (/generate)
 	// OnEcho records an echoed marker (the requester's own text coming back).
 	OnEcho func(canary.Hit)
+	// Text is a second detector (nil: none): it reads the reply's text values in the order a
+	// client joins them and says when they carry another tenant's prompt text.
+	Text TextDetector
+}
+
+// TextDetector reads a reply's text as it streams; Feed returns the leak once the text so far is
+// one (the gateway's prompt fingerprints), nil before.
+type TextDetector interface {
+	Feed(text string) *canary.Hit
 }
 
 // Guard scans one reply for canary markers, on the decoded values a client reads. Every string
@@ -390,6 +399,12 @@ const joinedKey = "#joined"
 // value is read a piece at a time through buffers of one piece, charged once, so a 60 MB reply
 // costs no whole copies here.
 func (gd *Guard) joined(s string) bool {
+	if gd.sc.Text != nil {
+		if h := gd.sc.Text.Feed(s); h != nil {
+			gd.noteLeak(h)
+			return false
+		}
+	}
 	if !gd.joinCharged && len(s) >= 64<<10 {
 		if !gd.afford(3 * scanPiece) {
 			return false

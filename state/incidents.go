@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,16 +18,45 @@ const (
 	KindEcho = "echo"
 )
 
-// Incident is one detection: a foreign marker (leak) or an echoed one in a reply.
+// Detectors: what found an incident.
+const (
+	DetectorMarker      = "marker"      // a foreign canary marker (or fragment)
+	DetectorFingerprint = "fingerprint" // another tenant's prompt text (package fingerprint)
+)
+
+// Incident is one detection: a foreign marker or another tenant's prompt text (leak), or an
+// echoed marker in a reply. It holds no text of the victim's unless canary.incident_context is
+// on (Context): tenants, hashes, offsets and lengths.
 type Incident struct {
 	Time      time.Time `json:"time"`
 	Kind      string    `json:"kind"` // KindLeak or KindEcho
+	Detector  string    `json:"detector,omitempty"`
 	RequestID string    `json:"request_id"`
-	Victim    string    `json:"victim"`    // the tenant whose marker appeared
+	Victim    string    `json:"victim"`    // the tenant whose marker (or most of whose text) appeared
 	Requester string    `json:"requester"` // the tenant who received it
 	Backends  []string  `json:"backends"`  // every backend on the request's path
 	Epoch     uint64    `json:"epoch"`     // the marker's epoch
-	Context   string    `json:"context"`   // up to 200 bytes around the hit, markers redacted
+	// Matches: distinct foreign fingerprints the reply carried before the cut, from Victims
+	// tenants; Fingerprints are the first of them (keyed hashes, offsets in the reply's text).
+	Matches      int                `json:"matches,omitempty"`
+	Victims      int                `json:"victims,omitempty"`
+	Fingerprints []FingerprintMatch `json:"fingerprints,omitempty"`
+	// Context: up to 200 bytes around a marker hit, markers redacted; only with
+	// canary.incident_context.
+	Context string `json:"context,omitempty"`
+}
+
+// FingerprintMatch is one foreign fingerprint in a reply: no text, only where and whose.
+type FingerprintMatch struct {
+	Fingerprint string `json:"fingerprint"`
+	End         int    `json:"end"`    // byte offset in the reply's text where the shingle ends
+	Length      int    `json:"length"` // shingle length, normalised characters
+	Victim      string `json:"victim"`
+}
+
+// expired says inc is past a retention of ttl at now (ttl ≤ 0 keeps everything).
+func expired(inc Incident, ttl time.Duration, now time.Time) bool {
+	return ttl > 0 && !inc.Time.IsZero() && now.Sub(inc.Time) > ttl
 }
 
 // IncidentLog stores incidents. Record must never lose an incident it accepted while the process
@@ -41,8 +71,10 @@ var (
 	_ IncidentLog = (*RedisIncidents)(nil)
 )
 
-// MemoryIncidents keeps the last capacity incidents in memory (one replica only).
+// MemoryIncidents keeps the last capacity incidents in memory (one replica only), each for TTL
+// (0: until pushed out).
 type MemoryIncidents struct {
+	TTL  time.Duration
 	mu   sync.Mutex
 	ring []Incident
 	next int // index of the oldest when full
@@ -84,8 +116,14 @@ func (m *MemoryIncidents) List(_ context.Context, limit int) ([]Incident, error)
 	if len(m.ring) == cap(m.ring) {
 		newest = (m.next - 1 + n) % n
 	}
-	for i := 0; i < limit; i++ {
-		out = append(out, m.ring[(newest-i+n)%n])
+	now := time.Now()
+	for i := 0; i < n && len(out) < limit; i++ {
+		at := (newest - i + n) % n
+		if expired(m.ring[at], m.TTL, now) {
+			m.ring[at] = Incident{Time: m.ring[at].Time} // past its retention: nothing of it stays
+			continue
+		}
+		out = append(out, m.ring[at])
 	}
 	return out, nil
 }
@@ -97,7 +135,11 @@ func (m *MemoryIncidents) List(_ context.Context, limit int) ([]Incident, error)
 // incidents are dropped and counted, since the oldest explain how an incident began) and returns
 // nil. Run retries the queue with backoff in order; while the queue is not empty, new incidents
 // go behind it, so the stream keeps the order of Record calls.
+//
+// With TTL set, every write also trims entries older than TTL (XTRIM MINID) and sets the stream
+// to expire TTL after the last write, and List skips what is older: no incident outlives it.
 type RedisIncidents struct {
+	TTL      time.Duration
 	client   redis.UniversalClient
 	key      string
 	capacity int64
@@ -180,12 +222,20 @@ func (r *RedisIncidents) add(ctx context.Context, inc Incident) error {
 	if err != nil {
 		return err
 	}
-	err = r.client.XAdd(ctx, &redis.XAddArgs{
-		Stream: r.key,
-		MaxLen: r.capacity,
-		Approx: true,
-		Values: []any{"incident", body},
-	}).Err()
+	_, err = r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.XAdd(ctx, &redis.XAddArgs{
+			Stream: r.key,
+			MaxLen: r.capacity,
+			Approx: true,
+			Values: []any{"incident", body},
+		})
+		if r.TTL > 0 {
+			// Stream ids are Redis's clock in ms: drop every entry written before now − TTL.
+			p.XTrimMinID(ctx, r.key, strconv.FormatInt(time.Now().Add(-r.TTL).UnixMilli(), 10))
+			p.PExpire(ctx, r.key, r.TTL)
+		}
+		return nil
+	})
 	r.degraded.Store(err != nil)
 	if err != nil {
 		return fmt.Errorf("recording incident in %s: %w", r.key, err)
@@ -265,13 +315,16 @@ func (r *RedisIncidents) List(ctx context.Context, limit int) ([]Incident, error
 	if err != nil {
 		return out, fmt.Errorf("listing incidents from %s: %w", r.key, err)
 	}
+	now := time.Now()
 	for _, m := range msgs {
 		raw, _ := m.Values["incident"].(string)
 		var inc Incident
 		if err := json.Unmarshal([]byte(raw), &inc); err != nil {
 			return out, fmt.Errorf("incident %s in %s: %w", m.ID, r.key, err)
 		}
-		out = append(out, inc)
+		if !expired(inc, r.TTL, now) {
+			out = append(out, inc)
+		}
 	}
 	return out, nil
 }

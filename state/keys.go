@@ -14,6 +14,7 @@ package state
 //	prefix{kvgate}:tenants                 run-time tenants (name → record)
 //	prefix{kvgate}:tenant-keys             key hash → tenant name
 //	prefix{kvgate}:tenants:version         bumped on every tenant write
+//	prefix{kvgate}:prints                  stream of prompt fingerprint records (keyed hashes, no text)
 //
 // The {kvgate} keys are the control plane: written rarely (an incident, a quarantine, an admin
 // call), read by one poll per replica a second, and changed together atomically (a flag with its
@@ -27,6 +28,9 @@ func (k Keys) base() string { return k.Prefix + "{kvgate}:" }
 
 // Incidents is the incident stream.
 func (k Keys) Incidents() string { return k.base() + "incidents" }
+
+// Prints is the stream of prompt fingerprint records replicas share.
+func (k Keys) Prints() string { return k.base() + "prints" }
 
 // QuarantineFlag is backend's quarantine flag.
 func (k Keys) QuarantineFlag(backend string) string { return k.base() + "quarantine:" + backend }

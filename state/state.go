@@ -26,6 +26,8 @@ type State struct {
 	// Limits holds the tenant limit cells shared by replicas; nil for memory state (the
 	// limiter then keeps them itself).
 	Limits *RedisLimits
+	// Prints shares prompt fingerprints between replicas; nil for memory state.
+	Prints *RedisPrints
 	// Run carries background work (the incident flusher); nil for memory state.
 	Run    func(ctx context.Context)
 	client redis.UniversalClient
@@ -37,7 +39,9 @@ type State struct {
 // a Redis that does not answer is not (the gateway starts degraded and catches up).
 func Open(cfg *config.Config, log *zap.Logger) (*State, error) {
 	if cfg.State.RedisURL == "" {
-		return &State{Incidents: NewMemoryIncidents(10000), Quarantine: NewMemoryQuarantine(), Tenants: NewMemoryTenants()}, nil
+		inc := NewMemoryIncidents(10000)
+		inc.TTL = cfg.Canary.IncidentTTL
+		return &State{Incidents: inc, Quarantine: NewMemoryQuarantine(), Tenants: NewMemoryTenants()}, nil
 	}
 	client, err := NewClient(cfg.State.RedisURL, string(cfg.State.RedisMode))
 	if err != nil {
@@ -47,6 +51,7 @@ func Open(cfg *config.Config, log *zap.Logger) (*State, error) {
 	// rate-limited warnings, not as plain text on stderr.
 	unlog := useRedisLogger(NewRedisLogger(log, 0))
 	inc := NewRedisIncidents(client, cfg.State.KeyPrefix, 100000, 10000)
+	inc.TTL = cfg.Canary.IncidentTTL
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := client.Ping(ctx).Err(); err != nil {
@@ -54,7 +59,8 @@ func Open(cfg *config.Config, log *zap.Logger) (*State, error) {
 	}
 	return &State{Incidents: inc, Quarantine: NewRedisQuarantine(client, cfg.State.KeyPrefix),
 		Tenants: NewRedisTenants(client, cfg.State.KeyPrefix), Limits: NewRedisLimits(client, cfg.State.KeyPrefix),
-		Degraded: inc.Degraded, Run: inc.Run, client: client, unlog: unlog}, nil
+		Degraded: inc.Degraded, Run: inc.Run, client: client, unlog: unlog,
+		Prints: NewRedisPrints(client, cfg.State.KeyPrefix, cfg.Canary.DetectWindow, 0)}, nil
 }
 
 // Ping asks the shared store for an answer now (nil for memory state): /readyz reports an

@@ -1,0 +1,143 @@
+package fingerprint
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+)
+
+// Match is one foreign fingerprint found in a reply: what an incident keeps instead of text.
+type Match struct {
+	Fingerprint string `json:"fingerprint"` // hex of the keyed hash (meaningless without the secret)
+	End         int    `json:"end"`         // byte offset in the reply's text where the shingle ends
+	Length      int    `json:"length"`      // the shingle's length in normalised characters
+	Victim      string `json:"victim"`      // the tenant whose recent prompt holds it
+}
+
+// maxKeptMatches bounds what a Scanner keeps for the incident.
+const maxKeptMatches = 16
+
+// MaxScanBytes is how much of a reply's text a Scanner reads: a leak of stale pages shows at the
+// start of what the engine generates, and hashing costs about 50 ns per byte, so a 60 MB reply
+// is not hashed whole (the marker scanners still read all of it).
+const MaxScanBytes = 4 << 20
+
+// lookupBatch bounds the shingles waiting for one index lookup (memory per Feed call).
+const lookupBatch = 4096
+
+// Scanner hashes one reply's text as it streams and counts the fingerprints that are another
+// tenant's recent prompt text. Not safe for concurrent use (one per reply).
+type Scanner struct {
+	ix        *Index
+	r         roller
+	requester uint32
+	mask      uint64
+	own       *Own
+	offset    int
+	seen      map[uint64]uint32 // distinct foreign fingerprints → victim
+	matches   []Match
+	pending   []shingle
+	perVictim map[uint32]int
+	leak      bool
+}
+
+type shingle struct {
+	v   uint64
+	end int
+}
+
+// NewScanner scans a reply to requester, served over backends, whose own prompt is own (nil:
+// none readable).
+func (ix *Index) NewScanner(requester string, backends []string, own *Own) *Scanner {
+	ix.mu.Lock()
+	id, m := ix.tenant(requester), ix.mask(backends)
+	ix.mu.Unlock()
+	return &Scanner{ix: ix, r: roller{h: ix.h}, requester: id, mask: m, own: own}
+}
+
+// Feed scans the next piece of the reply's text (in the order a client reads it) and reports
+// whether the reply is now a leak: Config.CutMatches distinct foreign fingerprints.
+func (s *Scanner) Feed(text string) bool {
+	if s.leak {
+		return true
+	}
+	if s.offset >= MaxScanBytes {
+		return false
+	}
+	text = text[:min(len(text), MaxScanBytes-s.offset)]
+	s.pending = s.pending[:0]
+	s.r.feed(text, s.offset, func(v uint64, end int) {
+		if !s.own.has(v) && !s.leak {
+			s.pending = append(s.pending, shingle{v, end})
+			if len(s.pending) == lookupBatch {
+				s.lookup()
+				s.pending = s.pending[:0]
+			}
+		}
+	})
+	s.offset += len(text)
+	if len(s.pending) > 0 {
+		s.lookup()
+	}
+	return s.leak
+}
+
+// lookup checks the pending shingles against the index.
+func (s *Scanner) lookup() {
+	ix := s.ix
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	for _, sh := range s.pending {
+		fp := ix.h.final(sh.v)
+		if _, dup := s.seen[fp]; dup {
+			continue
+		}
+		vd, victim := ix.lookup(fp, s.requester, s.mask)
+		if vd != foreign {
+			continue
+		}
+		if s.seen == nil {
+			s.seen, s.perVictim = map[uint64]uint32{}, map[uint32]int{}
+		}
+		s.seen[fp] = victim
+		s.perVictim[victim]++
+		if len(s.matches) < maxKeptMatches {
+			var b [8]byte
+			binary.BigEndian.PutUint64(b[:], fp)
+			s.matches = append(s.matches, Match{Fingerprint: hex.EncodeToString(b[:]), End: sh.end, Length: Shingle, Victim: ix.nameOf(victim)})
+		}
+		if len(s.seen) >= ix.cfg.CutMatches {
+			s.leak = true
+			return
+		}
+	}
+}
+
+// Leak says the reply carried enough foreign fingerprints to be cut.
+func (s *Scanner) Leak() bool { return s.leak }
+
+// Count is the number of distinct foreign fingerprints seen so far (below CutMatches and the
+// reply ends: a weak match, counted but not an incident).
+func (s *Scanner) Count() int { return len(s.seen) }
+
+// Victim is the tenant with the most foreign fingerprints in the reply ("" when none).
+func (s *Scanner) Victim() string {
+	best, n := uint32(0), 0
+	for v, c := range s.perVictim {
+		if c > n || c == n && v < best {
+			best, n = v, c
+		}
+	}
+	if n == 0 {
+		return ""
+	}
+	s.ix.mu.RLock()
+	defer s.ix.mu.RUnlock()
+	return s.ix.nameOf(best)
+}
+
+// Matches are the first foreign fingerprints found (at most 16): hashes, offsets and lengths,
+// no text.
+func (s *Scanner) Matches() []Match { return s.matches }
+
+// Victims is the number of distinct tenants whose fingerprints the reply carried.
+func (s *Scanner) Victims() int { return len(s.perVictim) }

@@ -1,0 +1,226 @@
+package gateway
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/kvgate/kvgate/canary"
+	"github.com/kvgate/kvgate/fingerprint"
+	"github.com/kvgate/kvgate/internal/panics"
+	"github.com/kvgate/kvgate/reply"
+	"github.com/kvgate/kvgate/state"
+)
+
+// This file is the second leak detector: another tenant's prompt text in a reply (package
+// fingerprint), next to the marker scanners of guard.go. Prompts are fingerprinted when they are
+// forwarded; each reply's text is checked as it streams; a strong match takes the marker's path
+// (cut, incident, quarantine).
+
+// printsState is an exchange's part: its prompt's text and filter, and its reply's scanner.
+type printsState struct {
+	text    string // the client's own prompt text (request.OwnText), saved by inject
+	idsText string // text of token-id prompts as an engine detokenized it (coverTokenIDs)
+	own     *fingerprint.Own
+	scanner *fingerprint.Scanner
+	hit     *canary.Hit // the leak the scanner reported, if it did
+}
+
+// initPrints builds this replica's fingerprint index (nil: canaries or fingerprints off) and its
+// metrics.
+func (g *Gateway) initPrints() {
+	c := g.cfg.Canary
+	if !c.Enabled || c.Fingerprints.Off {
+		return
+	}
+	g.prints = fingerprint.NewIndex(fingerprint.NewHasher([]byte(c.Secret)), fingerprint.Config{
+		MaxBytes: c.Fingerprints.MaxBytes, TTL: c.DetectWindow,
+		CutMatches: c.Fingerprints.CutMatches, CommonTenants: c.Fingerprints.CommonTenants})
+	if !c.Fingerprints.ReplicaLocal && g.state.Prints != nil {
+		g.printsOut, g.replicaID = make(chan state.PrintsRecord, printsQueue), newID()
+	}
+	g.printsUnshared = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_fingerprint_unshared_total",
+		Help: "Prompt fingerprint records kept on this replica only (the shared stream's queue was full or Redis failed)."})
+	g.printsWeak = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_fingerprint_weak_total",
+		Help: "Replies that carried some of another tenant's recent prompt fingerprints, fewer than canary.fingerprints.cut_matches (counted and logged, no incident)."})
+	stat := func(name, help string, f func(fingerprint.Stats) float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return f(g.prints.Stats()) })
+	}
+	g.metrics.reg.MustRegister(g.printsWeak, g.printsUnshared,
+		stat("kvgate_fingerprint_index_bytes", "Bytes accounted to this replica's prompt fingerprint index (capped by canary.fingerprints.max_bytes).",
+			func(s fingerprint.Stats) float64 { return float64(s.Bytes) }),
+		stat("kvgate_fingerprint_index_prompts", "Prompts whose fingerprints this replica keeps.",
+			func(s fingerprint.Stats) float64 { return float64(s.Prompts) }),
+		stat("kvgate_fingerprint_index_evicted", "Prompts forgotten (oldest first, at the cap or past canary.detect_window).",
+			func(s fingerprint.Stats) float64 { return float64(s.Evicted) }))
+}
+
+// printsQueue bounds the records waiting for the shared stream: beyond it a record stays
+// replica-local (counted), never delaying a request.
+const printsQueue = 1024
+
+// runPrints shares this replica's prompt fingerprints and applies every other replica's, until
+// ctx ends (nothing when replica-local).
+func (g *Gateway) runPrints(ctx context.Context) {
+	if g.printsOut == nil {
+		return
+	}
+	shared := g.state.Prints
+	go panics.Loop(ctx, g.log, "prints_publish", time.Second, func(ctx context.Context) {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case rec := <-g.printsOut:
+				g.publishPrints(ctx, rec, 2*time.Second)
+			}
+		}
+	})
+	go panics.Loop(ctx, g.log, "prints_follow", time.Second, func(ctx context.Context) {
+		g.printsMu.Lock()
+		from := g.printsLast
+		g.printsMu.Unlock()
+		if _, err := shared.Follow(ctx, from, g.applyPrints); err != nil && ctx.Err() == nil {
+			g.log.Warn("shared prompt fingerprints not read (retrying)", zap.Error(err))
+		}
+	})
+}
+
+// publishPrints writes rec to the shared stream within timeout; a failure leaves it local.
+func (g *Gateway) publishPrints(ctx context.Context, rec state.PrintsRecord, timeout time.Duration) {
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := g.state.Prints.Publish(pctx, rec); err != nil {
+		g.printsFailedAt.Store(time.Now().UnixNano())
+		g.printsUnshared.Inc()
+		g.log.Warn("prompt fingerprints not shared (kept on this replica)", zap.Error(err))
+		return
+	}
+	g.printsFailedAt.Store(0)
+}
+
+// printsFailing says a publish failed in the last second (and none succeeded since): requests
+// then queue their records instead of waiting for Redis.
+func (g *Gateway) printsFailing() bool {
+	at := g.printsFailedAt.Load()
+	return at != 0 && time.Since(time.Unix(0, at)) < time.Second
+}
+
+// applyPrints records another replica's prompt once, in stream order (Follow and catchUpPrints
+// both read the stream).
+func (g *Gateway) applyPrints(id string, rec state.PrintsRecord, ok bool) {
+	g.printsMu.Lock()
+	defer g.printsMu.Unlock()
+	if !state.IDLess(g.printsLast, id) {
+		return
+	}
+	g.printsLast = id
+	if ok && rec.Origin != g.replicaID {
+		g.prints.Record(rec.Tenant, rec.Backends, rec.FPs, rec.At)
+	}
+}
+
+// catchUpPrints reads what other replicas published since the follower's last read, so a reply
+// is checked against every prompt forwarded before it (one short Redis read; a failure leaves the
+// follower to catch up).
+func (g *Gateway) catchUpPrints() {
+	if g.printsOut == nil || g.printsFailing() {
+		return
+	}
+	g.printsMu.Lock()
+	from := g.printsLast
+	g.printsMu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_ = g.state.Prints.CatchUp(ctx, from, g.applyPrints)
+}
+
+// notePrompt fingerprints the prompt about to be forwarded along x.route: the index keeps a
+// sample for other tenants' replies, and the filter of all of it serves this reply.
+func (x *exchange) notePrompt() {
+	text := x.fp.text
+	if x.fp.idsText != "" {
+		text += "\n" + x.fp.idsText
+	}
+	x.fp.text, x.fp.idsText = "", "" // the filter is all this request needs from here
+	ix := x.g.prints
+	if ix == nil || x.route == nil || x.tenant == nil {
+		return
+	}
+	fps, own := ix.Hasher().Prompt(text)
+	x.fp.own = own
+	now := time.Now()
+	if x.g.printsOut != nil {
+		rec := state.PrintsRecord{Origin: x.g.replicaID, Tenant: x.tenant.Name, Backends: x.route.Backends, At: now, FPs: slices.Clone(fps)}
+		if !x.g.printsFailing() {
+			// Published before the prompt reaches an engine: its pages cannot be read by
+			// another reply before every replica can know them (one short Redis write).
+			x.g.publishPrints(context.Background(), rec, 100*time.Millisecond)
+		} else {
+			select { // Redis away: queue (bounded), never wait
+			case x.g.printsOut <- rec:
+			default:
+				x.g.printsUnshared.Inc()
+			}
+		}
+	}
+	ix.Record(x.tenant.Name, x.route.Backends, fps, now)
+}
+
+// textDetector is the reply's fingerprint scanner for the guard (nil: none). A token-id prompt
+// whose text no engine gave back gets none: its own text cannot be told from another's.
+func (x *exchange) textDetector() reply.TextDetector {
+	if x.g.prints == nil || x.route == nil || x.idsUnread || !x.kind.Generates() {
+		return nil
+	}
+	if x.fp.scanner == nil {
+		x.g.catchUpPrints()
+		x.fp.scanner = x.g.prints.NewScanner(x.tenant.Name, x.route.Backends, x.fp.own)
+	}
+	return printsDetector{x}
+}
+
+type printsDetector struct{ x *exchange }
+
+func (d printsDetector) Feed(text string) *canary.Hit {
+	fp := &d.x.fp
+	if fp.hit != nil {
+		return fp.hit
+	}
+	if !fp.scanner.Feed(text) {
+		return nil
+	}
+	fp.hit = &canary.Hit{Victim: fp.scanner.Victim()}
+	return fp.hit
+}
+
+// printsEvidence fills a leak incident that the fingerprint scanner reported; false when h is
+// not its hit.
+func (x *exchange) printsEvidence(inc *state.Incident, h canary.Hit) bool {
+	if x.fp.hit == nil || *x.fp.hit != h {
+		return false
+	}
+	sc := x.fp.scanner
+	inc.Detector = state.DetectorFingerprint
+	inc.Matches, inc.Victims = sc.Count(), sc.Victims()
+	for _, m := range sc.Matches() {
+		inc.Fingerprints = append(inc.Fingerprints, state.FingerprintMatch{Fingerprint: m.Fingerprint, End: m.End, Length: m.Length, Victim: m.Victim})
+	}
+	return true
+}
+
+// printsDone counts a reply that carried fewer foreign fingerprints than a cut needs: a weak
+// match (one shared phrase is not a leak), logged without text.
+func (x *exchange) printsDone() {
+	sc := x.fp.scanner
+	if sc == nil || sc.Leak() || sc.Count() == 0 {
+		return
+	}
+	x.g.printsWeak.Inc()
+	x.g.log.Info("reply carried a few fingerprints of another tenant's recent prompt (below the cut)",
+		zap.String("request_id", x.rid), zap.String("requester", x.tenant.Name), zap.String("victim", sc.Victim()),
+		zap.Int("matches", sc.Count()), zap.Int("cut_matches", x.g.prints.Config().CutMatches))
+}

@@ -1,0 +1,155 @@
+package state
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// PrintsRecord is one forwarded prompt's fingerprints as replicas share them: keyed hashes (a
+// PRF of the canary secret), the tenant and its backends; never text.
+type PrintsRecord struct {
+	Origin   string // the replica that forwarded the prompt
+	Tenant   string
+	Backends []string
+	At       time.Time
+	FPs      []uint64
+}
+
+// RedisPrints shares prompt fingerprint records through a Redis stream, so that a reply served
+// by one replica is checked against the prompts every replica forwarded. The stream is capped
+// (MAXLEN ~ maxLen entries), trimmed to ttl on every write and expires ttl after the last.
+type RedisPrints struct {
+	client redis.UniversalClient
+	key    string
+	ttl    time.Duration
+	maxLen int64
+}
+
+// NewRedisPrints is the shared stream under prefix; maxLen ≤ 0 means 4096 records.
+func NewRedisPrints(client redis.UniversalClient, prefix string, ttl time.Duration, maxLen int) *RedisPrints {
+	if maxLen <= 0 {
+		maxLen = 4096
+	}
+	return &RedisPrints{client: client, key: Keys{prefix}.Prints(), ttl: ttl, maxLen: int64(maxLen)}
+}
+
+// Key is the stream's key.
+func (r *RedisPrints) Key() string { return r.key }
+
+// Publish appends rec to the stream.
+func (r *RedisPrints) Publish(ctx context.Context, rec PrintsRecord) error {
+	fps := make([]byte, 8*len(rec.FPs))
+	for i, f := range rec.FPs {
+		binary.LittleEndian.PutUint64(fps[8*i:], f)
+	}
+	_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.XAdd(ctx, &redis.XAddArgs{Stream: r.key, MaxLen: r.maxLen, Approx: true,
+			Values: []any{"o", rec.Origin, "t", rec.Tenant, "b", strings.Join(rec.Backends, "\n"), "f", fps}})
+		if r.ttl > 0 {
+			p.XTrimMinID(ctx, r.key, strconv.FormatInt(time.Now().Add(-r.ttl).UnixMilli(), 10))
+			p.PExpire(ctx, r.key, r.ttl)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("sharing prompt fingerprints in %s: %w", r.key, err)
+	}
+	return nil
+}
+
+// Follow calls apply with every record in the stream after the id from ("": from the start, so
+// a replica that starts catches up with the window) and then every new one as it arrives, until
+// ctx ends. apply gets each entry's id (records of origin itself included: the caller skips
+// them, and uses ids to apply each once). It returns the first Redis error (the caller retries).
+func (r *RedisPrints) Follow(ctx context.Context, from string, apply func(id string, rec PrintsRecord, ok bool)) (last string, err error) {
+	last = from
+	if last == "" {
+		last = "0-0"
+	}
+	for ctx.Err() == nil {
+		streams, err := r.client.XRead(ctx, &redis.XReadArgs{Streams: []string{r.key, last}, Count: 256, Block: time.Second}).Result()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			return last, err
+		}
+		for _, s := range streams {
+			for _, m := range s.Messages {
+				last = m.ID
+				rec, ok := decodePrints(m)
+				apply(m.ID, rec, ok)
+			}
+		}
+	}
+	return last, ctx.Err()
+}
+
+// CatchUp calls apply with every record after the id from, without waiting: a reply about to be
+// scanned sees every prompt published before it, whatever Follow's delay.
+func (r *RedisPrints) CatchUp(ctx context.Context, from string, apply func(id string, rec PrintsRecord, ok bool)) error {
+	if from == "" {
+		from = "0-0"
+	}
+	for {
+		msgs, err := r.client.XRangeN(ctx, r.key, "("+from, "+", 256).Result()
+		if err != nil {
+			return err
+		}
+		for _, m := range msgs {
+			from = m.ID
+			rec, ok := decodePrints(m)
+			apply(m.ID, rec, ok)
+		}
+		if len(msgs) < 256 {
+			return nil
+		}
+	}
+}
+
+// IDLess orders two stream ids ("ms-seq"; "" before every id).
+func IDLess(a, b string) bool {
+	if a == "" || b == "" {
+		return a == "" && b != ""
+	}
+	am, as, _ := strings.Cut(a, "-")
+	bm, bs, _ := strings.Cut(b, "-")
+	an, _ := strconv.ParseUint(am, 10, 64)
+	bn, _ := strconv.ParseUint(bm, 10, 64)
+	if an != bn {
+		return an < bn
+	}
+	asq, _ := strconv.ParseUint(as, 10, 64)
+	bsq, _ := strconv.ParseUint(bs, 10, 64)
+	return asq < bsq
+}
+
+func decodePrints(m redis.XMessage) (PrintsRecord, bool) {
+	o, _ := m.Values["o"].(string)
+	t, _ := m.Values["t"].(string)
+	b, _ := m.Values["b"].(string)
+	f, _ := m.Values["f"].(string)
+	if t == "" || len(f)%8 != 0 {
+		return PrintsRecord{}, false
+	}
+	rec := PrintsRecord{Origin: o, Tenant: t, FPs: make([]uint64, len(f)/8)}
+	if b != "" {
+		rec.Backends = strings.Split(b, "\n")
+	}
+	for i := range rec.FPs {
+		rec.FPs[i] = binary.LittleEndian.Uint64([]byte(f[8*i : 8*i+8]))
+	}
+	if ms, _, ok := strings.Cut(m.ID, "-"); ok {
+		if n, err := strconv.ParseInt(ms, 10, 64); err == nil {
+			rec.At = time.UnixMilli(n)
+		}
+	}
+	return rec, true
+}
