@@ -307,6 +307,11 @@ func (s *Scanner) classify(run []byte, terminated bool) (class, string, uint64) 
 			break
 		}
 	}
+	if fc == classEcho && !mixed && !terminated {
+		// An echo reaches only as far as the requester sent it: wait for the whole run, so a
+		// character beyond the echo is seen before the run is stripped.
+		return classWait, "", 0
+	}
 	if !mixed {
 		// Report the candidate that agrees with the run the longest (the exact one when complete).
 		best, bestLen := &first, commonLen(run, &first)
@@ -338,14 +343,14 @@ func (s *Scanner) classOf(run []byte, e *entry) class {
 		return classOwn
 	}
 	if len(s.echoes) > 0 {
-		var m [MarkerLen]byte
-		copy(m[:], MarkerPrefix)
-		copy(m[len(MarkerPrefix):], run[:FragmentMin])
-		copy(m[len(MarkerPrefix)+FragmentMin:], e.rest[:])
-		for _, echo := range s.echoes {
-			if echo == string(m[:]) {
-				return classEcho
-			}
+		// An echo only as far as the requester sent the marker itself: "KVG-" and run must lie
+		// within what a descriptor holds (FindMarkerFragments).
+		var body [MarkerChars]byte
+		copy(body[:], run[:FragmentMin])
+		copy(body[FragmentMin:], e.rest[:])
+		span := uint32(1)<<uint(len(run)) - 1
+		if echoedMask(s.echoes, &body)&span == span {
+			return classEcho
 		}
 	}
 	return classLeak
