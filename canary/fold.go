@@ -81,6 +81,9 @@ func escapeAt(b []byte) (text string, n int, partial bool) {
 		return "", 0, partial
 	}
 	if utf16Surrogate(r) && r < 0xDC00 {
+		if len(b) == n {
+			return "", 0, true // the low half may follow
+		}
 		r2, n2, partial2 := jsonEscape(b[n:])
 		if n2 == 0 {
 			return "", 0, partial2

@@ -80,7 +80,7 @@ func TestLooseDetectsRunsAtAnyOffset(t *testing.T) {
 	}
 	for _, tc := range cases {
 		for dname, disguise := range offsetDisguises {
-			text := "Earlier words, then " + disguise(tc.run) + " and what followed."
+			text := "Earlier words, then: " + disguise(tc.run) + " ;and what followed." // ':' and ';' break runs
 			name := tc.name + "/" + dname
 			splits := 0
 			for split := -1; split <= len(text); split++ {

@@ -2,6 +2,7 @@ package canary
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -30,6 +31,75 @@ var disguises = map[string]func(m string) string{
 		return b.String()
 	},
 	"combining marks": func(m string) string { return interleave(strings.ToUpper(m[len(MarkerPrefix):]), "\u0301") },
+	// Issue 17's disguises: compatibility forms, look-alikes, references and escapes,
+	// separators, reversal.
+	"mathematical bold": func(m string) string { return perChar(m, func(c rune) string { return mathBold(c) }) },
+	"circled":           func(m string) string { return perChar(m, circled) },
+	"look-alikes":       func(m string) string { return perChar(m, lookAlike) },
+	"html numeric": func(m string) string {
+		return perChar(m, func(c rune) string {
+			if c%2 == 0 {
+				return fmt.Sprintf("&#%d;", c)
+			}
+			return fmt.Sprintf("&#x%X;", c)
+		})
+	},
+	"html named": func(m string) string {
+		return perChar(m, func(c rune) string {
+			if c >= 'a' && c <= 'z' {
+				return "&" + string(c) + "opf;" // double-struck: 𝕒
+			}
+			return fmt.Sprintf("&#%d;", c)
+		})
+	},
+	"json escapes":     func(m string) string { return perChar(m, func(c rune) string { return fmt.Sprintf("\\u%04x", c) }) },
+	"json surrogates":  func(m string) string { return perChar(m, jsonSurrogates) },
+	"spaced":           func(m string) string { return interleave(m[len(MarkerPrefix):], " ") },
+	"dashed":           func(m string) string { return interleave(m[len(MarkerPrefix):], "-") },
+	"dotted":           func(m string) string { return interleave(strings.ToUpper(m[len(MarkerPrefix):]), ". ") },
+	"one space":        func(m string) string { return m[:14] + " " + m[14:] },
+	"reversed":         func(m string) string { return string(reversed([]byte(m[len(MarkerPrefix):]))) },
+	"reversed spaced":  func(m string) string { return interleave(strings.ToUpper(string(reversed([]byte(m[len(MarkerPrefix):])))), " ") },
+}
+
+// perChar rewrites each character of the marker's body.
+func perChar(m string, f func(rune) string) string {
+	var b strings.Builder
+	for _, c := range m[len(MarkerPrefix):] {
+		b.WriteString(f(c))
+	}
+	return b.String()
+}
+
+func mathBold(c rune) string {
+	if c >= 'a' && c <= 'z' {
+		return string(0x1D41A + c - 'a')
+	}
+	return string(0x1D7CE + c - '0') // bold digits
+}
+
+func circled(c rune) string {
+	if c >= 'a' && c <= 'z' {
+		return string(0x24D0 + c - 'a')
+	}
+	return string(0x2460 + c - '1') // ② … ⑦
+}
+
+// lookAlike writes a letter in Cyrillic or Greek where one looks the same (a hand-made list, to
+// check the generated table against), a digit as is.
+func lookAlike(c rune) string {
+	m := map[rune]rune{'a': 'а', 'c': 'с', 'e': 'е', 'i': 'і', 'j': 'ј', 'k': 'κ', 'o': 'ο', 'p': 'р', 's': 'ѕ',
+		'x': 'х', 'y': 'у', 'h': 'һ', 'v': 'ν', 'u': 'υ', 'n': 'ո', 'd': 'ԁ', 'g': 'ɡ', 'q': 'ԛ', 'w': 'ԝ', '3': 'З'}
+	if r, ok := m[c]; ok {
+		return string(r)
+	}
+	return string(c)
+}
+
+func jsonSurrogates(c rune) string {
+	r := []rune(mathBold(c))[0]
+	r -= 0x10000
+	return fmt.Sprintf("\\u%04x\\u%04x", 0xD800+(r>>10), 0xDC00+(r&0x3FF))
 }
 
 func mixCase(s string) string {
