@@ -173,3 +173,28 @@ func readUnit(b []byte, final bool) (reading string, sep bool, size int, wait bo
 	reading, sep = foldText(s)
 	return reading, sep, n, false
 }
+
+// Inert says whether s cannot hold a marker, a fragment the detector withholds, or a disguise of
+// one: ASCII with no character reference or escape, no "KVG", and no run of HoldMin characters
+// that read as marker characters (separators between them included). Most ids, names and short
+// words are inert and need no scanner.
+func Inert(s string) bool {
+	run := 0
+	for i := 0; i < len(s); i++ {
+		switch kd := asciiKind[s[i]]; {
+		case kd >= 1 && kd <= 32:
+			if run++; run >= HoldMin {
+				return false
+			}
+		case kd == kindSep:
+		case kd == kindBreak:
+			run = 0
+		default: // non-ASCII, '&', '\\'
+			return false
+		}
+		if s[i] == 'K' && i+2 < len(s) && s[i+1] == 'V' && s[i+2] == 'G' {
+			return false
+		}
+	}
+	return true
+}

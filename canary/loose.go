@@ -367,3 +367,10 @@ func (l *Loose) hit(before, match []byte, victim string, epoch uint64) Hit {
 	ctx := append(RedactAll(left), "[marker]"...)
 	return Hit{Marker: string(match), Victim: victim, Epoch: epoch, Context: string(ctx)}
 }
+
+// FeedAll is Feed for text that ends a value: an escape cut at its end is read as it stands
+// (the next text is another value, not its continuation), so nothing is held; the run itself
+// carries on into the next text, as a client joins the values.
+func (l *Loose) FeedAll(dst, text []byte) ([]byte, *Hit) {
+	return l.feed(dst, text, true)
+}
