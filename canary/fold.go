@@ -3,6 +3,7 @@ package canary
 //go:generate go run ./internal/genfold
 
 import (
+	"bytes"
 	"html"
 	"sort"
 	"unicode/utf8"
@@ -197,4 +198,42 @@ func Inert(s string) bool {
 		}
 	}
 	return true
+}
+
+// LongestRun is the longest run of consecutive characters of marker's body (from any offset, in
+// either direction) that a reader recovers from text, read as the detector reads it: what text
+// gives away of the marker. Tests use it to check what reached a client.
+func LongestRun(text, marker string) int {
+	var view []byte
+	b := []byte(text)
+	for i := 0; i < len(b); {
+		reading, sep, size, _ := readUnit(b[i:], true)
+		switch {
+		case reading != "":
+			view = append(view, reading...)
+		case !sep:
+			view = append(view, ' ')
+		}
+		i += size
+	}
+	body := []byte(marker[len(MarkerPrefix):])
+	for i, c := range body {
+		body[i] = b32alphabet[classIdx[c]]
+	}
+	rev := make([]byte, len(body))
+	for i, c := range body {
+		rev[len(body)-1-i] = c
+	}
+	best := 0
+	for _, s := range [][]byte{body, rev} {
+		for off := 0; off < len(s); off++ {
+			for n := len(s) - off; n > best; n-- {
+				if bytes.Contains(view, s[off:off+n]) {
+					best = n
+					break
+				}
+			}
+		}
+	}
+	return best
 }

@@ -28,7 +28,7 @@ func (k *Keyring) FindMarkerFragments(text string) []string {
 		}
 		order = append(order, found{rec, k.recs[rec].body, span}) // under feed's read lock
 	}}
-	l.feed(nil, []byte(text), true)
+	l.feed(nil, []byte(text), true, false)
 	if len(order) == 0 {
 		return nil
 	}

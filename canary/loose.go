@@ -53,6 +53,7 @@ type Loose struct {
 	tenant string
 	echoes []string
 	held   []byte // a partial escape ("&#10", "\u00") at the end of the last Feed
+	carry  []byte // FeedAll: a partial escape that ended the last value, already emitted
 	buf    []byte
 	run    runState
 	cut    *Hit
@@ -90,7 +91,7 @@ func (k *Keyring) NewLoose(tenant string, echoes []string) *Loose {
 // Reset prepares l for a new field, keeping its buffers.
 func (l *Loose) Reset(tenant string, echoes []string) {
 	l.tenant, l.echoes = tenant, echoes
-	l.held, l.cut, l.hist = l.held[:0], nil, l.hist[:0]
+	l.held, l.carry, l.cut, l.hist = l.held[:0], l.carry[:0], nil, l.hist[:0]
 	l.run.reset()
 }
 
@@ -102,23 +103,30 @@ func (r *runState) reset() {
 // with every run of HoldMin or more characters of a foreign marker withheld from its HoldMin-th
 // character on (Redacted in its place). On a leak it returns the hit; the reply must be cut.
 func (l *Loose) Feed(dst, text []byte) ([]byte, *Hit) {
-	return l.feed(dst, text, false)
+	return l.feed(dst, text, false, false)
 }
 
 // Flush settles a held partial escape at the end of the field.
 func (l *Loose) Flush(dst []byte) ([]byte, *Hit) {
-	return l.feed(dst, nil, true)
+	return l.feed(dst, nil, true, false)
 }
 
-func (l *Loose) feed(dst, text []byte, final bool) ([]byte, *Hit) {
+func (l *Loose) feed(dst, text []byte, final, all bool) ([]byte, *Hit) {
 	if l.cut != nil {
 		return dst, l.cut
 	}
 	b := text
-	if len(l.held) > 0 {
+	floor := 0 // b[:floor] was emitted with the last value (FeedAll's carry)
+	switch {
+	case len(l.held) > 0:
 		l.buf = append(append(l.buf[:0], l.held...), text...)
 		b = l.buf
 		l.held = l.held[:0]
+	case len(l.carry) > 0:
+		l.buf = append(append(l.buf[:0], l.carry...), text...)
+		b = l.buf
+		floor = len(l.carry)
+		l.carry = l.carry[:0]
 	}
 	k := l.k
 	k.mu.RLock()
@@ -128,7 +136,7 @@ func (l *Loose) feed(dst, text []byte, final bool) ([]byte, *Hit) {
 		l.me = i
 	}
 	start := len(dst)
-	emit := 0 // b[emit:] is not copied to dst yet
+	emit := floor // b[emit:] is not copied to dst yet
 	end := len(b)
 	for i := 0; i < len(b); {
 		kd := asciiKind[b[i]]
@@ -171,8 +179,20 @@ func (l *Loose) feed(dst, text []byte, final bool) ([]byte, *Hit) {
 		}
 		i += size
 	}
-	dst = append(dst, b[emit:end]...)
-	l.held = append(l.held, b[end:]...)
+	if all {
+		// The value ends here: all of it is emitted, and a partial escape at its end is read
+		// again with the next value, which a client joins to it; while a run is withheld, the
+		// partial escape is too (it may complete the run's next character).
+		if l.run.dropping {
+			dst = append(dst, b[emit:max(end, emit)]...)
+		} else {
+			dst = append(dst, b[emit:]...)
+		}
+		l.carry = append(l.carry, b[end:]...)
+	} else {
+		dst = append(dst, b[emit:end]...)
+		l.held = append(l.held, b[end:]...)
+	}
 	l.remember(dst[start:])
 	return dst, nil
 }
@@ -189,19 +209,21 @@ func (l *Loose) unit(dst, b []byte, emit, i, size int, reading string) ([]byte, 
 		}
 	}
 	if ev >= 0 && l.collect == nil {
-		if !wasDropping {
+		if !wasDropping && i > emit {
 			dst = append(dst, b[emit:i]...)
 		}
 		return dst, emit, l.evidence(dst, ev)
 	}
 	switch {
 	case drop && !wasDropping:
-		dst = append(dst, b[emit:i]...)
+		if i > emit {
+			dst = append(dst, b[emit:i]...)
+		}
 		dst = append(dst, Redacted...)
 		l.run.dropping = true
-		emit = i + size
+		emit = max(emit, i+size)
 	case drop:
-		emit = i + size
+		emit = max(emit, i+size)
 	case wasDropping:
 		// The withheld run ended; the client sees Redacted before this character, so a new run
 		// begins with it.
@@ -368,9 +390,10 @@ func (l *Loose) hit(before, match []byte, victim string, epoch uint64) Hit {
 	return Hit{Marker: string(match), Victim: victim, Epoch: epoch, Context: string(ctx)}
 }
 
-// FeedAll is Feed for text that ends a value: an escape cut at its end is read as it stands
-// (the next text is another value, not its continuation), so nothing is held; the run itself
-// carries on into the next text, as a client joins the values.
+// FeedAll is Feed for text that ends a value (the joined reading of values a client joins):
+// all of it is emitted at once (what it withholds aside), nothing is held for the next value; an
+// escape cut at its end is read again together with the next value, and the run carries on
+// into it, as a client joins the values.
 func (l *Loose) FeedAll(dst, text []byte) ([]byte, *Hit) {
-	return l.feed(dst, text, true)
+	return l.feed(dst, text, false, true)
 }

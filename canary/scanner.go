@@ -38,8 +38,9 @@ type Hit struct {
 //
 // Semantics, applied to the leftmost "KVG-" at each step; run = the base32 characters after it,
 // at most 20:
-//   - fewer than 8 characters: redacted (replaced by Redacted, run included);
-//   - the first 8 characters begin no live marker: redacted;
+//   - fewer than 8 characters: "KVG-" redacted (replaced by Redacted; the run stays, for the
+//     folded detector that reads the output);
+//   - the first 8 characters begin no live marker: "KVG-" redacted, likewise;
 //   - they begin the requester's own marker (any live epoch): stripped, run included;
 //   - they begin a foreign marker found in the requester's prompt (echo set): stripped, reported
 //     as an echo;
@@ -188,9 +189,11 @@ func (s *Scanner) scan(dst []byte, emitStart int, b []byte, owned, final bool, v
 			v.Leak = s.cut
 			return dst
 		case classRedact:
+			// Only the reserved prefix goes: the characters after it are the folded detector's
+			// to judge (a stretch of a marker behind a stray "KVG-" is still evidence).
 			dst = append(dst, b[i:p]...)
 			dst = append(dst, Redacted...)
-			i = end
+			i = runStart
 		case classOwn, classEcho:
 			if cl == classEcho {
 				dst = append(dst, b[i:p]...)
@@ -221,7 +224,7 @@ func (s *Scanner) scan(dst []byte, emitStart int, b []byte, owned, final bool, v
 				i = end - t
 			}
 		}
-		if !final && r < MarkerChars && end == len(b) && cl != classWait {
+		if !final && r < MarkerChars && end == len(b) && cl != classWait && cl != classRedact {
 			// The run reached the end of this text: drop its continuation from the next one.
 			s.swallow = MarkerChars - r
 		}

@@ -96,8 +96,9 @@ func (gd *Guard) ScanText(s string) *Hit {
 // Leak is the first foreign marker found, or nil.
 func (gd *Guard) Leak() *Hit { return gd.leak }
 
-// feed scans one piece of streamed text; it returns what may be emitted now.
-func (gd *Guard) feed(key, text string) (string, bool) {
+// feed scans one piece of streamed text; it returns what may be emitted now. join: the field
+// is text a client joins with the reply's other text values (Guard.joined).
+func (gd *Guard) feed(key, text string, join bool) (string, bool) {
 	// In a whole reply (logprobs items): the text's copy, two scanners' output, the string.
 	if !gd.afford(4 * len(text)) {
 		return "", false
@@ -108,6 +109,21 @@ func (gd *Guard) feed(key, text string) (string, bool) {
 	gd.note(v)
 	if v.Leak != nil {
 		return "", false
+	}
+	return gd.looseStage(f, mid, join)
+}
+
+// looseStage passes what the prefix scanner emitted through the joined reading (for text a
+// client joins) and the field's folded detector. The joined reading goes first, on the text as
+// the field's scanners have it, so a run across values is seen whole before the field's own
+// detector withholds part of it.
+func (gd *Guard) looseStage(f *fieldScan, mid []byte, join bool) (string, bool) {
+	if join {
+		j, ok := gd.joined(string(mid))
+		if !ok {
+			return "", false
+		}
+		mid = append(mid[:0], j...)
 	}
 	out, h := f.loose.Feed(gd.buf2[:0], mid)
 	gd.buf2 = out[:0]
@@ -135,13 +151,24 @@ func (gd *Guard) noteLeak(h *canary.Hit) {
 	}
 }
 
+// joinedField says a stream field's text is joined by clients with the reply's other text
+// (its stateful scan went through Guard.joined): a main text field fed as a stream, or
+// /generate's text.
+func joinedField(key string) bool {
+	return strings.HasPrefix(key, "gen:") || mainText(lastSeg(key)) && !strings.Contains(key, "logprobs") && !strings.HasSuffix(key, ".#key")
+}
+
 // scanPiece is how much of a long value the folded detector is fed at a time.
 const scanPiece = 1 << 20
 
 // scanString scans a whole value and returns it cleaned: the requester's own markers stripped,
 // stray "KVG-" redacted, runs of HoldMin or more characters of a foreign marker withheld.
-func (gd *Guard) scanString(s string) (string, bool) {
-	if inert(s) {
+func (gd *Guard) scanString(s string) (string, bool) { return gd.scanValue(s, false) }
+
+// scanValue is scanString; join: the value is text a client joins with the reply's other text
+// values, read by the joined detector between the prefix scanner and the value's own.
+func (gd *Guard) scanValue(s string, join bool) (string, bool) {
+	if inert(s) && !join {
 		return s, true
 	}
 	k := gd.sc.Keyring
@@ -156,6 +183,15 @@ func (gd *Guard) scanString(s string) (string, bool) {
 			return "", false
 		}
 		s = string(out)
+	}
+	if join {
+		var ok bool
+		if s, ok = gd.joined(s); !ok {
+			return "", false
+		}
+	}
+	if inert(s) {
+		return s, true
 	}
 	if gd.one == nil {
 		gd.one = k.NewLoose(gd.sc.Requester, gd.sc.Echoes)
@@ -318,7 +354,7 @@ func (gd *Guard) walk(v any, path string, seq bool, changed *bool) (any, bool) {
 			}
 			if seq {
 				// Keys in a sequence are text a client may join (top_logprobs maps by token).
-				if _, ok := gd.feed(path+".#key", k); !ok {
+				if _, ok := gd.feed(path+".#key", k, false); !ok {
 					return nil, false
 				}
 			}
@@ -380,24 +416,17 @@ func (gd *Guard) walk(v any, path string, seq bool, changed *bool) (any, bool) {
 
 // scanField scans one string value at path.
 func (gd *Guard) scanField(s, path string, seq bool) (string, bool) {
-	var out string
-	var ok bool
+	join := mainText(lastSeg(path))
 	switch {
-	case !gd.whole && !seq && mainText(lastSeg(path)):
-		out, ok = gd.feed(path, s)
+	case !gd.whole && !seq && join:
+		return gd.feed(path, s, true)
 	case seq || !gd.whole:
 		// Detected across events or items; cleaned on its own below.
-		if _, ok = gd.feed(path, s); !ok {
+		if _, ok := gd.feed(path, s, false); !ok {
 			return "", false
 		}
-		out, ok = gd.scanString(s)
-	default:
-		out, ok = gd.scanString(s)
 	}
-	if ok && mainText(lastSeg(path)) {
-		out, ok = gd.joined(out)
-	}
-	return out, ok
+	return gd.scanValue(s, join)
 }
 
 // The joined detector (Guard.joined) reads every text value of the reply (the mainText fields) in
@@ -553,18 +582,26 @@ func (gd *Guard) body(v any) (any, bool) {
 // flushHeld settles every scanner at the end of a whole body; true means a leak.
 func (gd *Guard) flushHeld() bool {
 	for _, key := range gd.order {
-		gd.settle(gd.fields[key])
+		gd.settle(gd.fields[key], joinedField(key))
 	}
 	return gd.leak != nil
 }
 
-// settle flushes one field's scanners: what the prefix scanner held goes through the folded
-// detector, which then settles a partial escape. It returns what the client may still get.
-func (gd *Guard) settle(f *fieldScan) []byte {
+// settle flushes one field's scanners: what the prefix scanner held goes through the joined
+// reading (join) and the folded detector, which then settles a partial escape. It returns what
+// the client may still get.
+func (gd *Guard) settle(f *fieldScan, join bool) []byte {
 	rest, v := f.strict.FlushVerdict(nil)
 	gd.note(v)
 	if gd.leak != nil {
 		return nil
+	}
+	if join && len(rest) > 0 {
+		j, ok := gd.joined(string(rest))
+		if !ok {
+			return nil
+		}
+		rest = []byte(j)
 	}
 	out, h := f.loose.Feed(nil, rest)
 	if h == nil {
@@ -599,10 +636,7 @@ func (gd *Guard) event(v any) (any, bool) {
 			if raw := gd.rawCum[key]; strings.HasPrefix(t, raw) {
 				suffix = t[len(raw):] // SGLang's stream repeats the whole text so far
 			}
-			out, ok := gd.feed("gen:"+key, suffix)
-			if ok {
-				out, ok = gd.joined(out)
-			}
+			out, ok := gd.feed("gen:"+key, suffix, true)
 			if !ok {
 				return nil, false
 			}
@@ -633,17 +667,9 @@ type heldEvent struct {
 func (gd *Guard) flush() []heldEvent {
 	var out []heldEvent
 	for _, key := range gd.order {
-		rest := gd.settle(gd.fields[key])
+		rest := gd.settle(gd.fields[key], joinedField(key))
 		if len(rest) == 0 || gd.leak != nil {
 			continue
-		}
-		if mainText(lastSeg(key)) || strings.HasPrefix(key, "gen:") {
-			var ok bool
-			var j string
-			if j, ok = gd.joined(string(rest)); !ok {
-				continue
-			}
-			rest = []byte(j)
 		}
 		if idx, ok := strings.CutPrefix(key, "gen:"); ok {
 			gd.outCum[idx] += string(rest)
