@@ -65,7 +65,6 @@ type legacyLoose struct {
 	winOverflow map[uint64][]uint64
 }
 
-
 // Reset prepares l for a new field, keeping its buffers.
 func (l *legacyLoose) Reset(tenant string, echoes []string) {
 	l.tenant, l.echoes = tenant, echoes
@@ -115,7 +114,7 @@ type legacyClass uint8
 
 const (
 	legacyNone legacyClass = iota // no live marker begins with these characters
-	legacyMine                   // the requester's own marker or an echo of its prompt
+	legacyMine                    // the requester's own marker or an echo of its prompt
 	legacyForeign
 )
 

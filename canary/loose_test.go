@@ -52,14 +52,16 @@ var disguises = map[string]func(m string) string{
 			return fmt.Sprintf("&#%d;", c)
 		})
 	},
-	"json escapes":     func(m string) string { return perChar(m, func(c rune) string { return fmt.Sprintf("\\u%04x", c) }) },
-	"json surrogates":  func(m string) string { return perChar(m, jsonSurrogates) },
-	"spaced":           func(m string) string { return interleave(m[len(MarkerPrefix):], " ") },
-	"dashed":           func(m string) string { return interleave(m[len(MarkerPrefix):], "-") },
-	"dotted":           func(m string) string { return interleave(strings.ToUpper(m[len(MarkerPrefix):]), ". ") },
-	"one space":        func(m string) string { return m[:14] + " " + m[14:] },
-	"reversed":         func(m string) string { return string(reversed([]byte(m[len(MarkerPrefix):]))) },
-	"reversed spaced":  func(m string) string { return interleave(strings.ToUpper(string(reversed([]byte(m[len(MarkerPrefix):])))), " ") },
+	"json escapes":    func(m string) string { return perChar(m, func(c rune) string { return fmt.Sprintf("\\u%04x", c) }) },
+	"json surrogates": func(m string) string { return perChar(m, jsonSurrogates) },
+	"spaced":          func(m string) string { return interleave(m[len(MarkerPrefix):], " ") },
+	"dashed":          func(m string) string { return interleave(m[len(MarkerPrefix):], "-") },
+	"dotted":          func(m string) string { return interleave(strings.ToUpper(m[len(MarkerPrefix):]), ". ") },
+	"one space":       func(m string) string { return m[:14] + " " + m[14:] },
+	"reversed":        func(m string) string { return string(reversed([]byte(m[len(MarkerPrefix):]))) },
+	"reversed spaced": func(m string) string {
+		return interleave(strings.ToUpper(string(reversed([]byte(m[len(MarkerPrefix):])))), " ")
+	},
 }
 
 // perChar rewrites each character of the marker's body.

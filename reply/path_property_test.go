@@ -93,8 +93,12 @@ var pathDisguises = []struct {
 }{
 	{"plain", func(s string) string { return s }},
 	{"upper", strings.ToUpper},
-	{"fullwidth", func(s string) string { return mapRunes(s, func(c rune) string { return string(0xFF41 + c - 'a') }, 0xFF10) }},
-	{"math bold", func(s string) string { return mapRunes(s, func(c rune) string { return string(0x1D41A + c - 'a') }, 0x1D7CE) }},
+	{"fullwidth", func(s string) string {
+		return mapRunes(s, func(c rune) string { return string(0xFF41 + c - 'a') }, 0xFF10)
+	}},
+	{"math bold", func(s string) string {
+		return mapRunes(s, func(c rune) string { return string(0x1D41A + c - 'a') }, 0x1D7CE)
+	}},
 	{"circled", func(s string) string {
 		return mapRunes(s, func(c rune) string { return string(0x24D0 + c - 'a') }, 0x2460-1)
 	}},
