@@ -43,8 +43,36 @@ const (
 	kindWide
 )
 
+// bmpFold is foldRune for the Basic Multilingual Plane, one lookup instead of two binary
+// searches (CJK text is mostly characters that break a run): 0 breaks, 1 is a separator, 2+i
+// reads as foldReadings[i].
+var bmpFold = func() []uint16 {
+	t := make([]uint16, 0x10000)
+	for i, r := range foldRunes {
+		if r < 0x10000 {
+			t[r] = uint16(2 + i)
+		}
+	}
+	for _, sp := range foldSeparators {
+		for r := sp[0]; r <= sp[1] && r < 0x10000; r++ {
+			t[r] = 1
+		}
+	}
+	return t
+}()
+
 // foldRune reads one non-ASCII character: its classes (as marker characters, 1 to 4), or sep.
 func foldRune(r rune) (reading string, sep bool) {
+	if r < 0x10000 {
+		switch v := bmpFold[r]; v {
+		case 0:
+			return "", false
+		case 1:
+			return "", true
+		default:
+			return foldReadings[v-2], false
+		}
+	}
 	if i := sort.Search(len(foldRunes), func(i int) bool { return foldRunes[i] >= r }); i < len(foldRunes) && foldRunes[i] == r {
 		return foldReadings[i], false
 	}

@@ -233,11 +233,11 @@ func (k *Keyring) insertLocked(ents []entry, keys []uint64) {
 		k.count++
 		rec := markerRec{body: entryBody(key, &en), tenant: en.tenant, epoch: en.epoch}
 		k.recs = append(k.recs, rec)
-		if 2*len(k.recs)*(MarkerChars-HoldMin+1) <= len(k.wins.slots) {
+		if 2*len(k.recs)*windowsPerRec <= len(k.wins.slots) {
 			k.wins.insertRec(&k.recs[len(k.recs)-1], len(k.recs)-1)
 		}
 	}
-	if 2*len(k.recs)*(MarkerChars-HoldMin+1) > len(k.wins.slots) {
+	if 2*len(k.recs)*windowsPerRec > len(k.wins.slots) {
 		k.rebuildWindowsLocked()
 	}
 }

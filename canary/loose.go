@@ -66,7 +66,7 @@ type Loose struct {
 
 // runState is the current run of marker characters and the marker stretches it agrees with.
 type runState struct {
-	fk, rk   uint64 // the last HoldMin characters' classes, forward and reversed
+	fk       uint64 // the last HoldMin characters' classes
 	n        int    // characters in the run
 	al       []align
 	dropping bool // the run's characters are being withheld (Redacted was emitted)
@@ -96,7 +96,7 @@ func (l *Loose) Reset(tenant string, echoes []string) {
 }
 
 func (r *runState) reset() {
-	r.fk, r.rk, r.n, r.al, r.dropping = 0, 0, 0, r.al[:0], false
+	r.fk, r.n, r.al, r.dropping = 0, 0, r.al[:0], false
 }
 
 // Feed takes the next text of the field and appends to dst what may be emitted now: the text,
@@ -141,11 +141,16 @@ func (l *Loose) feed(dst, text []byte, final, all bool) ([]byte, *Hit) {
 	for i := 0; i < len(b); {
 		kd := asciiKind[b[i]]
 		if kd >= 1 && kd <= 32 {
-			// The fast path: a marker character in ASCII.
-			if l.run.n+1 < HoldMin && !l.run.dropping {
-				l.run.push(kd - 1)
-				i++
-				continue
+			// The fast path: a marker character in ASCII that no tracked stretch continues and
+			// whose window is in no live marker (one probe of the table).
+			if !l.run.dropping && len(l.run.al) == 0 {
+				fk := (l.run.fk<<5 | uint64(kd-1)) & winKeyMask
+				if l.run.n+1 < HoldMin || !k.wins.has(fk) {
+					l.run.fk = fk
+					l.run.n++
+					i++
+					continue
+				}
 			}
 			var h *Hit
 			if dst, emit, h = l.unit(dst, b, emit, i, 1, b32alphabet[kd-1:kd]); h != nil {
@@ -238,7 +243,6 @@ func (l *Loose) unit(dst, b []byte, emit, i, size int, reading string) ([]byte, 
 // push adds a character to the run when no window can be complete yet.
 func (r *runState) push(x uint8) {
 	r.fk = (r.fk<<5 | uint64(x)) & winKeyMask
-	r.rk = r.rk>>5 | uint64(x)<<(winKeyBits-5)
 	r.n++
 }
 
@@ -264,8 +268,7 @@ func (l *Loose) step(x uint8) (drop bool, evidence int) {
 	}
 	r.al = kept
 	if r.n >= HoldMin {
-		l.probe(r.fk, false)
-		l.probe(r.rk, true)
+		l.probe(r.fk)
 	}
 	evidence = -1
 	for i, a := range r.al {
@@ -285,8 +288,9 @@ func (l *Loose) step(x uint8) (drop bool, evidence int) {
 	return drop, evidence
 }
 
-// probe adds the stretches of live markers that the run's last HoldMin characters spell (key).
-func (l *Loose) probe(key uint64, rev bool) {
+// probe adds the stretches of live markers that the run's last HoldMin characters (key) spell,
+// forwards or backwards (the table holds both).
+func (l *Loose) probe(key uint64) {
 	k := l.k
 	if !k.wins.has(key) {
 		return
@@ -297,27 +301,32 @@ func (l *Loose) probe(key uint64, rev bool) {
 			return
 		}
 		for off := 0; off+HoldMin <= MarkerChars; off++ {
-			// Backwards, the run's newest character is body[off]: rk packs the run newest
-			// first, so both directions compare with the body's window as stored.
-			if bodyWindowKey(m.body[off:off+HoldMin]) != key {
-				continue
+			w := m.body[off : off+HoldMin]
+			if bodyWindowKey(w) == key {
+				l.addAlign(rec, m, off, false)
 			}
-			dup := false
-			for _, a := range l.run.al {
-				if int(a.rec) == rec && a.rev == rev && (rev && int(a.lo) == off || !rev && int(a.lo)+int(a.n)-HoldMin == off) {
-					dup = true
-				}
+			if reversedWindowKey(w) == key {
+				// Backwards, the run's newest character is body[off].
+				l.addAlign(rec, m, off, true)
 			}
-			if dup {
-				continue
-			}
-			a := align{rec: int32(rec), lo: int8(off), n: HoldMin, rev: rev, own: m.tenant == l.me}
-			if !a.own && len(l.echoes) > 0 {
-				a.echoed = echoedMask(l.echoes, &m.body)
-			}
-			l.run.al = append(l.run.al, l.judge(a))
 		}
 	})
+}
+
+// addAlign starts tracking a stretch [off, off+HoldMin) of marker rec, unless it already is
+// (a stretch found earlier and extended to here). The table holds a window once per occurrence,
+// so each stretch may be reported more than once.
+func (l *Loose) addAlign(rec int, m *markerRec, off int, rev bool) {
+	for _, a := range l.run.al {
+		if int(a.rec) == rec && a.rev == rev && (rev && int(a.lo) == off || !rev && int(a.lo)+int(a.n)-HoldMin == off) {
+			return
+		}
+	}
+	a := align{rec: int32(rec), lo: int8(off), n: HoldMin, rev: rev, own: m.tenant == l.me}
+	if !a.own && len(l.echoes) > 0 {
+		a.echoed = echoedMask(l.echoes, &m.body)
+	}
+	l.run.al = append(l.run.al, l.judge(a))
 }
 
 // judge says whether a stretch holds a character the requester did not send itself.

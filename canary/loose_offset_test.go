@@ -274,7 +274,7 @@ func TestLooseWindowsFollowRefresh(t *testing.T) {
 	}
 	nrec := len(w.k.recs)
 	w.k.mu.RUnlock()
-	if want := w.k.LiveMarkers() * (MarkerChars - HoldMin + 1); filled != want || nrec != w.k.LiveMarkers() {
+	if want := w.k.LiveMarkers() * windowsPerRec; filled != want || nrec != w.k.LiveMarkers() {
 		t.Fatalf("%d windows for %d live markers (%d records)", filled, w.k.LiveMarkers(), nrec)
 	}
 }

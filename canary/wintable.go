@@ -17,10 +17,11 @@ type markerRec struct {
 }
 
 // winTable is an open-addressed set of every HoldMin-character window of every live marker body,
-// in classes (foldClass), 5 bits a character: a slot holds the window's 40 bits and, below them,
-// 1 + the index of its marker in recs (24 bits, so at most 2^24−1 live markers). Linear probing,
-// at most half full; 0 is an empty slot. A million live markers take 13 million windows in
-// 2^25 slots (256 MB); 10^5 take 32 MB.
+// forwards and backwards, in classes (foldClass), 5 bits a character: a slot holds the window's
+// 40 bits and, below them, 1 + the index of its marker in recs (24 bits, so at most 2^24−1 live
+// markers). Storing both directions lets the detector probe once per character. Linear probing,
+// at most half full; 0 is an empty slot. A million live markers take 26 million windows in 2^26
+// slots (512 MB); 10^5 take 64 MB.
 type winTable struct {
 	slots []uint64
 	shift uint // 64 − log2(len(slots))
@@ -94,6 +95,9 @@ var classIdx = func() (t [256]int8) {
 	return t
 }()
 
+// windowsPerRec is how many keys a marker puts in the table: each window, both ways.
+const windowsPerRec = 2 * (MarkerChars - HoldMin + 1)
+
 // bodyWindowKey packs HoldMin characters of a marker body, in classes.
 func bodyWindowKey(w []byte) uint64 {
 	var k uint64
@@ -105,7 +109,7 @@ func bodyWindowKey(w []byte) uint64 {
 
 // buildWindows makes the table of recs' windows.
 func buildWindows(recs []markerRec) winTable {
-	t := newWinTable(len(recs) * (MarkerChars - HoldMin + 1))
+	t := newWinTable(len(recs) * windowsPerRec)
 	for i := range recs {
 		t.insertRec(&recs[i], i)
 	}
@@ -115,5 +119,16 @@ func buildWindows(recs []markerRec) winTable {
 func (t *winTable) insertRec(r *markerRec, i int) {
 	for off := 0; off+HoldMin <= MarkerChars; off++ {
 		t.insert(bodyWindowKey(r.body[off:off+HoldMin]), i)
+		t.insert(reversedWindowKey(r.body[off:off+HoldMin]), i)
 	}
+}
+
+// reversedWindowKey packs HoldMin characters of a marker body backwards: what text spelling
+// them in reverse order packs to.
+func reversedWindowKey(w []byte) uint64 {
+	var k uint64
+	for i := HoldMin - 1; i >= 0; i-- {
+		k = k<<5 | uint64(classIdx[w[i]])
+	}
+	return k
 }
