@@ -255,6 +255,7 @@ func (k *Keyring) rebuildWindowsLocked() {
 	}
 	clear(k.recs[len(live):])
 	k.recs = live
+	k.recsGen++
 	k.wins = buildWindows(k.recs)
 }
 

@@ -62,6 +62,7 @@ type Loose struct {
 	// prompt scan of FindMarkerFragments); nothing is ever dropped or cut then.
 	collect func(rec int, lo, n int)
 	me      uint32 // the requester's tenant index (deadRec when unknown)
+	gen     uint64 // the keyring's recsGen the run's stretches refer to
 }
 
 // runState is the current run of marker characters and the marker stretches it agrees with.
@@ -134,6 +135,12 @@ func (l *Loose) feed(dst, text []byte, final, all bool) ([]byte, *Hit) {
 	l.me = deadRec
 	if i, ok := k.tenantIdx[l.tenant]; ok {
 		l.me = i
+	}
+	if l.gen != k.recsGen {
+		// Markers moved in the keyring: the stretches being tracked are found again by the
+		// next probe of the run's last characters (a withheld run stays withheld).
+		l.run.al = l.run.al[:0]
+		l.gen = k.recsGen
 	}
 	start := len(dst)
 	emit := floor // b[emit:] is not copied to dst yet
