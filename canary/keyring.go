@@ -56,8 +56,11 @@ type Keyring struct {
 	// classes) → its marker in recs. So the folded detector finds a run from any offset of any
 	// live marker, in either direction, with one probe of an open-addressed table. recs keeps
 	// markers of dropped epochs until the next rebuild (dead: tenant == deadRec).
-	recs      []markerRec
-	wins      winTable
+	recs []markerRec
+	wins winTable
+	// recsGen counts rebuilds that moved markers in recs: a detector holding indexes into recs
+	// across Feeds drops them when it changes.
+	recsGen   uint64
 	epochKeys map[uint64][]uint64 // epoch → keys inserted for it, so Refresh can drop it
 	lo, hi    uint64              // live epochs, inclusive; valid when live
 	live      bool
