@@ -82,4 +82,4 @@ falsealarm:
 
 # Issue 17: the folded detector today and before, side by side, 10^2 to 10^6 live markers.
 bench-scanner:
-	$(GO) test -run '^$$' -bench BenchmarkScannerSideBySide -benchtime 3x -timeout 30m ./canary
+	$(GO) test -run '^$$' -bench BenchmarkScannerSideBySide -benchtime 10x -timeout 30m ./canary

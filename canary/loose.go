@@ -148,14 +148,13 @@ func (l *Loose) feed(dst, text []byte, final, all bool) ([]byte, *Hit) {
 	for i := 0; i < len(b); {
 		kd := asciiKind[b[i]]
 		if kd >= 1 && kd <= 32 {
-			// The fast path: a marker character in ASCII that no tracked stretch continues and
-			// whose window is in no live marker (one probe of the table).
+			// The fast path: ASCII marker characters and separators that no tracked stretch
+			// continues and whose windows are in no live marker (one probe of the table each),
+			// with the run's state in registers.
 			if !l.run.dropping && len(l.run.al) == 0 {
-				fk := (l.run.fk<<5 | uint64(kd-1)) & winKeyMask
-				if l.run.n+1 < HoldMin || !k.wins.has(fk) {
-					l.run.fk = fk
-					l.run.n++
-					i++
+				j := l.fastASCII(b, i)
+				if j > i {
+					i = j
 					continue
 				}
 			}
@@ -207,6 +206,44 @@ func (l *Loose) feed(dst, text []byte, final, all bool) ([]byte, *Hit) {
 	}
 	l.remember(dst[start:])
 	return dst, nil
+}
+
+// fastASCII reads b from i while its bytes are ASCII marker characters, separators or
+// run-breaking bytes and no window matches; it returns where it stopped (i when b[i] needs the
+// slow path).
+func (l *Loose) fastASCII(b []byte, i int) int {
+	fk, n := l.run.fk, l.run.n
+	slots, shift := l.k.wins.slots, l.k.wins.shift
+	mask := uint64(len(slots) - 1)
+	j := i
+loop:
+	for j < len(b) {
+		kd := asciiKind[b[j]]
+		switch {
+		case kd-1 < 32:
+			nfk := (fk<<5 | uint64(kd-1)) & winKeyMask
+			if n+1 >= HoldMin {
+				for h := (nfk * 0x9E3779B97F4A7C15) >> shift; ; h = (h + 1) & mask {
+					s := slots[h]
+					if s == 0 {
+						break
+					}
+					if s>>winRecBits == nfk {
+						break loop // a window matches: the slow path takes this character
+					}
+				}
+			}
+			fk, n = nfk, n+1
+		case kd == kindSep:
+		case kd == kindBreak:
+			fk, n = 0, 0
+		default:
+			break loop
+		}
+		j++
+	}
+	l.run.fk, l.run.n = fk, n
+	return j
 }
 
 // unit takes one character of the text (b[i:i+size]) that reads as marker characters.
