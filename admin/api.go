@@ -134,9 +134,14 @@ func (g *API) backendsList(ctx *fasthttp.RequestCtx) {
 	writeJSON(ctx, 200, map[string]any{"backends": out})
 }
 
+// incidents answers GET /admin/incidents, newest first: ?limit= (1 to 10000, default 100),
+// ?since= (RFC 3339, or Unix milliseconds: incidents at or after it) and ?tenant= (incidents
+// whose victim or requester it is), both over the newest maxIncidentScan incidents. A bad
+// parameter is a 400 naming it.
 func (g *API) incidents(ctx *fasthttp.RequestCtx) {
+	q := ctx.QueryArgs()
 	limit := 100
-	if s := ctx.QueryArgs().Peek("limit"); len(s) > 0 {
+	if s := q.Peek("limit"); len(s) > 0 {
 		n, err := strconv.Atoi(string(s))
 		if err != nil || n < 1 || n > 10000 {
 			writeError(ctx, apierr.BadRequest("limit", "'limit' must be an integer from 1 to 10000."))
@@ -144,17 +149,58 @@ func (g *API) incidents(ctx *fasthttp.RequestCtx) {
 		}
 		limit = n
 	}
+	var since time.Time
+	if s := string(q.Peek("since")); s != "" {
+		t, ok := parseSince(s)
+		if !ok {
+			writeError(ctx, apierr.BadRequest("since", "'since' must be an RFC 3339 time (2026-12-03T16:00:00Z) or Unix milliseconds."))
+			return
+		}
+		since = t
+	}
+	tenant := string(q.Peek("tenant"))
+	if q.Has("tenant") && tenant == "" {
+		writeError(ctx, apierr.BadRequest("tenant", "'tenant' must name a tenant."))
+		return
+	}
+	filtered := !since.IsZero() || tenant != ""
 	rctx, cancel := storeCtx()
 	defer cancel()
-	list, err := g.Incidents.List(rctx, limit)
+	n := limit
+	if filtered {
+		n = maxIncidentScan // the newest this many, filtered below: a bounded read
+	}
+	list, err := g.Incidents.List(rctx, n)
 	if err != nil {
 		writeError(ctx, apierr.StateUnavailable("The incident store is unreachable: "+err.Error()))
 		return
 	}
-	if list == nil {
-		list = []state.Incident{}
+	out := make([]state.Incident, 0, min(len(list), limit))
+	for _, inc := range list {
+		if len(out) == limit {
+			break
+		}
+		if (!since.IsZero() && inc.Time.Before(since)) || (tenant != "" && inc.Victim != tenant && inc.Requester != tenant) {
+			continue
+		}
+		out = append(out, inc)
 	}
-	writeJSON(ctx, 200, map[string]any{"incidents": list})
+	writeJSON(ctx, 200, map[string]any{"incidents": out})
+}
+
+// maxIncidentScan is how many of the newest incidents a filtered listing reads (the Redis log
+// keeps up to 100,000; reading them all for one request would cost tens of megabytes).
+const maxIncidentScan = 10000
+
+// parseSince reads ?since=: RFC 3339 (with or without fractions), or Unix milliseconds.
+func parseSince(s string) (time.Time, bool) {
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, true
+	}
+	if ms, err := strconv.ParseInt(s, 10, 64); err == nil && ms >= 0 && ms < 1<<53 {
+		return time.UnixMilli(ms), true
+	}
+	return time.Time{}, false
 }
 
 func backendNotFound(name string) *apierr.Error {

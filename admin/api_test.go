@@ -1,8 +1,10 @@
 package admin_test
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/config"
+	"github.com/kvgate/kvgate/internal/redistest"
 	"github.com/kvgate/kvgate/state"
 	"github.com/kvgate/kvgate/tenants"
 )
@@ -100,5 +103,93 @@ func TestAdminAuthRoutesAndMethods(t *testing.T) {
 	}
 	if c := a.Tenants.ByKey([]byte("kc")); c == nil || c.RPM != 3 {
 		t.Fatalf("created tenant not in the directory: %+v", c)
+	}
+}
+
+// GET /admin/tenants/{name} answers one tenant (file or run time) or 404.
+func TestAdminGetOneTenant(t *testing.T) {
+	a := api(t, "admin-key")
+	a.Tenants = tenants.NewDirectory(tenants.FromConfig([]config.Tenant{{Name: "alice", KeySHA256: config.SHA256Hex("ka"), RPM: 5}}), a.Store, zap.NewNop())
+	if _, status, body := call(a, "POST", "/admin/tenants", "admin-key", `{"name":"carol","key_sha256":"`+config.SHA256Hex("kc")+`","tpm":700}`); status != 201 {
+		t.Fatalf("create: %d %s", status, body)
+	}
+	for _, c := range []struct {
+		name, source string
+		rpm, tpm     float64
+	}{{"alice", "config", 5, 0}, {"carol", "runtime", 0, 700}} {
+		_, status, body := call(a, "GET", "/admin/tenants/"+c.name, "admin-key", "")
+		var v map[string]any
+		if status != 200 || json.Unmarshal(body, &v) != nil || v["name"] != c.name || v["source"] != c.source || v["rpm"] != c.rpm || v["tpm"] != c.tpm {
+			t.Fatalf("GET %s: %d %s", c.name, status, body)
+		}
+		if strings.Contains(string(body), config.SHA256Hex("kc")) || strings.Contains(string(body), config.SHA256Hex("ka")) {
+			t.Fatalf("GET %s shows the whole key hash: %s", c.name, body)
+		}
+	}
+	if _, status, body := call(a, "GET", "/admin/tenants/nobody", "admin-key", ""); status != 404 {
+		t.Fatalf("an unknown tenant: %d %s", status, body)
+	}
+	if _, status, _ := call(a, "GET", "/admin/tenants/alice", "wrong-key", ""); status != 401 {
+		t.Fatalf("without the admin key: %d", status)
+	}
+}
+
+// ?since= and ?tenant= filter incidents (memory and Redis logs alike); a bad value is a 400 naming
+// the parameter.
+func TestAdminIncidentFilters(t *testing.T) {
+	client, prefix := redistest.Open(t)
+	for name, log := range map[string]state.IncidentLog{
+		"memory": state.NewMemoryIncidents(100),
+		"redis":  state.NewRedisIncidents(client, prefix, 100, 100),
+	} {
+		t.Run(name, func(t *testing.T) {
+			a := api(t, "admin-key")
+			a.Incidents = log
+			base := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+			for i, inc := range []state.Incident{
+				{Kind: state.KindLeak, RequestID: "r0", Victim: "alice", Requester: "bob"},
+				{Kind: state.KindEcho, RequestID: "r1", Victim: "carol", Requester: "bob"},
+				{Kind: state.KindLeak, RequestID: "r2", Victim: "carol", Requester: "dave"},
+				{Kind: state.KindLeak, RequestID: "r3", Victim: "alice", Requester: "erin"},
+			} {
+				inc.Time = base.Add(time.Duration(i) * time.Hour)
+				if err := log.Record(context.Background(), inc); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ids := func(query string) string {
+				t.Helper()
+				_, status, body := call(a, "GET", "/admin/incidents"+query, "admin-key", "")
+				var out struct{ Incidents []state.Incident }
+				if status != 200 || json.Unmarshal(body, &out) != nil {
+					t.Fatalf("%s: %d %s", query, status, body)
+				}
+				var got []string
+				for _, inc := range out.Incidents {
+					got = append(got, inc.RequestID)
+				}
+				return strings.Join(got, ",")
+			}
+			for query, want := range map[string]string{
+				"":                            "r3,r2,r1,r0",
+				"?tenant=carol":               "r2,r1",
+				"?tenant=bob":                 "r1,r0",
+				"?since=2026-12-03T13:30:00Z": "r3,r2",
+				"?since=" + fmt.Sprint(base.Add(time.Hour).UnixMilli()): "r3,r2,r1",
+				"?since=2026-12-03T13:00:00Z&tenant=alice":              "r3",
+				"?tenant=alice&limit=1":                                 "r3",
+				"?tenant=nobody":                                        "",
+			} {
+				if got := ids(query); got != want {
+					t.Errorf("incidents%s: %q, want %q", query, got, want)
+				}
+			}
+			for query, param := range map[string]string{"?since=yesterday": "since", "?since=2026-13-03": "since", "?tenant=": "tenant", "?limit=x": "limit"} {
+				_, status, body := call(a, "GET", "/admin/incidents"+query, "admin-key", "")
+				if status != 400 || !strings.Contains(string(body), `"param":"`+param+`"`) {
+					t.Errorf("incidents%s: %d %s, want 400 naming %s", query, status, body, param)
+				}
+			}
+		})
 	}
 }

@@ -1,7 +1,7 @@
 package admin
 
 // The admin API for tenants added at run time: POST /admin/tenants, GET /admin/tenants,
-// PATCH and DELETE /admin/tenants/{name}. Records live in the tenant store (Redis, or memory for
+// GET, PATCH and DELETE /admin/tenants/{name}. Records live in the tenant store (Redis, or memory for
 // one replica); every replica picks changes up within tenants.SyncInterval. Tenants from the config
 // file are the base set: listed here, but changed only in the file. Keys are only ever taken
 // and stored as their SHA-256.
@@ -42,6 +42,10 @@ func (g *API) tenants(ctx *fasthttp.RequestCtx, path, method string) bool {
 		return false
 	}
 	switch method {
+	case fasthttp.MethodGet:
+		if g.Auth(ctx) {
+			g.getTenant(ctx, name)
+		}
 	case fasthttp.MethodPatch:
 		if g.Auth(ctx) {
 			g.patchTenant(ctx, name)
@@ -94,6 +98,23 @@ func (g *API) listTenants(ctx *fasthttp.RequestCtx) {
 		out = append(out, tenants.ViewOf(r, "runtime"))
 	}
 	writeJSON(ctx, 200, map[string]any{"tenants": out})
+}
+
+// getTenant answers one tenant as listTenants shows it: from the config file, or the store.
+func (g *API) getTenant(ctx *fasthttp.RequestCtx, name string) {
+	if t := g.Tenants.Configured(name); t != nil {
+		writeJSON(ctx, 200, tenants.ViewOf(state.TenantRecord{Name: t.Name, KeySHA256: t.KeySHA256, MaxPromptTokens: t.MaxPromptTokens,
+			CanaryOptOut: t.CanaryOptOut, Limits: t.Limits()}, "config"))
+		return
+	}
+	rctx, cancel := storeCtx()
+	defer cancel()
+	r, err := g.Store.Get(rctx, name)
+	if err != nil {
+		writeError(ctx, tenants.StoreError(err, name))
+		return
+	}
+	writeJSON(ctx, 200, tenants.ViewOf(r, "runtime"))
 }
 
 func (g *API) createTenant(ctx *fasthttp.RequestCtx) {

@@ -173,7 +173,7 @@ func ShuttingDown() *Error {
 // UpstreamIntegrity: the reply held another tenant's data and was cut.
 func UpstreamIntegrity() *Error {
 	return &Error{Status: 502, Type: "server_error", Code: "upstream_integrity",
-		Message: "The engine's reply contained another tenant's data and was cut. The incident was recorded; retry the request."}
+		Message: "The engine's reply contained another tenant's data and was cut. The incident was recorded and the engines on this path are quarantined until an operator releases them; new requests go to other engines (503 no_backend while none is left)."}
 }
 
 // ErrPrefillTimeout: decode answered but prefill did not within upstream.response_header_timeout.

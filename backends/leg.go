@@ -117,13 +117,17 @@ type Leg struct {
 
 // Send posts body to path on the engine and waits for the reply's headers (the body streams).
 // A fresh request, so no client header (credentials, cookies, hop-by-hop) can reach the engine:
-// only our request id, the backend's own key and a request for unencoded replies.
-func (b *Backend) Send(path string, body []byte, rids []string, requestID string, stream bool) (*Leg, error) {
+// only our request id, the W3C traceparent of the leg's span (when tracing is on), the backend's
+// own key and a request for unencoded replies.
+func (b *Backend) Send(path string, body []byte, rids []string, requestID, traceparent string, stream bool) (*Leg, error) {
 	req := fasthttp.AcquireRequest()
 	req.SetRequestURI("http://" + b.Addr + path)
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.SetContentType("application/json")
 	req.Header.Set("X-Request-Id", requestID)
+	if traceparent != "" {
+		req.Header.Set("Traceparent", traceparent)
+	}
 	req.Header.Set("Accept-Encoding", "identity")
 	if stream {
 		req.Header.Set("Accept", "text/event-stream")
@@ -201,8 +205,9 @@ func (p *PrefillLeg) OK() bool { return p.Err == nil && p.Status >= 200 && p.Sta
 const maxPrefillError = 1 << 20
 
 // StartPrefill sends the prefill leg of a PD pair. Its reply is drained and discarded (its
-// output is one token); observe is called with the status (0: transport error) for metrics.
-func (b *Backend) StartPrefill(path string, body []byte, rids []string, requestID string, observe func(b *Backend, status int)) *PrefillLeg {
+// output is one token); observe is called once its headers came, with the status, or with the
+// transport error (status 0), for metrics and the leg's span.
+func (b *Backend) StartPrefill(path string, body []byte, rids []string, requestID, traceparent string, observe func(b *Backend, status int, err error)) *PrefillLeg {
 	p := &PrefillLeg{Done: make(chan struct{})}
 	go func() {
 		defer close(p.Done)
@@ -212,14 +217,14 @@ func (b *Backend) StartPrefill(path string, body []byte, rids []string, requestI
 				p.Err = fmt.Errorf("prefill leg panicked: %v", v)
 			}
 		}()
-		l, err := b.Send(path, body, rids, requestID, false)
+		l, err := b.Send(path, body, rids, requestID, traceparent, false)
 		if err != nil {
 			p.Err = err
-			observe(b, 0)
+			observe(b, 0, err)
 			return
 		}
 		defer l.Release()
-		observe(b, l.Status())
+		observe(b, l.Status(), nil)
 		p.Status, p.ContentType = l.Status(), append([]byte(nil), l.ContentType()...)
 		var buf bytes.Buffer
 		src := l.Body()

@@ -14,6 +14,7 @@ import (
 	neturl "net/url"
 	"os"
 	"reflect"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -82,7 +83,7 @@ type Server struct {
 	DrainDelay time.Duration `yaml:"drain_delay"`
 	// DrainTimeout is the second phase: the listener closes and requests in flight may finish
 	// for this long. A stream still open at the deadline ends with an error event (and an access
-	// line), and the process exits 1; 0 cuts at once. Default 30s.
+	// line), then the process exits 0; 0 cuts at once. Default 30s.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
 }
 
@@ -93,8 +94,9 @@ const (
 )
 
 // MinCanarySecretBytes is the shortest canary.secret accepted: markers are an HMAC under it, and
-// a short secret can be guessed from the markers a tenant sees in its own prompts.
-const MinCanarySecretBytes = 16
+// a short secret can be guessed from the markers a tenant sees in its own prompts. 32 bytes of a
+// random secret are the 256 bits of the HMAC-SHA256 it keys.
+const MinCanarySecretBytes = 32
 
 // Backend is one engine server.
 type Backend struct {
@@ -509,7 +511,7 @@ func (c *Config) Validate() error {
 	}
 	oneOf("state.redis_mode", string(c.State.RedisMode), string(RedisStandalone), string(RedisSentinel), string(RedisCluster))
 	if c.Canary.Enabled && c.Canary.Secret == "" {
-		bad("canary.secret", "required when canary.enabled is true (or set KVGATE_CANARY_SECRET)")
+		bad("canary.secret", "required when canary.enabled is true (or set KVGATE_CANARY_SECRET or KVGATE_CANARY_SECRET_FILE)")
 	} else if c.Canary.Secret != "" && len(c.Canary.Secret) < MinCanarySecretBytes {
 		// Checked even while canaries are off: turning them on later must not need a new secret.
 		bad("canary.secret", "must be at least %d bytes, got %d", MinCanarySecretBytes, len(c.Canary.Secret))
@@ -608,30 +610,108 @@ func isSHA256Hex(s string) bool {
 	return err == nil
 }
 
-// ApplyEnv sets every scalar field named by a KVGATE_* variable: the variable's name is KVGATE_
-// followed by the field's YAML path in upper case joined by "_" (KVGATE_LISTEN,
-// KVGATE_POLICY_MODE, KVGATE_CANARY_SECRET, KVGATE_STATE_REDIS_URL). Lists (backends, tenants)
-// are not overridable from the environment. Any other KVGATE_* variable is an error naming it (a
-// misspelt override must not be silently ignored), except those of NonConfigEnv.
+// ApplyEnv applies KVGATE_* variables over the file:
+//   - every scalar setting: KVGATE_ followed by the field's YAML path in upper case joined by "_"
+//     (KVGATE_LISTEN, KVGATE_POLICY_MODE, KVGATE_CANARY_SECRET, KVGATE_STATE_REDIS_URL);
+//   - every list (KVGATE_BACKENDS, KVGATE_TENANTS): a YAML (or JSON) list that replaces the
+//     file's, its entries checked like the file's;
+//   - one backend's key: KVGATE_BACKENDS_<NAME>_API_KEY, NAME being the backend's name in upper
+//     case with every other character than A-Z and 0-9 as "_" (backend "gpu-a" is
+//     KVGATE_BACKENDS_GPU_A_API_KEY), so a key need not sit in the file;
+//   - any of these with _FILE appended reads the value from that file instead (one trailing
+//     newline dropped): how secrets mounted as files (Kubernetes, Docker) are passed.
+//
+// Any other KVGATE_* variable is an error naming it (a misspelt override must not be silently
+// ignored), except those of NonConfigEnv. Values never appear in errors.
 func ApplyEnv(c *Config, environ []string) error {
-	fields := map[string]reflect.Value{}
-	collectEnvFields(reflect.ValueOf(c).Elem(), "KVGATE", fields)
+	scalars, lists := map[string]reflect.Value{}, map[string]reflect.Value{}
+	collectEnvFields(reflect.ValueOf(c).Elem(), "KVGATE", scalars, lists)
 	var errs []error
+	// Resolve _FILE first, so that every later step sees one value per setting.
+	type setting struct{ value, from string } // from: the variable that gave it (for errors)
+	env := map[string]setting{}
+	var names []string
 	for _, kv := range environ {
 		name, value, ok := strings.Cut(kv, "=")
 		if !ok || !strings.HasPrefix(name, "KVGATE_") || NonConfigEnv[name] {
 			continue
 		}
-		f, known := fields[name]
-		if !known {
-			errs = append(errs, fmt.Errorf("config: environment %s: no such setting (names are KVGATE_ and the YAML path, like KVGATE_STATE_REDIS_URL; lists come from the file only)", name))
+		base := name
+		if b, isFile := strings.CutSuffix(name, "_FILE"); isFile {
+			raw, err := os.ReadFile(value)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("config: environment %s: %w", name, err))
+				continue
+			}
+			base, value = b, strings.TrimSuffix(strings.TrimSuffix(string(raw), "\n"), "\r")
+		}
+		if prev, dup := env[base]; dup {
+			errs = append(errs, fmt.Errorf("config: environment %s and %s both set %s: keep one", prev.from, name, base))
 			continue
 		}
-		if err := setScalar(f, value); err != nil {
-			errs = append(errs, fmt.Errorf("config: environment %s: %w", name, err))
+		env[base] = setting{value, name}
+		names = append(names, base)
+	}
+	sort.Strings(names)
+	// Lists before the backend keys, which name backends of the final list.
+	for _, name := range names {
+		if f, ok := lists[name]; ok {
+			if err := setList(f, env[name].value); err != nil {
+				errs = append(errs, fmt.Errorf("config: environment %s: %w", env[name].from, err))
+			}
 		}
 	}
+	backendKeys := map[string][]int{}
+	for i, b := range c.Backends {
+		n := "KVGATE_BACKENDS_" + envName(b.Name) + "_API_KEY"
+		backendKeys[n] = append(backendKeys[n], i)
+	}
+	for _, name := range names {
+		s := env[name]
+		if _, ok := lists[name]; ok {
+			continue
+		}
+		if f, ok := scalars[name]; ok {
+			if err := setScalar(f, s.value); err != nil {
+				errs = append(errs, fmt.Errorf("config: environment %s: %w", s.from, err))
+			}
+			continue
+		}
+		if idx, ok := backendKeys[name]; ok {
+			if len(idx) > 1 {
+				errs = append(errs, fmt.Errorf("config: environment %s: backends[%d] and backends[%d] both map to this name; rename one", s.from, idx[0], idx[1]))
+				continue
+			}
+			c.Backends[idx[0]].APIKey = s.value
+			continue
+		}
+		errs = append(errs, fmt.Errorf("config: environment %s: no such setting (names are KVGATE_ and the YAML path, like KVGATE_STATE_REDIS_URL; KVGATE_BACKENDS_<NAME>_API_KEY for a configured backend's key; _FILE appended reads the value from a file)", s.from))
+	}
 	return errors.Join(errs...)
+}
+
+// envName is a backend name as it appears in a variable's name: upper case, every character
+// other than A-Z and 0-9 replaced by "_".
+func envName(name string) string {
+	b := []byte(strings.ToUpper(name))
+	for i, ch := range b {
+		if (ch < 'A' || ch > 'Z') && (ch < '0' || ch > '9') {
+			b[i] = '_'
+		}
+	}
+	return string(b)
+}
+
+// setList decodes value (YAML or JSON) as the whole list f, unknown keys refused as in the file.
+func setList(f reflect.Value, value string) error {
+	v := reflect.New(f.Type())
+	dec := yaml.NewDecoder(strings.NewReader(value))
+	dec.KnownFields(true)
+	if err := dec.Decode(v.Interface()); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("not a YAML list of %s entries: %w", f.Type().Elem().Name(), err)
+	}
+	f.Set(v.Elem())
+	return nil
 }
 
 // NonConfigEnv are KVGATE_* variables that are not settings: those of kvgate's own tests, lab
@@ -707,19 +787,23 @@ func (c *Config) Redacted() *Config {
 	return &r
 }
 
-// EnvNames lists every variable ApplyEnv understands (for docs and tests).
+// EnvNames lists every setting variable ApplyEnv understands, scalars and lists (for docs and
+// tests; the per-backend keys and the _FILE forms come on top).
 func EnvNames() []string {
-	fields := map[string]reflect.Value{}
+	scalars, lists := map[string]reflect.Value{}, map[string]reflect.Value{}
 	var c Config
-	collectEnvFields(reflect.ValueOf(&c).Elem(), "KVGATE", fields)
-	out := make([]string, 0, len(fields))
-	for k := range fields {
+	collectEnvFields(reflect.ValueOf(&c).Elem(), "KVGATE", scalars, lists)
+	out := make([]string, 0, len(scalars)+len(lists))
+	for k := range scalars {
+		out = append(out, k)
+	}
+	for k := range lists {
 		out = append(out, k)
 	}
 	return out
 }
 
-func collectEnvFields(v reflect.Value, prefix string, out map[string]reflect.Value) {
+func collectEnvFields(v reflect.Value, prefix string, out, lists map[string]reflect.Value) {
 	t := v.Type()
 	for i := 0; i < t.NumField(); i++ {
 		tag := strings.Split(t.Field(i).Tag.Get("yaml"), ",")[0]
@@ -730,9 +814,11 @@ func collectEnvFields(v reflect.Value, prefix string, out map[string]reflect.Val
 		f := v.Field(i)
 		switch f.Kind() {
 		case reflect.Struct:
-			collectEnvFields(f, name, out)
-		case reflect.Slice, reflect.Map:
-			// lists are configured in the file only
+			collectEnvFields(f, name, out, lists)
+		case reflect.Slice:
+			lists[name] = f
+		case reflect.Map:
+			// no map settings
 		default:
 			out[name] = f
 		}

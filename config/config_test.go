@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -36,7 +37,7 @@ func TestEnvOverrides(t *testing.T) {
 		"KVGATE_POLICY_MODE=monitor",
 		"KVGATE_TOKENIZER_SAFETY_RATIO=1.5",
 		"KVGATE_CANARY_ENABLED=true",
-		"KVGATE_CANARY_SECRET=s3cret-of-16-bytes",
+		"KVGATE_CANARY_SECRET=s3cret-of-at-least-32-bytes-long!",
 		"KVGATE_CAPACITY_POLL_INTERVAL=500ms",
 		"KVGATE_TEST_REDIS=redis://127.0.0.1:6379/15", // a test tool's variable, not a setting
 		"PATH=/bin",
@@ -46,7 +47,7 @@ func TestEnvOverrides(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Listen != "127.0.0.1:9999" || c.Policy.Mode != "monitor" || c.Tokenizer.SafetyRatio != 1.5 ||
-		!c.Canary.Enabled || c.Canary.Secret != "s3cret-of-16-bytes" || c.Capacity.PollInterval != 500*time.Millisecond {
+		!c.Canary.Enabled || c.Canary.Secret != "s3cret-of-at-least-32-bytes-long!" || c.Capacity.PollInterval != 500*time.Millisecond {
 		t.Fatalf("overrides not applied: %+v", c)
 	}
 	if c.Capacity.MaxAge != 1500*time.Millisecond {
@@ -86,8 +87,13 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"bad env duration", minimal, "KVGATE_CANARY_EPOCH=soon", "KVGATE_CANARY_EPOCH"},
 		{"misspelt env", minimal, "KVGATE_POLICY_MDOE=monitor", "KVGATE_POLICY_MDOE"},
 		{"env for a list", minimal, "KVGATE_BACKENDS=x", "KVGATE_BACKENDS"},
+		{"env list with an unknown key", minimal, `KVGATE_TENANTS=[{name: a, key_sha256: "` + key + `", rmp: 5}]`, "KVGATE_TENANTS"},
+		{"env list checked like the file", minimal, `KVGATE_BACKENDS=[{name: a, url: "http://h:1", role: mixed}]`, "backends[0].role"},
+		{"key of an unknown backend", minimal, "KVGATE_BACKENDS_NOPE_API_KEY=k", "KVGATE_BACKENDS_NOPE_API_KEY"},
+		{"secret file missing", minimal, "KVGATE_CANARY_SECRET_FILE=/nonexistent/secret", "KVGATE_CANARY_SECRET_FILE"},
+		{"_FILE of no setting", minimal, "KVGATE_CANARY_SECRETS_FILE=/dev/null", "KVGATE_CANARY_SECRETS_FILE"},
 		{"env for a section", minimal, "KVGATE_SERVER=x", "KVGATE_SERVER"},
-		{"short canary secret", minimal + "canary: {enabled: true, secret: fifteen-bytes!!}\n", "", "canary.secret: must be at least 16 bytes, got 15"},
+		{"short canary secret", minimal + "canary: {enabled: true, secret: " + strings.Repeat("s", 31) + "}\n", "", "canary.secret: must be at least 32 bytes, got 31"},
 		{"short canary secret while off", minimal + "canary: {secret: short}\n", "", "canary.secret"},
 		{"short canary secret from env", minimal + "canary: {enabled: true}\n", "KVGATE_CANARY_SECRET=abc", "canary.secret"},
 		{"negative drain delay", minimal + "server: {drain_delay: -1s}\n", "", "server.drain_delay"},
@@ -134,13 +140,14 @@ func TestTenantLimitsAndEnv(t *testing.T) {
 
 func TestEnvNamesCoverScalarFields(t *testing.T) {
 	names := strings.Join(EnvNames(), " ")
-	for _, want := range []string{"KVGATE_LISTEN", "KVGATE_CANARY_SECRET", "KVGATE_STATE_REDIS_URL", "KVGATE_POLICY_DEFAULT_MAX_TOKENS"} {
+	for _, want := range []string{"KVGATE_LISTEN", "KVGATE_CANARY_SECRET", "KVGATE_STATE_REDIS_URL", "KVGATE_POLICY_DEFAULT_MAX_TOKENS",
+		"KVGATE_BACKENDS", "KVGATE_TENANTS"} {
 		if !strings.Contains(names, want) {
 			t.Errorf("%s missing from %s", want, names)
 		}
 	}
-	if strings.Contains(names, "KVGATE_BACKENDS") {
-		t.Errorf("lists must not be env-overridable: %s", names)
+	if strings.Contains(names, "KVGATE_BACKENDS_NAME") || strings.Contains(names, "KVGATE_SERVER ") {
+		t.Errorf("a list's fields or a section are not settings of their own: %s", names)
 	}
 }
 
@@ -257,5 +264,53 @@ func TestEnvAndFileErrorsTogether(t *testing.T) {
 	_, err := Parse([]byte(minimal+"server: {drain_timeout: -1s}\n"), []string{"KVGATE_LISTN=x", "KVGATE_BIN=/bin/kvgate"})
 	if err == nil || !strings.Contains(err.Error(), "KVGATE_LISTN") || !strings.Contains(err.Error(), "server.drain_timeout") || strings.Contains(err.Error(), "KVGATE_BIN") {
 		t.Fatalf("want both KVGATE_LISTN and server.drain_timeout named (and KVGATE_BIN, a test tool's, not), got %v", err)
+	}
+}
+
+// Lists, backend keys and _FILE variants from the environment: what a deployment that keeps every
+// secret out of the file needs.
+func TestEnvListsKeysAndFiles(t *testing.T) {
+	dir := t.TempDir()
+	secretFile := dir + "/canary"
+	const secret = "a canary secret read from a file, 32+"
+	if err := os.WriteFile(secretFile, []byte(secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	keyFile := dir + "/engine-key"
+	if err := os.WriteFile(keyFile, []byte("engine-key-from-file"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{
+		`KVGATE_BACKENDS=[{name: gpu-a, url: "http://127.0.0.1:1", role: unified}, {name: gpu.b, url: "http://127.0.0.1:2", role: unified}]`,
+		`KVGATE_TENANTS=[{"name": "carol", "key_sha256": "` + key + `", "rpm": 7}]`,
+		"KVGATE_BACKENDS_GPU_A_API_KEY=engine-key-a",
+		"KVGATE_BACKENDS_GPU_B_API_KEY_FILE=" + keyFile,
+		"KVGATE_CANARY_ENABLED=true",
+		"KVGATE_CANARY_SECRET_FILE=" + secretFile,
+	}
+	c, err := Parse([]byte(minimal), env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Backends) != 2 || c.Backends[0].Name != "gpu-a" || c.Backends[0].APIKey != "engine-key-a" ||
+		c.Backends[1].APIKey != "engine-key-from-file" {
+		t.Fatalf("backends from the environment: %+v", c.Backends)
+	}
+	if len(c.Tenants) != 1 || c.Tenants[0].Name != "carol" || c.Tenants[0].RPM != 7 {
+		t.Fatalf("tenants from the environment: %+v", c.Tenants)
+	}
+	if c.Canary.Secret != secret {
+		t.Fatalf("canary secret from a file: %q (the trailing newline must go)", c.Canary.Secret)
+	}
+	// A value set twice (plain and _FILE) is refused, naming both, and no value is quoted.
+	_, err = Parse([]byte(minimal), []string{"KVGATE_CANARY_SECRET=" + strings.Repeat("x", 40), "KVGATE_CANARY_SECRET_FILE=" + secretFile})
+	if err == nil || !strings.Contains(err.Error(), "KVGATE_CANARY_SECRET and KVGATE_CANARY_SECRET_FILE") || strings.Contains(err.Error(), "xxxx") {
+		t.Fatalf("want both variables named, got %v", err)
+	}
+	// Two backends whose names map to one variable: the variable is refused rather than guessed.
+	_, err = Parse([]byte(`backends: [{name: a-1, url: "http://h:1", role: unified}, {name: a.1, url: "http://h:2", role: unified}]`),
+		[]string{"KVGATE_BACKENDS_A_1_API_KEY=k"})
+	if err == nil || !strings.Contains(err.Error(), "both map to this name") {
+		t.Fatalf("want the ambiguity named, got %v", err)
 	}
 }

@@ -18,7 +18,7 @@ func FuzzParse(f *testing.F) {
 		"backends: [{name: a, url: \"http://127.0.0.1:1\", role: unified}]\n",
 		"backends: [{name: a, url: \"http://127.0.0.1:1\", role: unified}]\ncapacity: {poll_interval: 2s, max_age: 6s, timeout: 1s}\n",
 		"backends: [{name: a, url: \"http://127.0.0.1:1\", role: unified}]\nupstream: {response_header_timeout: 300s, idle_timeout: 60s, max_conns: 10}\n",
-		"backends: [{name: a, url: \"http://127.0.0.1:1\", role: unified}]\ncanary: {enabled: true, secret: sixteen-byte-secret, epoch: 1h, detect_window: 2h, quarantine_ttl: 15m}\n",
+		"backends: [{name: a, url: \"http://127.0.0.1:1\", role: unified}]\ncanary: {enabled: true, secret: a-secret-of-at-least-thirty-two-bytes, epoch: 1h, detect_window: 2h, quarantine_ttl: 15m}\n",
 		"backends: [{name: a, url: \"http://127.0.0.1:1\", role: unified}]\ntokenizer: {exact_timeout: 2s, exact_concurrency: 4}\nlimits: {redis_timeout: 100ms}\n",
 		"backends: [{name: a, url: \"http://127.0.0.1:1\", role: unified}]\nserver: {header_timeout: 10s, read_timeout: 30s, idle_timeout: 2m, max_header_bytes: 16384, max_conns: 100}\n",
 		"backends: [{name: p, url: \"http://h:1\", role: prefill}, {name: d, url: \"http://h:2\", role: decode}]\ntenants: [{name: t, key_sha256: \"" +

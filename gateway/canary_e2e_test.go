@@ -39,7 +39,7 @@ func canaryYAML(prefix, mode string, backends ...[3]string) string {
 	fmt.Fprintf(&b, "admin_key_sha256: %q\n", testkit.KeySHA256("admin-key"))
 	fmt.Fprintf(&b, "policy: {mode: %s}\n", mode)
 	b.WriteString("capacity: {poll_interval: 200ms}\n")
-	b.WriteString("canary: {enabled: true, secret: test-secret-16-bytes, every_bytes: 48, quarantine_ttl: 10m}\n")
+	b.WriteString("canary: {enabled: true, secret: test-secret-of-at-least-32-bytes, every_bytes: 48, quarantine_ttl: 10m}\n")
 	fmt.Fprintf(&b, "state: {redis_url: %q, key_prefix: %q}\n", testRedisURL(), prefix)
 	return b.String()
 }
@@ -142,6 +142,9 @@ func TestCanaryCutsALeakAndQuarantinesAcrossReplicas(t *testing.T) {
 	if r.status != 502 || decodeError(t, r).Error.Code != "upstream_integrity" || bytes.Contains(r.body, []byte("KVG-")) {
 		t.Fatalf("non-streaming leak: want 502 upstream_integrity, got %d %s", r.status, r.body)
 	}
+	if msg := decodeError(t, r).Error.Message; !strings.Contains(msg, "quarantined") || strings.Contains(msg, "retry") {
+		t.Fatalf("a leak's error must say the path is quarantined, not invite a retry: %q", msg)
+	}
 }
 
 func prefix2url(s *testkit.Sim) string { return s.URL }
@@ -155,7 +158,7 @@ func TestForgedMarkerIsAnEchoNotAQuarantine(t *testing.T) {
 	// Learn a's current marker the way an attacker might: from a's own prompt as the engine saw
 	// it (the simulator's /generate echoes prompt text in its reply's quotes; here we derive it
 	// from the keyring's public rule with the test secret).
-	aMarker := markerFor(t, "test-secret-16-bytes", "a")
+	aMarker := markerFor(t, "test-secret-of-at-least-32-bytes", "a")
 	// The simulator quotes the prompt: a prompt made mostly of a's marker makes the reply carry it.
 	prompt := strings.Repeat(aMarker+" ", 200)
 	for _, stream := range []bool{false, true} {

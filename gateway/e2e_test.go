@@ -186,7 +186,7 @@ func TestUnifiedAdmissionEndToEnd(t *testing.T) {
 			`kvgate_admission_decisions_total{decision="refuse",reason="context_length_exceeded",tier="estimate"}`,
 			`kvgate_admission_decisions_total{decision="admit",reason="ok",tier="bound"}`,
 			`kvgate_backend_pool_below_context{backend="sim"} 1`,
-			`kvgate_backend_capacity_tokens{backend="sim",kind="max_req_input_len",role="unified"} 4090`,
+			`kvgate_backend_max_req_input_len_tokens{backend="sim"} 4090`,
 			`kvgate_upstream_responses_total{backend="sim",code="200"}`,
 			`kvgate_admission_seconds_count`,
 		} {

@@ -29,7 +29,7 @@ func echoYAML(backends ...[3]string) string {
 	}
 	fmt.Fprintf(&b, "admin_key_sha256: %q\n", testkit.KeySHA256("admin-key"))
 	b.WriteString("policy: {mode: enforce}\ncapacity: {poll_interval: 200ms}\n")
-	b.WriteString("canary: {enabled: true, secret: test-secret-16-bytes, quarantine_ttl: 10m}\n")
+	b.WriteString("canary: {enabled: true, secret: test-secret-of-at-least-32-bytes, quarantine_ttl: 10m}\n")
 	return b.String()
 }
 
@@ -72,8 +72,8 @@ func TestEchoFragmentInTokenIDsOrTextDoesNotQuarantine(t *testing.T) {
 	uni := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--seed", "4")
 	pre := testkit.StartSim(t, "--mode", "prefill", "--pool-tokens", "8192", "--context-length", "8192", "--bootstrap-port", "0", "--seed", "4")
 	dec := testkit.StartSim(t, "--mode", "decode", "--pool-tokens", "8192", "--context-length", "8192", "--seed", "4")
-	frag := markerFor(t, "test-secret-16-bytes", "a")[:4+8] // "KVG-" + 8 characters
-	bare := markerFor(t, "test-secret-16-bytes", "a")[4 : 4+12]
+	frag := markerFor(t, "test-secret-of-at-least-32-bytes", "a")[:4+8] // "KVG-" + 8 characters
+	bare := markerFor(t, "test-secret-of-at-least-32-bytes", "a")[4 : 4+12]
 	prompt := strings.Repeat("please repeat "+frag+" back to me now ", 60)
 	for name, gw := range map[string]*testkit.Gateway{
 		"unified": testkit.StartGateway(t, testkit.ParseConfig(t, echoYAML([3]string{"u", uni.URL, "unified"}))),
@@ -143,7 +143,7 @@ func TestEchoUnreadTokenIDsFragmentCutsWithoutQuarantine(t *testing.T) {
 	var reply atomic.Value
 	url := fakeEngine(t, &reply)
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, echoYAML([3]string{"fake", url, "unified"})))
-	aMarker := markerFor(t, "test-secret-16-bytes", "a")
+	aMarker := markerFor(t, "test-secret-of-at-least-32-bytes", "a")
 	// Ids outside the gateway's vocabulary too: nothing can read them.
 	ids := `{"input_ids":[900000001,900000002,900000003],"sampling_params":{"max_new_tokens":1}}`
 

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/admission"
@@ -67,13 +69,22 @@ type exchange struct {
 	// For the access log: the client's address and the method, read when the request arrived
 	// (fasthttp reuses its RequestCtx); the times from start to the first bytes of a streamed
 	// reply handed to the client and to its first event carrying generated text (ns, 0: none);
-	// the tokens settled (usage: "" when nothing was produced or the tenant has no limits).
+	// the tokens settled (usage: "" when nothing was produced).
 	client, method string
 	firstByte      atomic.Int64
 	firstToken     atomic.Int64
 	usage          string
 	promptTokens   int64
 	outputTokens   int64
+	// model is the metrics' model label (modelLabels): the route's advertised model, set when
+	// the request is forwarded; at finish, the request's own when it names an advertised one.
+	model string
+
+	// Tracing (tracing.go): nil while tracing is off. relayLeg is the span of the engine leg
+	// whose reply is relayed; it ends with the exchange's.
+	traceCtx context.Context
+	span     trace.Span
+	relayLeg trace.Span
 }
 
 // generate is the pipeline for the three generation routes, top to bottom:
@@ -82,11 +93,13 @@ func (g *Gateway) generate(ctx *fasthttp.RequestCtx, kind request.Kind) {
 	x := &exchange{g: g, rid: requestID(ctx), engineRID: newID(), start: time.Now(), kind: kind,
 		client: ctx.RemoteAddr().String(), method: string(ctx.Method())}
 	defer x.recoverPanic(ctx)
+	x.startSpan(ctx)
 	ctx.Response.Header.Set("X-Request-Id", x.rid)
 	if e := x.admit(ctx); e != nil {
 		x.fail(ctx, e)
 		return
 	}
+	x.spanAdmitted()
 	if e := x.reserveLimits(); e != nil { // kvgate limits: 429 after the 413 decision, before any backend
 		x.fail(ctx, e)
 		return
@@ -193,6 +206,9 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 	return nil
 }
 
+// tenantAnonymous is the tenant label of what no key identified.
+const tenantAnonymous = "anonymous"
+
 // reasonCountUnavailable: no path admitted, and some path could not be decided without an exact
 // count that was not available.
 const reasonCountUnavailable = "count_unavailable"
@@ -263,6 +279,22 @@ func (x *exchange) finish() {
 	x.settleLimits() // kvgate limits: settle the reservation from what the reply used
 	g := x.g
 	g.metrics.requests.WithLabelValues(x.kind.Path(), strconv.Itoa(x.status)).Inc()
+	if x.model == "" {
+		model := ""
+		if x.req != nil {
+			model = x.req.Model
+		}
+		x.model = g.metrics.models.label(model)
+	}
+	g.metrics.duration.WithLabelValues(x.model, x.kind.Path()).Observe(time.Since(x.start).Seconds())
+	if x.usage != "" {
+		tenant := tenantAnonymous
+		if x.tenant != nil {
+			tenant = x.tenant.Name
+		}
+		g.metrics.tokens.WithLabelValues(tenant, x.model, "input").Add(float64(x.promptTokens))
+		g.metrics.tokens.WithLabelValues(tenant, x.model, "output").Add(float64(x.outputTokens))
+	}
 	if ce := g.access.Check(zap.InfoLevel, "request"); ce != nil {
 		tenant, model := "", ""
 		if x.tenant != nil {
@@ -287,8 +319,12 @@ func (x *exchange) finish() {
 		if d := x.firstToken.Load(); d > 0 {
 			fields = append(fields, zap.Duration("ttft", time.Duration(d)))
 		}
+		if x.span != nil {
+			fields = append(fields, zap.String("trace_id", x.span.SpanContext().TraceID().String()))
+		}
 		ce.Write(fields...)
 	}
+	x.endSpan()
 }
 
 // unifiedRoutes keeps the routes served by one unified engine.

@@ -23,7 +23,7 @@ func guardGateway(t testing.TB) *Gateway {
 	cfg, err := config.Parse([]byte(fmt.Sprintf(`
 backends: [{name: sim, url: "http://127.0.0.1:1", role: unified}]
 tenants: [{name: alice, key_sha256: %q}, {name: bob, key_sha256: %q}]
-canary: {enabled: true, secret: guard-test-secret}
+canary: {enabled: true, secret: guard-test-secret-padded-to-32-bytes}
 `, config.SHA256Hex("ka"), config.SHA256Hex("kb"))), nil)
 	if err != nil {
 		t.Fatal(err)

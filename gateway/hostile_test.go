@@ -60,7 +60,7 @@ func fakeUnified(t *testing.T, gen fasthttp.RequestHandler) string {
 const (
 	victimKey    = "victim-key"
 	requesterKey = "requester-key"
-	canarySecret = "hostile-test-secret"
+	canarySecret = "hostile-test-secret-padded-to-32-bytes"
 )
 
 func hostileYAML(url, extra string) string {

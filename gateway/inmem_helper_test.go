@@ -35,7 +35,7 @@ func inmemGateway(tb testing.TB, sim enginesim.Config) *Gateway {
 	g, set := gatewayFor(tb, `
 backends: [{name: sim, url: "http://`+ln.Addr().String()+`", role: unified}]
 tenants: [{name: alice, key_sha256: "`+config.SHA256Hex("k")+`"}]
-canary: {enabled: true, secret: "inmem test secret"}
+canary: {enabled: true, secret: "inmem test secret, padded to 32 bytes"}
 capacity: {poll_interval: 1h}
 `)
 	backends.SetCapacityForTest(set.Get("sim"), &backends.Capacity{PoolTokens: 65536, MaxReqInputLen: 32000, ContextLen: 32768, ReadAt: time.Now().Add(time.Hour)})

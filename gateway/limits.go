@@ -86,24 +86,25 @@ func (s *limitsState) run(ctx context.Context) {
 }
 
 // limitHold is an admitted exchange's claim on its tenant's limits and what its reply used.
+// Every admitted exchange has one, tenant limits or not (ticket nil): its usage is what
+// kvgate_tokens_total counts for every tenant.
 type limitHold struct {
-	ticket   *policy.Ticket
-	prompt   int64 // reserved prompt tokens (our count, every item)
+	ticket   *policy.Ticket // nil: the tenant has no limits
+	prompt   int64          // reserved prompt tokens (our count, every item)
+	output   int64          // reserved output tokens (every item)
 	once     sync.Once
 	mu       sync.Mutex
 	produced bool                // a 2xx reply body or event arrived
 	streamed bool                // it arrived as events
 	tally    backends.UsageTally // what the engine reported, read by backends' one usage reader
+	lastText time.Duration       // since the exchange's start, the last event carrying text (0: none yet)
+	itl      prometheus.Observer // kvgate_inter_token_latency_seconds for the exchange's model
 }
 
 // reserveLimits is the 429 decision: after the 413 (a prompt that can never fit is a 413, not a
 // 429), before any backend. It reserves the prompt and the output the request may produce.
 func (x *exchange) reserveLimits() *apierr.Error {
 	g := x.g
-	lim := x.tenant.Limits()
-	if g.lim == nil || lim.None() {
-		return nil
-	}
 	items := int64(max(len(x.req.Prompts), 1))
 	output := x.req.Output
 	if !x.req.OutputGiven {
@@ -116,7 +117,7 @@ func (x *exchange) reserveLimits() *apierr.Error {
 		x.reason = "rate_limited_" + limit
 		return e
 	}
-	x.limit = &limitHold{ticket: ticket, prompt: prompt}
+	x.limit = &limitHold{ticket: ticket, prompt: prompt, output: int64(output) * items}
 	return nil
 }
 
@@ -159,11 +160,13 @@ func rateLimited(v policy.Verdict, lim policy.Limits, tokens int64) *apierr.Erro
 	case policy.LimitConcurrent:
 		e.Message = fmt.Sprintf("Too many requests in flight for this API key: limit %d concurrent requests. Please try again when one has finished.", lim.MaxConcurrent)
 	default:
-		if lim.RPM > 0 {
-			e.Message = fmt.Sprintf("Rate limit reached for requests per minute: limit %d. Please try again in %ds.", lim.RPM, e.RetryAfter)
-		} else {
-			e.Message = "Rate limit reached: this replica cannot grant a share of this API key's limit while shared state is unreachable. Please try again shortly."
-		}
+		e.Message = fmt.Sprintf("Rate limit reached for requests per minute: limit %d. Please try again in %ds.", lim.RPM, e.RetryAfter)
+	}
+	if v.Degraded {
+		// Not the tenant's whole limit: say so, or a client with nothing in flight elsewhere
+		// cannot understand the refusal.
+		e.Message += fmt.Sprintf(" (Limits are degraded: the gateway's shared state is unreachable, so each of %d replicas enforces its own share, %d, of this limit until it is back.)",
+			v.Replicas, v.Share)
 	}
 	return e
 }
@@ -183,18 +186,30 @@ func (x *exchange) noteUsage(reply any) {
 
 // noteEvent notes one event of a streamed 2xx reply as the gateway decoded it (nil: an event
 // that could not be decoded).
+// An event that carries text times the stream: its first is the time to first token (access log
+// and histogram), each later one an inter-token gap.
 func (x *exchange) noteEvent(data any) {
-	if x.firstToken.Load() == 0 && data != nil && backends.CarriesText(data) {
-		x.firstToken.Store(int64(max(time.Since(x.start), 1))) // for the access log: time to first token
-	}
 	h := x.limit
-	if h == nil {
+	if h == nil { // every admitted exchange holds one: nothing to note
 		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.produced, h.streamed = true, true
+	before := h.tally.TextEvents
 	h.tally.Add(data, true)
+	if h.tally.TextEvents == before {
+		return
+	}
+	now := max(time.Since(x.start), 1)
+	if h.lastText == 0 {
+		x.firstToken.Store(int64(now))
+		x.g.metrics.ttft.WithLabelValues(x.model).Observe(now.Seconds())
+		h.itl = x.g.metrics.itl.WithLabelValues(x.model)
+	} else {
+		h.itl.Observe((now - h.lastText).Seconds())
+	}
+	h.lastText = now
 }
 
 // settleLimits ends the exchange's hold, once. A reply that produced nothing (engine error,
@@ -229,10 +244,13 @@ func (x *exchange) settleLimits() {
 				p = h.prompt
 			}
 			if !ok {
-				if h.streamed {
+				switch {
+				case h.streamed:
 					o = h.tally.TextEvents
-				} else {
+				case h.ticket != nil:
 					o = h.ticket.Reserved() - h.prompt
+				default:
+					o = h.output
 				}
 			}
 			used = p + o
@@ -265,7 +283,7 @@ func (g *Gateway) degradedReadyBody(pingFailed bool) []byte {
 	}
 	if g.lim != nil && g.lim.limiter.Degraded() {
 		n := g.lim.limiter.Replicas()
-		reasons = append(reasons, fmt.Sprintf("shared state (Redis) unreachable: tenant limits are enforced per replica at limit / %d", n))
+		reasons = append(reasons, fmt.Sprintf("shared state (Redis) unreachable: tenant limits are enforced per replica at limit / %d (at least 1)", n))
 		body["limits"] = map[string]any{"mode": "local_share", "replicas": n}
 	}
 	body["reason"] = strings.Join(reasons, "; ")

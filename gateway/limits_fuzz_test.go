@@ -81,7 +81,7 @@ func limitsFuzzGateway(tb testing.TB, script *atomic.Pointer[engineScript]) (*Ga
 	return gatewayFor(tb, `
 backends: [{name: eng, url: "`+url+`", role: unified}]
 tenants: [{name: alice, key_sha256: "`+config.SHA256Hex("k")+`", rpm: 1000000, tpm: 1000000000, max_concurrent: 1}]
-canary: {enabled: true, secret: "limits fuzz secret"}
+canary: {enabled: true, secret: "limits fuzz secret, padded to 32 bytes"}
 capacity: {poll_interval: 1h}
 `)
 }

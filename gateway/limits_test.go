@@ -560,3 +560,46 @@ func TestTenantAdminInMemory(t *testing.T) {
 		t.Fatalf("deleted tenant: %d", r.status)
 	}
 }
+
+// Redis stopped, max_concurrent: 1 over 2 replicas (a limit smaller than the replica count):
+// neither replica locks the tenant out while nothing is in flight (each grants 1, the documented
+// choice), and a second request in flight on one replica gets a 429 that says the limits are
+// degraded and why, not a bare "too many in flight".
+func TestDegradedSmallLimitNotLockedOut(t *testing.T) {
+	port := testkit.FreePort(t)
+	stop := startRedis(t, port)
+	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--token-delay", "50ms")
+	url := fmt.Sprintf("redis://127.0.0.1:%d/0", port)
+	gws := twoReplicas(t, limitsYAML(url, uniquePrefix(t), "max_concurrent: 1", "limits: {replicas: 2, redis_timeout: 50ms}\n", sim.URL))
+	stop()
+	for i, gw := range gws {
+		// The first call after the stop finds Redis gone and decides locally: both must pass.
+		for j := 0; j < 2; j++ {
+			if r := post(t, gw.URL, "/v1/chat/completions", tenantKey, smallChat); r.status != 200 {
+				t.Fatalf("replica %d, request %d with nothing in flight while Redis is down: %d %s", i+1, j+1, r.status, r.body)
+			}
+		}
+		if metric(t, gw.URL, "kvgate_limits_degraded") != 1 {
+			t.Fatalf("replica %d is not degraded", i+1)
+		}
+	}
+	// One stream in flight on replica 1 (40 tokens at 50 ms: 2 s): a second request there is 429.
+	req, _ := http.NewRequest("POST", gws[0].URL+"/generate", strings.NewReader(`{"text":"a long one","sampling_params":{"max_new_tokens":40},"stream":true}`))
+	req.Header.Set("Authorization", "Bearer "+tenantKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the stream: %v %v", err, resp)
+	}
+	defer resp.Body.Close()
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil { // its first event: in flight
+		t.Fatal(err)
+	}
+	second := post(t, gws[0].URL, "/v1/chat/completions", tenantKey, smallChat)
+	if second.status != 429 {
+		t.Fatalf("a second request while one is in flight on the same replica: %d %s", second.status, second.body)
+	}
+	msg := decodeError(t, second).Error.Message
+	if !strings.Contains(msg, "limit 1 concurrent") || !strings.Contains(msg, "Limits are degraded") || !strings.Contains(msg, "each of 2 replicas enforces its own share, 1") {
+		t.Fatalf("the 429 while degraded does not say why: %q", msg)
+	}
+}

@@ -53,7 +53,7 @@ func TestRedisOutageQueuesIncidents(t *testing.T) {
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, yaml))
 	stop()
 
-	aMarker := markerFor(t, "test-secret-16-bytes", "a")
+	aMarker := markerFor(t, "test-secret-of-at-least-32-bytes", "a")
 	body := fmt.Sprintf(`{"model":"sim","messages":[{"role":"user","content":%q}],"max_tokens":48}`, strings.Repeat(aMarker+" ", 100))
 	for i := 0; i < 3; i++ {
 		if r := post(t, gw.URL, "/v1/chat/completions", "sk-b", body); r.status != 200 || strings.Contains(string(r.body), "KVG-") {

@@ -112,7 +112,7 @@ func TestFailingPrefillLegCancelsDecode(t *testing.T) {
 // A prefill error that quotes another tenant's marker is a leak like any reply: 502, incident,
 // quarantine.
 func TestPrefillErrorWithForeignMarkerIsALeak(t *testing.T) {
-	bob := markerFor(t, "test-secret-16-bytes", "b")
+	bob := markerFor(t, "test-secret-of-at-least-32-bytes", "b")
 	purl := fakePrefill(t, func(ctx *fasthttp.RequestCtx) {
 		ctx.SetStatusCode(400)
 		ctx.SetBodyString(`{"error":{"message":"cannot parse: ` + bob + `"}}`)

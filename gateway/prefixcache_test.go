@@ -55,7 +55,7 @@ func TestPrefixCacheSaltedForEveryTenantAndPromptForm(t *testing.T) {
 tenants:
   - {name: alice, key_sha256: %q}
   - {name: carol, key_sha256: %q, canary_opt_out: true}
-canary: {enabled: true, secret: salt-test-secret}
+canary: {enabled: true, secret: salt-test-secret-padded-to-32-bytes}
 capacity: {poll_interval: 100ms}
 %s`, url, testkit.KeySHA256("alice-key"), testkit.KeySHA256("carol-key"), extra)
 	}

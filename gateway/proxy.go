@@ -70,12 +70,12 @@ func (x *exchange) engineFields() map[string]json.RawMessage {
 	return f
 }
 
-// usageStreamOptions: a chat or completions stream of a tenant with limits is asked for its
-// usage (OpenAI's stream_options.include_usage: one last chunk with usage and no choices), so it
-// is charged what the engine counted rather than our prompt bound, a loose upper bound (~3× a
-// short prompt). A client that did not ask never sees that chunk (hideUsage).
+// usageStreamOptions: every chat or completions stream is asked for its usage (OpenAI's
+// stream_options.include_usage: one last chunk with usage and no choices), so it is charged and
+// counted (kvgate_tokens_total) as the engine counted rather than by our prompt bound, a loose
+// upper bound (~3× a short prompt). A client that did not ask never sees that chunk (hideUsage).
 func (x *exchange) usageStreamOptions() (json.RawMessage, bool) {
-	if x.limit == nil || !x.req.Stream || x.kind != request.Chat && x.kind != request.Completions {
+	if !x.req.Stream || x.kind != request.Chat && x.kind != request.Completions {
 		return nil, false
 	}
 	opts := map[string]json.RawMessage{}
@@ -125,6 +125,7 @@ func (x *exchange) close() {
 // unified engine; on a PD pair, attempts until one is final (retries only before any byte
 // reached the client).
 func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange) {
+	x.model = g.metrics.models.label(routeModel(x.route))
 	x.hold()
 	if x.route.Unified != nil {
 		x.upstream = x.route.Unified.Name
@@ -151,14 +152,17 @@ func (x *exchange) attemptUnified(ctx *fasthttp.RequestCtx) {
 	b := x.route.Unified
 	rids := backends.Rids(x.engineRID, x.req.Batch, len(x.req.Prompts))
 	body := backends.EngineBody(x.engineFields(), rids, x.req.Batch, nil)
+	traceparent, leg := x.startLeg("unified", b)
 	x.ohSent() // kvgate overhead
-	l, err := b.Send(x.kind.Path(), body, rids, x.engineRID, x.req.Stream)
+	l, err := b.Send(x.kind.Path(), body, rids, x.engineRID, traceparent, x.req.Stream)
 	x.ohHeaders() // kvgate overhead
 	x.g.countUpstream(b, l, err)
 	if err != nil {
+		x.endLeg(leg, 0, err)
 		x.failUpstream(ctx, b, err)
 		return
 	}
+	x.legRelayed(leg, l.Status())
 	x.relay(ctx, l, nil)
 	x.ohReplied() // kvgate overhead
 }
@@ -174,20 +178,35 @@ func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (
 	}
 	rids := backends.Rids(base, x.req.Batch, len(x.req.Prompts))
 	body := backends.EngineBody(x.engineFields(), rids, x.req.Batch, p) // a new room on every try
-	pf := p.StartPrefill(x.kind.Path(), body, rids, base, x.g.observeUpstream)
+	ptp, psp := x.startLeg("prefill", p)
+	pf := p.StartPrefill(x.kind.Path(), body, rids, base, ptp, x.prefillObserver(psp))
 	decodeAnswered := make(chan struct{})
 	backends.AbortWhenPrefillFails(d, rids, pf, decodeAnswered)
+	dtp, dsp := x.startLeg("decode", d)
 	x.ohSent() // kvgate overhead
-	dl, err := d.Send(x.kind.Path(), body, rids, base, x.req.Stream)
+	dl, err := d.Send(x.kind.Path(), body, rids, base, dtp, x.req.Stream)
 	x.ohHeaders() // kvgate overhead
 	close(decodeAnswered)
 	x.g.countUpstream(d, dl, err)
 	handed := false
+	decodeStatus, decodeSpanOpen := 0, dsp != nil
+	if err == nil {
+		decodeStatus = dl.Status()
+	}
 	defer func() {
 		if dl != nil && !handed {
 			dl.Release()
 		}
+		if decodeSpanOpen { // a try given up: its decode leg's span ends here
+			x.endLeg(dsp, decodeStatus, err)
+		}
 	}()
+	relayed := func() { // the decode leg's span ends with the exchange's
+		if decodeSpanOpen {
+			x.legRelayed(dsp, decodeStatus)
+			decodeSpanOpen = false
+		}
+	}
 	if err != nil {
 		p.AbortAll(rids) // a transport error on one leg cancels the other
 		if !last {
@@ -202,6 +221,7 @@ func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (
 			return false
 		}
 		handed = true
+		relayed()
 		x.relay(ctx, dl, nil) // decode's error first: passed on, scanned
 		return true
 	}
@@ -239,14 +259,15 @@ func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (
 		return true
 	}
 	handed = true
+	relayed()
 	x.ohHeaders() // kvgate overhead: prefill's answer was engine time too
 	x.relay(ctx, dl, p)
 	x.ohReplied() // kvgate overhead
 	return true
 }
 
-func (g *Gateway) observeUpstream(b *backends.Backend, status int) {
-	g.metrics.upstream.WithLabelValues(b.Name, strconv.Itoa(status)).Inc()
+func (g *Gateway) observeUpstream(b *backends.Backend, status int, err error) {
+	g.metrics.upstream.WithLabelValues(b.Name, upstreamCode(status, err)).Inc()
 }
 
 func (g *Gateway) countUpstream(b *backends.Backend, l *backends.Leg, err error) {
@@ -254,7 +275,7 @@ func (g *Gateway) countUpstream(b *backends.Backend, l *backends.Leg, err error)
 	if err == nil {
 		status = l.Status()
 	}
-	g.observeUpstream(b, status)
+	g.observeUpstream(b, status, err)
 }
 
 // relay writes the engine's reply to the client, normalised and scanned (reply.go): a 2xx reply

@@ -24,7 +24,7 @@ func routesYAML(extra string, backends ...[3]string) string {
 	}
 	fmt.Fprintf(&b, "tenants:\n  - {name: alice, key_sha256: %q}\n  - {name: bob, key_sha256: %q}\n", testkit.KeySHA256(tenantKey), testkit.KeySHA256("sk-bob"))
 	fmt.Fprintf(&b, "admin_key_sha256: %q\n", testkit.KeySHA256("admin-key"))
-	b.WriteString("capacity: {poll_interval: 200ms}\ncanary: {enabled: true, secret: routes-test-secret}\n")
+	b.WriteString("capacity: {poll_interval: 200ms}\ncanary: {enabled: true, secret: routes-test-secret-padded-to-32-bytes}\n")
 	b.WriteString(extra)
 	return b.String()
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/admin"
@@ -36,6 +37,7 @@ import (
 	"github.com/kvgate/kvgate/reply"
 	"github.com/kvgate/kvgate/request"
 	"github.com/kvgate/kvgate/state"
+	"github.com/kvgate/kvgate/telemetry"
 	"github.com/kvgate/kvgate/tenants"
 	"github.com/kvgate/kvgate/tokenize"
 )
@@ -70,6 +72,9 @@ type Gateway struct {
 	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/limits.go)
 
 	replies *reply.Budget // upstream.max_buffered_bytes (budget.go)
+
+	tracing *telemetry.Tracing // nil: tracing off (tracing.go)
+	tracer  trace.Tracer
 
 	// oversized marks requests (by their header, which lives as long as the connection's
 	// RequestCtx) whose declared Content-Length is over max_body_bytes; nOversized counts the

@@ -15,6 +15,7 @@ import (
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/state"
+	"github.com/kvgate/kvgate/telemetry"
 )
 
 // This file wires a serving gateway for the binaries: kvgate serve, and the lab's demo.
@@ -63,6 +64,14 @@ func Start(ctx context.Context, cfg *config.Config, log *zap.Logger) (*Gateway, 
 	gw, err := New(cfg, set, st, log)
 	if err != nil {
 		return nil, nil, err
+	}
+	tr, err := telemetry.Setup(ctx, os.LookupEnv, Version) // off unless OTEL_* variables ask for it
+	if err != nil {
+		return nil, nil, fmt.Errorf("tracing: %w", err)
+	}
+	if tr != nil {
+		gw.SetTracing(tr)
+		log.Info("tracing: spans exported over OTLP/HTTP as the OTEL_* variables say")
 	}
 	go set.Run(ctx)
 	go gw.Run(ctx)

@@ -60,6 +60,11 @@ type Verdict struct {
 	RetryAfter time.Duration
 	// Never: the request alone exceeds the limit (tokens > TPM); waiting does not help.
 	Never bool
+	// Degraded: the shared store was unreachable and this replica decided alone, against Share
+	// (its share of the refusing limit) of the limit divided between Replicas.
+	Degraded bool
+	Share    int
+	Replicas int
 	// RPMFill and TPMFill are how full the cells are after the decision, in milliseconds of the
 	// one-minute window (0 empty, 60000 full): a replica that loses the shared store starts
 	// its local share from them instead of from empty.
@@ -315,17 +320,17 @@ func (l *Limiter) Replicas() int {
 	return max(l.replicas, l.discovered)
 }
 
-// Share is lim divided between replicas, rounded down. A limit that rounds to 0 is reported
-// as -1: it cannot be split without overspending, so the local share refuses.
+// Share is lim divided between replicas, rounded down, and never below 1. A limit smaller than
+// the replica count (max_concurrent: 1 on 2 replicas) gives each replica 1 while the shared store
+// is unreachable: the tenant may then get up to replicas × its limit across the deployment for
+// the outage, rather than be locked out with nothing in flight (the documented choice:
+// availability over exactness, for small limits, during an outage only).
 func Share(lim Limits, replicas int) Limits {
 	div := func(v int) int {
 		if v <= 0 {
 			return 0
 		}
-		if s := v / replicas; s > 0 {
-			return s
-		}
-		return -1
+		return max(v/replicas, 1)
 	}
 	return Limits{RPM: div(lim.RPM), TPM: div(lim.TPM), MaxConcurrent: div(lim.MaxConcurrent)}
 }
@@ -389,15 +394,8 @@ func (l *Limiter) Admit(tenant string, lim Limits, tokens int64) (*Ticket, Verdi
 
 // admitLocal enforces this replica's share of t's limits.
 func (l *Limiter) admitLocal(t *Ticket) (*Ticket, Verdict) {
-	share := Share(t.lim, l.Replicas())
-	for _, s := range []struct {
-		name string
-		v    int
-	}{{LimitRPM, share.RPM}, {LimitTPM, share.TPM}, {LimitConcurrent, share.MaxConcurrent}} {
-		if s.v < 0 {
-			return t, Verdict{Limit: s.name, RetryAfter: time.Second}
-		}
-	}
+	replicas := l.Replicas()
+	share := Share(t.lim, replicas)
 	l.mu.Lock()
 	if !l.seeded[t.tenant] {
 		l.seeded[t.tenant] = true
@@ -411,6 +409,15 @@ func (l *Limiter) admitLocal(t *Ticket) (*Ticket, Verdict) {
 	t.lim = share
 	v, _ := l.local.Admit(context.Background(), Admission{Tenant: t.tenant, Limits: share, Tokens: t.reserved, Lease: t.lease})
 	if !v.Allowed {
+		v.Degraded, v.Replicas = true, replicas
+		switch v.Limit {
+		case LimitRPM:
+			v.Share = share.RPM
+		case LimitTPM:
+			v.Share = share.TPM
+		case LimitConcurrent:
+			v.Share = share.MaxConcurrent
+		}
 		return t, v
 	}
 	l.mu.Lock()

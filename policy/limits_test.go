@@ -38,7 +38,7 @@ func TestMemoryRefillsWithTime(t *testing.T) {
 
 func TestShare(t *testing.T) {
 	got := Share(Limits{RPM: 20, TPM: 1001, MaxConcurrent: 1}, 2)
-	if got != (Limits{RPM: 10, TPM: 500, MaxConcurrent: -1}) {
+	if got != (Limits{RPM: 10, TPM: 500, MaxConcurrent: 1}) { // a limit below the replica count: 1 each, never 0
 		t.Fatalf("Share = %+v", got)
 	}
 	if Share(Limits{}, 3) != (Limits{}) {

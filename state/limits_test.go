@@ -172,9 +172,19 @@ func TestLimiterFallsBackToItsShare(t *testing.T) {
 	if !l.Degraded() || n != 10 {
 		t.Fatalf("degraded=%v admitted=%d, want the share 20/2 = 10", l.Degraded(), n)
 	}
-	// A limit below the replica count cannot be split: refused rather than overspent.
-	if _, v := l.Admit("b", policy.Limits{MaxConcurrent: 1}, 0); v.Allowed || v.Limit != policy.LimitConcurrent {
-		t.Fatalf("max_concurrent 1 over 2 replicas while degraded: %+v", v)
+	// A limit below the replica count gets 1 per replica (documented: availability over
+	// exactness during the outage): the tenant is not locked out while nothing is in flight, and
+	// its second request in flight here is refused, saying why.
+	tk, v := l.Admit("b", policy.Limits{MaxConcurrent: 1}, 0)
+	if !v.Allowed {
+		t.Fatalf("max_concurrent 1 over 2 replicas while degraded, nothing in flight: %+v", v)
+	}
+	if _, v := l.Admit("b", policy.Limits{MaxConcurrent: 1}, 0); v.Allowed || v.Limit != policy.LimitConcurrent || !v.Degraded || v.Share != 1 || v.Replicas != 2 {
+		t.Fatalf("a second request in flight while degraded: %+v", v)
+	}
+	l.Settle(tk, 0)
+	if _, v := l.Admit("b", policy.Limits{MaxConcurrent: 1}, 0); !v.Allowed {
+		t.Fatalf("after the first ended: %+v", v)
 	}
 }
 

@@ -55,11 +55,18 @@ func (q *Quarantines) Share(ctx context.Context, name string) error {
 		return err
 	}
 	q.mu.Lock()
-	if f, ok := q.local[name]; ok && f.storedAt.IsZero() {
-		f.storedAt = q.now()
-		q.local[name] = f
+	cur, still := q.local[name]
+	if still && cur.storedAt.IsZero() {
+		cur.storedAt = q.now()
+		q.local[name] = cur
 	}
 	q.mu.Unlock()
+	if !still {
+		// An operator released the backend while this write was on its way: the release came
+		// after the leak that wrote it, so it stands (without this, the store would quarantine
+		// the backend again on every replica's next sync).
+		return q.store.Release(ctx, name)
+	}
 	return nil
 }
 

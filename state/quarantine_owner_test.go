@@ -15,11 +15,16 @@ type fakeStore struct {
 	down   bool
 	writes int
 	now    func() time.Time
+	// beforeWrite, if set, runs as a Quarantine write begins (to interleave a release with it).
+	beforeWrite func()
 }
 
 var errDown = errors.New("store unreachable")
 
 func (f *fakeStore) Quarantine(_ context.Context, b, _ string, ttl time.Duration) error {
+	if f.beforeWrite != nil {
+		f.beforeWrite()
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.down {
@@ -148,5 +153,27 @@ func TestQuarantineReleaseAndStaleSnapshots(t *testing.T) {
 	r.store.down = false
 	if err := r.q.Release(ctx, "d0"); err != nil || r.out("d0") {
 		t.Fatalf("release: %v, applied %v", err, r.applied)
+	}
+}
+
+// An operator's release that lands while a leak's Share is writing the same flag stands: the
+// write that raced it is taken back, so no replica's next sync quarantines the backend again.
+func TestQuarantineReleaseDuringShareStands(t *testing.T) {
+	r := newQRig()
+	ctx := context.Background()
+	r.q.Mark("p0", time.Hour, "leak r9")
+	r.store.beforeWrite = func() {
+		r.store.beforeWrite = nil
+		if err := r.q.Release(ctx, "p0"); err != nil { // between Share's read of the flag and its write
+			t.Error(err)
+		}
+	}
+	if err := r.q.Share(ctx, "p0"); err != nil {
+		t.Fatal(err)
+	}
+	r.clock = r.clock.Add(time.Second)
+	r.q.Sync(ctx)
+	if _, stored := r.store.flags["p0"]; stored || r.out("p0") {
+		t.Fatalf("the release was undone by the write it raced: store %v, applied %v", r.store.flags, r.applied)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -38,17 +39,27 @@ func run(t *testing.T, env []string, args ...string) (int, string, string) {
 	}
 }
 
-// check-config: a valid file exits 0 and prints the effective configuration (defaults and
-// environment applied) with every secret redacted, in a form that loads again; an invalid one
-// exits 2 naming every bad field.
+// kvgate check (and its other name, check-config): a valid file exits 0 and prints the effective
+// configuration (defaults and environment applied, secrets read from _FILE variables) with every
+// secret redacted, in a form that loads again; an invalid one exits 2 naming every bad key.
 func TestCheckConfig(t *testing.T) {
+	for _, cmd := range []string{"check", "check-config"} {
+		t.Run(cmd, func(t *testing.T) { testCheck(t, cmd) })
+	}
+}
+
+func testCheck(t *testing.T, cmd string) {
 	good := writeConfig(t, fmt.Sprintf(`backends:
   - {name: u, url: "http://127.0.0.1:1", role: unified, api_key: engine-key-not-for-logs}
 tenants: [{name: alice, key_sha256: %q}]
 state: {redis_url: "redis://:redis-pw-not-for-logs@127.0.0.1:6379/15"}
-canary: {secret: "canary secret not for logs"}
+canary: {secret: "canary secret not for logs, 32 bytes+"}
 `, config.SHA256Hex("sk-alice")))
-	code, out, errOut := run(t, []string{"KVGATE_SERVER_DRAIN_TIMEOUT=45s"}, "check-config", "--config", good)
+	keyFile := filepath.Join(t.TempDir(), "engine-key")
+	if err := os.WriteFile(keyFile, []byte("engine-key-2-not-for-logs\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := run(t, []string{"KVGATE_SERVER_DRAIN_TIMEOUT=45s", "KVGATE_BACKENDS_U_API_KEY_FILE=" + keyFile}, cmd, "--config", good)
 	if code != 0 {
 		t.Fatalf("a valid file: exit %d\n%s%s", code, out, errOut)
 	}
@@ -58,14 +69,14 @@ canary: {secret: "canary secret not for logs"}
 			t.Errorf("effective configuration lacks %q:\n%s", want, out)
 		}
 	}
-	for _, secret := range []string{"engine-key-not-for-logs", "redis-pw-not-for-logs", "canary secret not for logs"} {
+	for _, secret := range []string{"engine-key-not-for-logs", "redis-pw-not-for-logs", "canary secret not for logs, 32 bytes+"} {
 		if strings.Contains(out+errOut, secret) {
 			t.Fatalf("a secret was printed: %q\n%s", secret, out)
 		}
 	}
 	// The printed configuration is itself valid (durations, enumerations as the loader reads them),
 	// once the redacted secrets are put back to something acceptable.
-	again := strings.ReplaceAll(out, "secret: REDACTED", "secret: another-canary-secret")
+	again := strings.ReplaceAll(out, "secret: REDACTED", "secret: another-canary-secret-of-32-bytes-min")
 	if _, err := config.Parse([]byte(again), nil); err != nil {
 		t.Fatalf("check-config's output does not load: %v\n%s", err, out)
 	}
@@ -75,23 +86,24 @@ canary: {enabled: true, secret: short}
 state: {redis_url: "http://not-redis:6379"}
 server: {drain_delay: -1s}
 `)
-	code, out, errOut = run(t, []string{"KVGATE_POLICY_MDOE=monitor"}, "check-config", "--config", bad)
+	code, out, errOut = run(t, []string{"KVGATE_POLICY_MDOE=monitor", "KVGATE_BACKENDS_NOPE_API_KEY=x"}, cmd, "--config", bad)
 	if code != 2 || out != "" {
 		t.Fatalf("an invalid file: exit %d, stdout %q", code, out)
 	}
-	for _, want := range []string{"KVGATE_POLICY_MDOE", "canary.secret", "state.redis_url", "server.drain_delay"} {
+	for _, want := range []string{"KVGATE_POLICY_MDOE", "KVGATE_BACKENDS_NOPE_API_KEY", "canary.secret: must be at least 32 bytes",
+		"state.redis_url", "server.drain_delay"} {
 		if !strings.Contains(errOut, want) {
 			t.Errorf("the errors do not name %s:\n%s", want, errOut)
 		}
 	}
-	if code, _, errOut := run(t, nil, "check-config", "--config", "/nonexistent/kvgate.yaml"); code != 2 || !strings.Contains(errOut, "reading config") {
+	if code, _, errOut := run(t, nil, cmd, "--config", "/nonexistent/kvgate.yaml"); code != 2 || !strings.Contains(errOut, "reading config") {
 		t.Fatalf("a missing file: exit %d %s", code, errOut)
 	}
 }
 
 // --help is a request, not an error: usage on stdout, exit 0. A bad flag is exit 2.
 func TestHelpExitsZero(t *testing.T) {
-	for _, args := range [][]string{{"serve", "--help"}, {"serve", "-h"}, {"check-config", "--help"}, {"--help"}} {
+	for _, args := range [][]string{{"serve", "--help"}, {"serve", "-h"}, {"check", "--help"}, {"check-config", "--help"}, {"--help"}} {
 		code, out, errOut := run(t, nil, args...)
 		if code != 0 || !strings.Contains(out, "usage: kvgate") {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q", args, code, out, errOut)

@@ -16,7 +16,8 @@ const usage = `usage: kvgate <command> [flags]
 
 commands:
   serve         run the gateway (kvgate serve --config PATH)
-  check-config  validate a configuration and print it with secrets redacted (kvgate check-config --config PATH)
+  check         validate a configuration and print it with secrets redacted (kvgate check --config PATH;
+                check-config is the same command)
   audit         test a deployment's refusal path and isolation from outside (kvgate audit --target URL)
   version       print the version
 
@@ -33,8 +34,8 @@ func main() {
 	switch cmd {
 	case "serve":
 		code = runServe(args)
-	case "check-config":
-		code = runCheckConfig(args)
+	case "check", "check-config":
+		code = runCheckConfig(cmd, args)
 	case "demo", "sim", "leaklab":
 		fmt.Fprintf(os.Stderr, "kvgate: %q is in the lab binary, not the product: run kvgate-lab %s (make demo builds it)\n", cmd, cmd)
 		code = 2

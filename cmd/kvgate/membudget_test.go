@@ -96,7 +96,7 @@ func TestBufferedRepliesStayWithinTheMemoryBudget(t *testing.T) {
 	cfg := writeConfig(t, fmt.Sprintf(`listen: "127.0.0.1:%d"
 backends: [{name: eng, url: %q, role: unified}]
 tenants: [{name: alice, key_sha256: %q}, {name: bob, key_sha256: %q}]
-canary: {enabled: true, secret: budget-test-secret}
+canary: {enabled: true, secret: budget-test-secret-padded-to-32-bytes}
 capacity: {poll_interval: 1s}
 upstream: {max_buffered_bytes: %d, max_reply_bytes: %d}
 `, port, url, config.SHA256Hex("alice-key"), config.SHA256Hex("bob-key"), budget, 64<<20))

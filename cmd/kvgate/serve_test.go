@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -19,9 +21,10 @@ import (
 
 // startServe starts `kvgate serve --config cfg` listening on port, its output in logs, and
 // waits until /readyz answers 200; it returns the process and the base URL.
-func startServe(t *testing.T, cfg string, port int, logs *syncBuf) (*exec.Cmd, string) {
+func startServe(t *testing.T, cfg string, port int, logs *syncBuf, env ...string) (*exec.Cmd, string) {
 	t.Helper()
 	cmd := exec.Command(testkit.Binary(t), "serve", "--config", cfg)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = logs, logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -72,6 +75,18 @@ server: {drain_delay: 100ms}
 		t.Fatalf("request through serve: %v %v", err, resp)
 	}
 	resp.Body.Close()
+	// kvgate_build_info carries the version the binary reports.
+	_, v, _ := run(t, nil, "version")
+	mr, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(mr.Body)
+	mr.Body.Close()
+	want := `version="` + strings.TrimSpace(strings.TrimPrefix(v, "kvgate ")) + `"} 1`
+	if !regexp.MustCompile(`(?m)^kvgate_build_info\{go_version="go[^"]+",revision="[^"]+",` + regexp.QuoteMeta(want) + `$`).Match(metrics) {
+		t.Errorf("kvgate_build_info lacks %s:\n%s", want, regexp.MustCompile(`(?m)^kvgate_build_info.*$`).Find(metrics))
+	}
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()

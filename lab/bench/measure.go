@@ -289,7 +289,7 @@ func startKvgate(ps *procs, c config, name, addr, sim, redisURL, prefix string) 
 	yaml := fmt.Sprintf(`listen: %s
 backends: [{name: sim, url: "http://%s", role: unified}]
 tenants: [{name: bench, key_sha256: %q%s}]
-canary: {enabled: %v, secret: "kvgate bench secret"}
+canary: {enabled: %v, secret: "kvgate bench secret, padded to 32 bytes"}
 state: %s
 capacity: {poll_interval: 2s}
 upstream: {max_conns: 60000}

@@ -230,7 +230,7 @@ func run(bin, lab string, streams, nsims, gateways, tokens int, duration, delay,
 	for i := 0; i < ngw; i++ {
 		port := freePort()
 		cfg := fmt.Sprintf("listen: \"127.0.0.1:%d\"\nbackends:\n%stenants: [{name: soak, key_sha256: %q}]\n"+
-			"upstream: {max_conns: %d}\nserver: {max_conns: %d, drain_delay: 0s}\ncanary: {enabled: %v, secret: soak-test-secret}\n",
+			"upstream: {max_conns: %d}\nserver: {max_conns: %d, drain_delay: 0s}\ncanary: {enabled: %v, secret: soak-test-secret-padded-to-32-bytes}\n",
 			port, backends.String(), hex.EncodeToString(sum[:]), 2*per+100, 2*per+100, canary)
 		cfgPath := filepath.Join(dir, fmt.Sprintf("kvgate-%d.yaml", i))
 		_ = os.WriteFile(cfgPath, []byte(cfg), 0o600)
