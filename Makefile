@@ -7,7 +7,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 # Tests share one Redis (db 15, unique key prefixes); override to point elsewhere.
 export KVGATE_TEST_REDIS ?= redis://127.0.0.1:6379/15
 
-.PHONY: falsealarm build test demo bench bench-quick bench-compare bench-micro fuzz soak lint docker clean
+.PHONY: build test demo bench bench-quick bench-compare bench-micro fuzz soak lint docker clean tools helm promtool chart screenshot falsealarm bench-scanner
 
 # The product binary (kvgate) and the lab's (kvgate-lab: simulator, leak lab, demo), which the
 # product never links.
@@ -70,7 +70,29 @@ lint:
 
 # Not built in CI (no Docker engine there); see the Dockerfile's header.
 docker:
-	docker build -t kvgate:$(VERSION) .
+	docker build -t kvgate:$(VERSION) --build-arg VERSION=$(VERSION) .
+
+# Tools the deploy/ tests use, built once from the Go module proxy into $(go env GOPATH)/bin
+# (helm: about 3.5 minutes on 2 cores). make test uses them when present; .ci/run installs them
+# first, and in CI (CI=true) the tests fail without them.
+GOBIN_DIR := $(or $(shell $(GO) env GOBIN),$(shell $(GO) env GOPATH)/bin)
+HELM_VERSION ?= v4.3.2
+PROMTOOL_VERSION ?= v0.316.0
+tools: helm promtool
+helm:
+	@test -x $(GOBIN_DIR)/helm || $(GO) install helm.sh/helm/v4/cmd/helm@$(HELM_VERSION)
+promtool:
+	@test -x $(GOBIN_DIR)/promtool || $(GO) install github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VERSION)
+
+# The chart's lint and render (also checked by make test: deploy/helm).
+chart: helm
+	$(GOBIN_DIR)/helm lint --strict deploy/helm/kvgate
+	$(GOBIN_DIR)/helm template kvgate deploy/helm/kvgate -f deploy/helm/testdata/full-values.yaml
+
+# docs/status-page.png, from the status page test in headless chromium.
+screenshot: build
+	KVGATE_LAB_BIN=$(CURDIR)/$(LAB_BIN) STATUS_PAGE_SCREENSHOT=$(CURDIR)/docs/status-page.png \
+		$(GO) test -count=1 -run TestStatusPageInChromium ./admin/ui/
 
 clean:
 	rm -rf bin

@@ -9,11 +9,14 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 
+	"github.com/kvgate/kvgate/admin/ui"
 	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/state"
@@ -36,11 +39,26 @@ type API struct {
 	// server streams request bodies).
 	Bearer   func(ctx *fasthttp.RequestCtx) ([]byte, bool)
 	ReadBody func(ctx *fasthttp.RequestCtx, n int) ([]byte, *apierr.Error)
+	// Metrics is the replica's registry, read by /admin/stats; nil answers 503 there.
+	Metrics prometheus.Gatherer
+	// Sessions are the status page's logins (statuspage.go); nil makes one on first use.
+	Sessions     *ui.Sessions
+	sessionsOnce sync.Once
 }
 
 // Handle serves an admin route; false means path is none of them.
 func (g *API) Handle(ctx *fasthttp.RequestCtx, path, method string) bool {
+	if g.statusPage(ctx, path, method) {
+		return true
+	}
 	switch path {
+	case "/admin/stats":
+		if method != fasthttp.MethodGet {
+			writeError(ctx, apierr.Method)
+		} else if g.Auth(ctx) {
+			g.stats(ctx)
+		}
+		return true
 	case "/admin/backends":
 		if method != fasthttp.MethodGet {
 			writeError(ctx, apierr.Method)
@@ -86,9 +104,13 @@ func writeError(ctx *fasthttp.RequestCtx, e *apierr.Error) {
 	ctx.SetBody(e.Body(apierr.OpenAI))
 }
 
-// Auth answers 401 unless the request carries the admin key (compared in constant time).
+// Auth answers 401 unless the request carries the admin key (compared in constant time) or,
+// without a key, the status page's session cookie (with its CSRF token on changes: sessionAuth).
 func (g *API) Auth(ctx *fasthttp.RequestCtx) bool {
 	key, ok := g.Bearer(ctx)
+	if !ok && g.Key != nil && len(ctx.Request.Header.Cookie(ui.CookieName)) > 0 {
+		return g.sessionAuth(ctx)
+	}
 	if g.Key == nil || !ok {
 		writeError(ctx, apierr.Unauthorized)
 		return false
@@ -111,6 +133,10 @@ type backendStatus struct {
 	Capacity         *backends.Capacity `json:"capacity,omitempty"`
 	LastError        string             `json:"last_error,omitempty"`
 	QuarantinedUntil *time.Time         `json:"quarantined_until,omitempty"`
+
+	// PoolAlarm: the pool is smaller than the context or the engine's own max_req_input_len
+	// (the leak's precondition); false while capacity is unknown.
+	PoolAlarm bool `json:"pool_alarm"`
 }
 
 func describeBackend(set *backends.Set, b *backends.Backend, now time.Time) backendStatus {
@@ -118,6 +144,7 @@ func describeBackend(set *backends.Set, b *backends.Backend, now time.Time) back
 		Capacity: b.Capacity(), LastError: b.LastError()}
 	if st.Capacity != nil {
 		st.ReportedMode = st.Capacity.Mode
+		st.PoolAlarm = st.Capacity.PoolAlarm()
 	}
 	if q := b.QuarantinedUntil(); q.After(now) {
 		st.QuarantinedUntil = &q

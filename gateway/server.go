@@ -123,7 +123,7 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 		ExactCalls: g.metrics.exactCalls, Calibrations: g.metrics.calibrations})
 	g.lim = newLimitsState(g) // kvgate limits
 	g.admin = &admin.API{Key: adminKey, Backends: set, Incidents: st.Incidents, Quarantines: g.quarantine, Tenants: g.tenants, QuarantineTTL: cfg.Canary.QuarantineTTL,
-		Store: st.Tenants, Log: g.log, Bearer: bearer, ReadBody: readBody}
+		Store: st.Tenants, Log: g.log, Bearer: bearer, ReadBody: readBody, Metrics: g.metrics.reg}
 	g.replies = reply.NewBudget(cfg.Upstream.MaxBufferedBytes)
 	g.metrics.repliesOverBudget = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_replies_over_budget_total",
 		Help: "Non-streaming replies refused (503) because upstream.max_buffered_bytes was spent."})
