@@ -114,6 +114,9 @@ func (g *Counter) calibrationOf(b *backends.Backend) *calibration {
 // so attempts follow the poll interval, backing off up to tokenizer.calibration_retry_max; off the
 // poller's goroutine, so a /tokenize that hangs cannot make the capacity reading stale.
 func (g *Counter) RetryCalibration(b *backends.Backend, now time.Time) {
+	if g.o.LocalExact {
+		return
+	}
 	g.calibMu.Lock()
 	r := g.calibRetry[b.Name]
 	due := g.calib[b.Name] == nil && r != nil && !r.running && !now.Before(r.next)
@@ -146,6 +149,9 @@ func (g *Counter) RetryCalibration(b *backends.Backend, now time.Time) {
 // paths get refuse-only estimates until a retry succeeds.
 // Calibrate compares b's tokenizer with the local estimate now (on a capacity change).
 func (g *Counter) Calibrate(b *backends.Backend) {
+	if g.o.LocalExact {
+		return // the local count is the engine's own: nothing to compare, no engine to ask
+	}
 	// Only the latest attempt may store its result: a background retry that started before a
 	// capacity change (perhaps another tokenizer) must not overwrite what came after it.
 	g.calibMu.Lock()
@@ -317,6 +323,13 @@ type Options struct {
 	CalibrationRetryMax time.Duration // the longest wait between attempts to calibrate an engine
 	PollInterval        time.Duration // the first wait after a failed calibration
 	Log                 *zap.Logger
+	// LocalExact says Encoder is the served model's own tokenizer counting prompts rendered with
+	// its own chat template (tokenizer.hf_dir): counts are exact, so no engine is calibrated or
+	// asked, and no ratio or allowance applies.
+	LocalExact bool
+	// LocalTextOverhead is what the local tokenizer adds to a text prompt that no chat template
+	// rendered (its post-processor's special tokens).
+	LocalTextOverhead int
 	// ExactCalls and Calibrations, when set, count /tokenize calls by result and calibrations
 	// by backend and result.
 	ExactCalls, Calibrations *prometheus.CounterVec
@@ -343,7 +356,7 @@ func New(o Options) *Counter {
 	if c.log == nil {
 		c.log = zap.NewNop()
 	}
-	if o.Set != nil {
+	if o.Set != nil && !o.LocalExact {
 		c.exact = newExactCounter(o.Set, o.ExactConcurrency, o.ExactTimeout)
 		c.exact.calls = o.ExactCalls
 	}

@@ -92,7 +92,15 @@ func (g *Counter) decideOn(prompts []request.Prompt, r *backends.Route, limit in
 			pc.prompt, pc.est = i, ests[i]
 		}
 		pr := policy.Request{Text: p.Text, Bytes: len(p.Text), InputIDs: p.IDs, HasInputIDs: p.HasIDs,
-			Overhead: specialTokenAllowance, DistrustEstimate: distrust}
+			Overhead: specialTokenAllowance, DistrustEstimate: distrust, LocalExact: g.o.LocalExact}
+		if g.o.LocalExact {
+			// A rendered template holds every special token the engine counts; a text prompt
+			// gets what the tokenizer's post-processor adds (a BOS token for some models).
+			pr.Overhead = g.o.LocalTextOverhead
+			if p.Templated {
+				pr.Overhead = 0
+			}
+		}
 		d := policy.Decide(context.Background(), pr, limit, ests[i], ratio, exact)
 		if e := ests[i]; e.complete && e.n > *estimate {
 			*estimate = e.n

@@ -13,6 +13,7 @@ import (
 	"net"
 	neturl "net/url"
 	"os"
+	"path/filepath"
 	"reflect"
 	"sort"
 	"strconv"
@@ -150,6 +151,11 @@ type Tokenizer struct {
 	Library Library `yaml:"library"`
 	// Encoding is cl100k_base (default) or o200k_base.
 	Encoding string `yaml:"encoding"`
+	// HFDir, when set, is a directory holding the served model's tokenizer.json and
+	// tokenizer_config.json: prompts are then rendered with its chat_template and counted with its
+	// own tokenizer, exactly and locally (no safety ratio, no calibration, no /tokenize call), and
+	// Library, Encoding and the ratio settings are not used.
+	HFDir string `yaml:"hf_dir"`
 	// SafetyRatio r: estimate×r must fit to admit without an exact count. Default 1.3, ≥ 1.
 	SafetyRatio float64 `yaml:"safety_ratio"`
 	// SafetyRatioMax caps how far engine reports may raise r. Default 2.0.
@@ -163,6 +169,25 @@ type Tokenizer struct {
 	// doubling). Until one succeeds, estimates for paths through that engine are refuse-only.
 	// Default 30s.
 	CalibrationRetryMax time.Duration `yaml:"calibration_retry_max"`
+}
+
+// CheckHFDir says what is wrong with a tokenizer.hf_dir value ("" is unset, and fine): the
+// directory must hold tokenizer.json and tokenizer_config.json. Whether the tokenizer inside is
+// supported is known only when it is loaded (gateway.New names this key then too).
+func CheckHFDir(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	for _, f := range []string{"tokenizer.json", "tokenizer_config.json"} {
+		st, err := os.Stat(filepath.Join(dir, f))
+		if err != nil {
+			return fmt.Errorf("%s must hold %s: %v", dir, f, err)
+		}
+		if !st.Mode().IsRegular() {
+			return fmt.Errorf("%s/%s is not a regular file", dir, f)
+		}
+	}
+	return nil
 }
 
 // State says where shared state lives.
@@ -271,6 +296,8 @@ const (
 
 	LibraryTiktokenGo Library = "tiktoken-go"
 	LibraryPkoukk     Library = "pkoukk"
+	// LibraryKvgate is kvgate's own counting-only BPE (tokenize/bpe) over the same vocabularies.
+	LibraryKvgate Library = "kvgate"
 
 	RedisStandalone RedisMode = "standalone"
 	RedisSentinel   RedisMode = "sentinel"
@@ -498,7 +525,10 @@ func (c *Config) Validate() error {
 	if c.Policy.DefaultMaxTokens < 0 {
 		bad("policy.default_max_tokens", "must be ≥ 0, got %d", c.Policy.DefaultMaxTokens)
 	}
-	oneOf("tokenizer.library", string(c.Tokenizer.Library), string(LibraryTiktokenGo), string(LibraryPkoukk))
+	oneOf("tokenizer.library", string(c.Tokenizer.Library), string(LibraryTiktokenGo), string(LibraryPkoukk), string(LibraryKvgate))
+	if err := CheckHFDir(c.Tokenizer.HFDir); err != nil {
+		bad("tokenizer.hf_dir", "%v", err)
+	}
 	oneOf("tokenizer.encoding", c.Tokenizer.Encoding, "cl100k_base", "o200k_base")
 	if c.Tokenizer.SafetyRatio < 1 {
 		bad("tokenizer.safety_ratio", "must be ≥ 1, got %v", c.Tokenizer.SafetyRatio)

@@ -314,3 +314,30 @@ func TestEnvListsKeysAndFiles(t *testing.T) {
 		t.Fatalf("want the ambiguity named, got %v", err)
 	}
 }
+
+// tokenizer.hf_dir must hold the model's two tokenizer files: a missing directory or file is a
+// configuration error naming the key and the file.
+func TestHFDirNeedsBothFiles(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct{ dir, file string }{
+		{dir + "/nope", "tokenizer.json"}, {dir, "tokenizer.json"},
+	} {
+		_, err := Parse([]byte(minimal+fmt.Sprintf("tokenizer: {hf_dir: %q}\n", c.dir)), nil)
+		if err == nil || !strings.Contains(err.Error(), "tokenizer.hf_dir") || !strings.Contains(err.Error(), c.file) {
+			t.Fatalf("hf_dir %s: err = %v", c.dir, err)
+		}
+	}
+	if err := os.WriteFile(dir+"/tokenizer.json", []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Parse([]byte(minimal+fmt.Sprintf("tokenizer: {hf_dir: %q}\n", dir)), nil); err == nil || !strings.Contains(err.Error(), "tokenizer_config.json") {
+		t.Fatalf("err = %v", err)
+	}
+	if err := os.WriteFile(dir+"/tokenizer_config.json", []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Parse([]byte(minimal+fmt.Sprintf("tokenizer: {hf_dir: %q}\n", dir)), nil)
+	if err != nil || c.Tokenizer.HFDir != dir {
+		t.Fatalf("both files present: %v", err)
+	}
+}

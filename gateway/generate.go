@@ -150,6 +150,11 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 	}
 	x.inject() // before counting: the marker is part of the prompt
 	req.Render()
+	if g.template != nil {
+		if e := req.RenderTemplate(g.template); e != nil {
+			return e
+		}
+	}
 	output := req.Output
 	if !req.OutputGiven {
 		output = g.cfg.Policy.DefaultMaxTokens * max(req.N, 1)

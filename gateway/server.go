@@ -40,6 +40,7 @@ import (
 	"github.com/kvgate/kvgate/telemetry"
 	"github.com/kvgate/kvgate/tenants"
 	"github.com/kvgate/kvgate/tokenize"
+	"github.com/kvgate/kvgate/tokenize/hf"
 )
 
 // Gateway is one replica.
@@ -49,6 +50,8 @@ type Gateway struct {
 	access   *zap.Logger
 	backends *backends.Set
 	count    *admission.Counter // counting and calibration state (package admission)
+	// template, with tokenizer.hf_dir, renders chat prompts as the served model's template does.
+	template request.ChatTemplate
 	tenants  *tenants.Directory
 	admin    *admin.API // /admin/ (package admin)
 	metrics  *metrics
@@ -92,8 +95,19 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 			return nil, err
 		}
 	}
-	enc, err := tokenize.NewEncoder(string(cfg.Tokenizer.Library), cfg.Tokenizer.Encoding)
-	if err != nil {
+	var (
+		enc tokenize.Encoder
+		err error
+		// hfTok, with tokenizer.hf_dir: the served model's own tokenizer and chat template.
+		hfTok      *hf.Tokenizer
+		encodeAdds int
+	)
+	if cfg.Tokenizer.HFDir != "" {
+		if hfTok, err = hf.Load(cfg.Tokenizer.HFDir); err != nil {
+			return nil, fmt.Errorf("tokenizer.hf_dir: %w", err)
+		}
+		enc, encodeAdds = hfTok, hfTok.EncodeAdds
+	} else if enc, err = tokenize.NewEncoder(string(cfg.Tokenizer.Library), cfg.Tokenizer.Encoding); err != nil {
 		return nil, fmt.Errorf("building tokenizer: %w", err)
 	}
 	g := &Gateway{cfg: cfg, log: log.Named("gateway"), access: log.Named("access"), backends: set}
@@ -119,8 +133,11 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	g.count = admission.New(admission.Options{Encoder: enc, Ratio: ratio, Set: set,
 		ExactConcurrency: cfg.Tokenizer.ExactConcurrency, ExactTimeout: cfg.Tokenizer.ExactTimeout,
 		SafetyRatio: cfg.Tokenizer.SafetyRatio, CalibrationRetryMax: cfg.Tokenizer.CalibrationRetryMax,
-		PollInterval: cfg.Capacity.PollInterval, Log: g.log,
+		PollInterval: cfg.Capacity.PollInterval, Log: g.log, LocalExact: hfTok != nil, LocalTextOverhead: encodeAdds,
 		ExactCalls: g.metrics.exactCalls, Calibrations: g.metrics.calibrations})
+	if hfTok != nil {
+		g.template = hfTok
+	}
 	g.lim = newLimitsState(g) // kvgate limits
 	g.admin = &admin.API{Key: adminKey, Backends: set, Incidents: st.Incidents, Quarantines: g.quarantine, Tenants: g.tenants, QuarantineTTL: cfg.Canary.QuarantineTTL,
 		Store: st.Tenants, Log: g.log, Bearer: bearer, ReadBody: readBody, Metrics: g.metrics.reg}

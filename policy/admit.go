@@ -90,6 +90,9 @@ const (
 	TierBound    Tier = "bound"     // bytes ≥ tokens, and the bytes fit
 	TierEstimate Tier = "estimate"  // tiktoken estimate × or ÷ the safety ratio decided
 	TierExact    Tier = "exact"     // the engine's /tokenize counted
+	// TierLocal: the served model's own tokenizer and chat template counted here (tokenizer.hf_dir):
+	// exact, with no ratio and no engine asked.
+	TierLocal Tier = "local"
 	// TierUnavailable: the estimate could not decide and no usable exact count came (saturated,
 	// failed, or implausible). Nothing decided: the request is neither admitted nor called too
 	// long (the gateway answers 503 count_unavailable, retryable).
@@ -123,6 +126,9 @@ type Request struct {
 	// seen counting more than estimate × ratio (calibration against its /tokenize), or it could
 	// not be calibrated at all.
 	DistrustEstimate bool
+	// LocalExact says the estimator is the served model's own tokenizer counting Text as the
+	// engine will: its count is exact, so it decides alone (no byte bound, ratio or engine).
+	LocalExact bool
 }
 
 // Decision is the outcome of counting against a limit.
@@ -150,6 +156,14 @@ func Decide(ctx context.Context, req Request, limit int, est Estimator, ratio fl
 	d := Decision{Limit: limit}
 	if req.HasInputIDs {
 		d.Tier, d.Tokens, d.Admit = TierInputIDs, req.InputIDs, req.InputIDs <= limit
+		return d
+	}
+	if req.LocalExact {
+		// Prompts near the limit are counted whole, so a refusal shows their real count; a
+		// huge one stops at twice the limit (the outcome is the same, the CPU is not).
+		n, complete := est.Count(req.Text, 2*max(limit, 0)+1024)
+		n += req.Overhead
+		d.Tier, d.Tokens, d.Admit = TierLocal, n, complete && n <= limit
 		return d
 	}
 	bound := req.Bytes + req.Overhead

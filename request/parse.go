@@ -77,6 +77,9 @@ type Prompt struct {
 	IDs    int
 	HasIDs bool
 	Tokens []int
+	// Templated: Text is the served model's own chat template rendering (RenderTemplate), which
+	// holds every special token the engine counts.
+	Templated bool
 }
 
 // Request is a parsed, sanitized generation request.

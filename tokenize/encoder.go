@@ -60,8 +60,10 @@ func NewEncoder(library, encoding string) (Encoder, error) {
 		return tiktokenGoEncoder(encoding)
 	case LibraryPkoukk:
 		return pkoukkEncoder(encoding)
+	case LibraryKvgate:
+		return kvgateEncoder(encoding)
 	default:
-		return nil, fmt.Errorf("tokenize: unknown tokenizer library %q (allowed: %q, %q)", library, LibraryTiktokenGo, LibraryPkoukk)
+		return nil, fmt.Errorf("tokenize: unknown tokenizer library %q (allowed: %q, %q, %q)", library, LibraryTiktokenGo, LibraryPkoukk, LibraryKvgate)
 	}
 }
 

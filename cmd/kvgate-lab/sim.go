@@ -27,7 +27,7 @@ func runSim(args []string) int {
 		"prefill: bootstrap port to bind (0 = ephemeral); decode: port used when a request's bootstrap_port is null")
 	fs.IntVar(&cfg.PageSize, "page-size", 64, "tokens per KV page")
 	fs.StringVar(&cfg.Allocator, "allocator", kvmodel.AllocLIFO, "free-page policy: lifo | fifo | random")
-	fs.StringVar(&cfg.Tokenizer, "tokenizer", "cl100k", "cl100k | chunk4")
+	fs.StringVar(&cfg.Tokenizer, "tokenizer", "cl100k", "cl100k | chunk4 | hf:DIR (a model's tokenizer.json + tokenizer_config.json: its own tokens and chat template)")
 	fs.StringVar(&cfg.Bug, "bug", kvmodel.BugNone, "admit-rejected | none")
 	fs.StringVar(&cfg.Fix, "fix", kvmodel.FixNone, "none | reject-at-admission | zero-on-release | ownership-tags | decode-length-check")
 	seed := fs.Uint64("seed", 1, "seed of the model and of the random allocator")

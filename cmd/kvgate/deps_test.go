@@ -39,6 +39,23 @@ func TestProductLinksNoLab(t *testing.T) {
 	}
 }
 
+// The simulator shares no gateway code: of the product's packages it links only the library
+// that reads a model's tokenizer files (tokenize/hf on tokenize/bpe), for --tokenizer hf:DIR, as
+// an engine serving that model reads the same files.
+func TestSimulatorSharesOnlyTheTokenizerLibrary(t *testing.T) {
+	out := goList(t, "-deps", "./lab/enginesim/...")
+	if !strings.Contains(out, "github.com/kvgate/kvgate/lab/enginesim") {
+		t.Fatalf("go list printed no plausible dependency list: %q", out)
+	}
+	for _, d := range strings.Fields(out) {
+		p, ok := strings.CutPrefix(d, "github.com/kvgate/kvgate/")
+		if !ok || strings.HasPrefix(p, "lab/") || p == "tokenize/hf" || p == "tokenize/bpe" {
+			continue
+		}
+		t.Errorf("the simulator links %s", d)
+	}
+}
+
 // Test helpers stay in tests: no package's non-test code imports internal/testkit.
 func TestNoPackageImportsTestkit(t *testing.T) {
 	out := goList(t, "-f", "{{.ImportPath}}: {{join .Imports \" \"}}", "./...")

@@ -72,6 +72,8 @@ func TestSmokeRunWritesTheReport(t *testing.T) {
 	p.SweepRounds, p.SweepDur, p.Sweep = 1, 30*time.Millisecond, []int{1, 4}
 	p.StreamRounds, p.StreamDur = 1, 50*time.Millisecond
 	p.Warmup, p.MemStreams = 20*time.Millisecond, 20
+	p.CountRounds, p.CountMin = 1, time.Millisecond
+	countOutDir = t.TempDir()
 	out := filepath.Join(t.TempDir(), "latest.json")
 	if code := run(context.Background(), p, config{kvgate: bin, lab: lab, nginx: findNginx(""), redis: "redis://127.0.0.1:6379/15", out: out, canary: true, limits: true}); code != 0 {
 		t.Fatalf("exit %d", code)
@@ -89,8 +91,22 @@ func TestSmokeRunWritesTheReport(t *testing.T) {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	if !slices.Equal(keys, []string{"machine", "micro", "ratios", "targets"}) {
+	if !slices.Equal(keys, []string{"count", "machine", "micro", "ratios", "targets"}) {
 		t.Fatalf("top-level keys %v", keys)
+	}
+	// The count section, also written on its own to bench/results/latest.json (here countOutDir).
+	var counts struct {
+		Count map[string]map[string]float64 `json:"count"`
+	}
+	rawCount, err := os.ReadFile(filepath.Join(countOutDir, "latest.json"))
+	if err != nil || json.Unmarshal(rawCount, &counts) != nil {
+		t.Fatalf("count file: %v", err)
+	}
+	for _, name := range countTextOrder {
+		c := counts.Count[name]
+		if c["kvgate_mb_s"] <= 0 || c["tiktoken_go_mb_s"] <= 0 || c["tokens"] <= 0 {
+			t.Errorf("count %s: %v", name, c)
+		}
 	}
 	var r struct {
 		Targets map[string]map[string]any `json:"targets"`

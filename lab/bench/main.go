@@ -44,6 +44,8 @@ type params struct {
 	MemLimit              time.Duration
 	FixedDelay, EventIval time.Duration
 	Events                int
+	CountRounds           int           // rounds of the count phase (kvgate's counter vs tiktoken-go)
+	CountMin              time.Duration // the least time one text is counted for, per round and counter
 }
 
 func quickParams() params {
@@ -52,7 +54,8 @@ func quickParams() params {
 		Sweep: []int{1, 16, 64, 256}, SweepRounds: 1, SweepDur: 400 * time.Millisecond,
 		StreamConns: 8, StreamRounds: 2, StreamDur: 400 * time.Millisecond, Warmup: 150 * time.Millisecond,
 		MemStreams: 500, MemLimit: 20 * time.Second,
-		FixedDelay: 2 * time.Millisecond, EventIval: time.Millisecond, Events: 8}
+		FixedDelay: 2 * time.Millisecond, EventIval: time.Millisecond, Events: 8,
+		CountRounds: 1, CountMin: 100 * time.Millisecond}
 }
 
 func fullParams() params {
@@ -64,6 +67,7 @@ func fullParams() params {
 	p.StreamRounds, p.StreamDur = 3, 2*time.Second
 	p.Warmup = 500 * time.Millisecond
 	p.MemStreams, p.MemLimit = 10000, 120*time.Second
+	p.CountRounds, p.CountMin = 3, 500*time.Millisecond
 	return p
 }
 
@@ -98,7 +102,7 @@ func main() {
 	roundDur := flag.Duration("round", 0, "override the duration of a throughput round")
 	canaryOn := flag.Bool("kvgate-canary", true, "kvgate targets inject and scan canaries (the full pipeline)")
 	limitsOn := flag.Bool("kvgate-limits", true, "kvgate targets check and charge tenant rpm/tpm limits (set far above the load)")
-	phases := flag.String("phases", "throughput,rate,sweep,stream,memory,micro", "the phases to run (a partial run, while working on one)")
+	phases := flag.String("phases", "count,throughput,rate,sweep,stream,memory,micro", "the phases to run (a partial run, while working on one)")
 	flag.Parse()
 	p := fullParams()
 	if *quick {
@@ -130,6 +134,9 @@ func main() {
 	}
 	if !on["memory"] {
 		p.MemStreams = 0
+	}
+	if !on["count"] {
+		p.CountRounds = 0
 	}
 	*micro = *micro && on["micro"]
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)

@@ -45,6 +45,14 @@ func measure(ctx context.Context, p params, c config, ps *procs) (*report, error
 	rep := newReport(p)
 	log := func(format string, args ...any) { fmt.Printf(format+"\n", args...) }
 	log("kvgate bench (%s): %s", p.Mode, rep.Machine.summary())
+	// Counting first, while nothing else of the bench runs.
+	if p.CountRounds > 0 {
+		c, err := measureCount(p.CountRounds, p.CountMin, log)
+		rep.Count = c
+		if err != nil {
+			return rep, err
+		}
+	}
 	// The gateway holds two sockets per stream (client and engine); the limit is per process and
 	// children inherit it. Without CAP_SYS_RESOURCE the hard limit caps it, and the figure is
 	// then taken at the most streams that fit and projected to the count asked for.

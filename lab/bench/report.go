@@ -22,8 +22,10 @@ type report struct {
 	Targets map[string]*targetResult      `json:"targets"`
 	Ratios  ratios                        `json:"ratios"`
 	Micro   map[string]map[string]float64 `json:"micro"`
-	Machine machine                       `json:"machine"`
-	Params  params                        `json:"-"`
+	// Count is the count phase: MB/s of kvgate's counter and tiktoken-go per text.
+	Count   map[string]*countResult `json:"count"`
+	Machine machine                 `json:"machine"`
+	Params  params                  `json:"-"`
 }
 
 // ratios are kvgate (memory state) over nginx and over the bare proxy, in requests/s: the
@@ -270,13 +272,37 @@ func (r *report) write(path string) error {
 		return err
 	}
 	fmt.Printf("\nwrote %s (%.0f s)\n", path, r.Machine.Seconds)
+	if len(r.Count) > 0 {
+		// Issue 19 asks for the counting figures at bench/results/latest.json: the count section
+		// and the machine it ran on, written beside the full report.
+		cb, err := json.MarshalIndent(struct {
+			Count   map[string]*countResult `json:"count"`
+			Machine machine                 `json:"machine"`
+		}{r.Count, r.Machine}, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.MkdirAll(countOutDir, 0o755); err != nil {
+			return err
+		}
+		cp := filepath.Join(countOutDir, "latest.json")
+		if err := os.WriteFile(cp, append(cb, '\n'), 0o644); err != nil {
+			return err
+		}
+		fmt.Printf("wrote %s\n", cp)
+	}
 	return nil
 }
+
+// countOutDir is where the count section is written too (relative to the working directory,
+// the module root under make bench).
+var countOutDir = filepath.Join("bench", "results")
 
 // print is the table on stdout.
 func (r *report) print(w io.Writer) {
 	p := r.Params
 	fmt.Fprintf(w, "\n== kvgate bench (%s) — %s\n", p.Mode, r.Machine.summary())
+	printCount(w, r.Count)
 	if r.Machine.Nginx != "" {
 		fmt.Fprintf(w, "   %s\n", r.Machine.Nginx)
 	}

@@ -3,6 +3,7 @@ package enginesim
 import (
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/lab/enginesim/kvmodel"
@@ -29,7 +30,7 @@ type Config struct {
 	// bootstrap_port is null.
 	BootstrapPort   int
 	Allocator       string        // lifo | fifo | random; default lifo
-	Tokenizer       string        // cl100k | chunk4; default cl100k
+	Tokenizer       string        // cl100k | chunk4 | hf:DIR; default cl100k
 	Bug             string        // none | admit-rejected; default none
 	Fix             string        // see the Fix constants; default none
 	Seed            uint64        // seeds the model and the random allocator
@@ -125,10 +126,11 @@ func (c *Config) Validate() error {
 	default:
 		return fmt.Errorf("allocator: %q is not lifo, fifo or random", c.Allocator)
 	}
-	switch c.Tokenizer {
-	case "cl100k", "chunk4":
+	switch {
+	case c.Tokenizer == "cl100k", c.Tokenizer == "chunk4":
+	case strings.HasPrefix(c.Tokenizer, "hf:") && len(c.Tokenizer) > 3:
 	default:
-		return fmt.Errorf("tokenizer: %q is not cl100k or chunk4", c.Tokenizer)
+		return fmt.Errorf("tokenizer: %q is not cl100k, chunk4 or hf:DIR", c.Tokenizer)
 	}
 	switch c.Bug {
 	case kvmodel.BugNone, kvmodel.BugAdmitRejected:

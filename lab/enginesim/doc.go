@@ -20,5 +20,9 @@
 // state, canary, policy, backends, tokenize, config): the simulator is the
 // adversary the gateway is tested against, so it shares no code with it, not
 // even the tokenizer choice (chunk4 exists so the gateway meets a tokenizer
-// it does not share).
+// it does not share). The one exception is the library that reads a model's
+// tokenizer files (tokenize/hf, on tokenize/bpe), for --tokenizer hf:DIR: an
+// engine serving that model tokenizes with those files, and the library is
+// checked against Hugging Face's own tokenizer and Jinja, not against the
+// gateway (TestSimulatorSharesOnlyTheTokenizerLibrary).
 package enginesim

@@ -108,6 +108,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.cond = sync.NewCond(&s.mu)
 	s.env = wire.Env{NewRID: s.newRID, NoteSalts: s.noteSalts}
+	if h, ok := base.(*kvmodel.HFTokenizer); ok {
+		s.env.RenderChat = renderChat(h)
+	}
 	s.srv = &fasthttp.Server{
 		Handler:            s.Handler(),
 		Name:               "kvgate-sim",

@@ -3,10 +3,13 @@ package kvmodel
 import (
 	"fmt"
 	"hash/fnv"
+	"strings"
 	"sync"
 	"unicode/utf8"
 
 	"github.com/tiktoken-go/tokenizer"
+
+	"github.com/kvgate/kvgate/tokenize/hf"
 )
 
 // Tokenizer turns text into tokens. Every token keeps its text because the
@@ -21,15 +24,23 @@ type Tokenizer interface {
 	Encode(text string) ([]uint32, []string)
 }
 
-// NewTokenizer returns the tokenizer named cl100k or chunk4.
+// NewTokenizer returns the tokenizer named cl100k, chunk4 or hf:DIR (a model's own tokenizer
+// from DIR/tokenizer.json and DIR/tokenizer_config.json).
 func NewTokenizer(name string) (Tokenizer, error) {
+	if dir, ok := strings.CutPrefix(name, "hf:"); ok {
+		t, err := hf.Load(dir)
+		if err != nil {
+			return nil, err
+		}
+		return &HFTokenizer{name: name, T: t}, nil
+	}
 	switch name {
 	case "cl100k", "cl100k_base":
 		return cl100k()
 	case "chunk4":
 		return chunk4{}, nil
 	}
-	return nil, fmt.Errorf("unknown tokenizer %q (want cl100k or chunk4)", name)
+	return nil, fmt.Errorf("unknown tokenizer %q (want cl100k, chunk4 or hf:DIR)", name)
 }
 
 var (
@@ -80,6 +91,18 @@ func (t cl100kTok) Encode(text string) ([]uint32, []string) {
 	}
 	return out, toks
 }
+
+// HFTokenizer is a model's own tokenizer (tokenize/hf, the library kvgate counts with too):
+// special-token text such as "<|im_start|>" is one token here, as in SGLang, and T renders the
+// model's chat template.
+type HFTokenizer struct {
+	name string
+	T    *hf.Tokenizer
+}
+
+func (t *HFTokenizer) Name() string { return t.name }
+
+func (t *HFTokenizer) Encode(text string) ([]uint32, []string) { return t.T.Encode(text) }
 
 func byteTokens(text string) ([]uint32, []string) {
 	ids := make([]uint32, len(text))

@@ -102,6 +102,9 @@ type Boot struct {
 type Env struct {
 	NewRID    func() string
 	NoteSalts func(salts []string)
+	// RenderChat, when set, renders a chat completions body with the model's own chat
+	// template (--tokenizer hf:DIR) instead of ChatML.
+	RenderChat func(body []byte) (string, error)
 }
 
 // NoteSalt decodes a salt field (a string or a list of strings) and hands

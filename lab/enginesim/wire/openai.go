@@ -140,6 +140,13 @@ func ParseOpenAI(env Env, r Route, body []byte) (*OpenAIReq, []*Item, []int, err
 			roles[i], contents[i] = m.Role, t
 		}
 		prompts = []string{RenderChatML(roles, contents)}
+		if env.RenderChat != nil {
+			text, err := env.RenderChat(body)
+			if err != nil {
+				return nil, nil, nil, Badf("%v", err)
+			}
+			prompts[0] = text
+		}
 	} else {
 		ps, _, err := Strings(req.Prompt, "prompt")
 		if err != nil {

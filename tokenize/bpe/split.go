@@ -1,0 +1,306 @@
+package bpe
+
+import (
+	"fmt"
+	"unicode"
+	"unicode/utf8"
+)
+
+// The pre-tokenizer patterns this package implements by hand. They use a lookahead (`\s+(?!\S)`)
+// that Go's regexp lacks, and a hand-written scanner is many times faster than a backtracking
+// regex engine anyway. The scanner follows the regex semantics of Python's `regex` and of Rust's
+// tokenizers (leftmost alternative first, greedy with backtracking), with \s the Unicode
+// White_Space property (Go's unicode.IsSpace) and \p{L}, \p{N}, \p{M} Go's Unicode tables.
+const (
+	// PatternCl100k is cl100k_base's pattern, which Llama 3's tokenizer.json also uses.
+	PatternCl100k = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+	// PatternQwen2 is Qwen2's and Qwen3's: cl100k_base's with one digit per pre-token.
+	PatternQwen2 = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+	// PatternO200k is o200k_base's: words split at case changes, contractions kept with them.
+	PatternO200k = `[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+)
+
+// Splitter cuts text into pre-tokens, as one of the known patterns does.
+type Splitter struct {
+	pattern   string
+	o200k     bool
+	maxDigits int
+}
+
+// NewSplitter returns the splitter of pattern, which must be one of the known patterns exactly:
+// another pattern is refused, not approximated (a different split is a different count).
+func NewSplitter(pattern string) (*Splitter, error) {
+	switch pattern {
+	case PatternCl100k:
+		return &Splitter{pattern: pattern, maxDigits: 3}, nil
+	case PatternQwen2:
+		return &Splitter{pattern: pattern, maxDigits: 1}, nil
+	case PatternO200k:
+		return &Splitter{pattern: pattern, o200k: true, maxDigits: 3}, nil
+	}
+	return nil, fmt.Errorf("unsupported pre-tokenizer pattern %q (supported: the cl100k_base/Llama 3, Qwen2/Qwen3 and o200k_base patterns)", pattern)
+}
+
+// Pattern is the regex the splitter implements.
+func (sp *Splitter) Pattern() string { return sp.pattern }
+
+// ASCII classes.
+const (
+	clLetter = 1 << iota
+	clUpper
+	clDigit
+	clSpace
+	clNewline // \r or \n (also clSpace)
+)
+
+var asciiClass = func() (t [128]uint8) {
+	for c := 0; c < 128; c++ {
+		switch {
+		case c >= 'a' && c <= 'z':
+			t[c] = clLetter
+		case c >= 'A' && c <= 'Z':
+			t[c] = clLetter | clUpper
+		case c >= '0' && c <= '9':
+			t[c] = clDigit
+		case c == '\r' || c == '\n':
+			t[c] = clSpace | clNewline
+		case c == ' ' || c == '\t' || c == '\v' || c == '\f':
+			t[c] = clSpace
+		}
+	}
+	return
+}()
+
+func runeAt(s string, i int) (rune, int) {
+	if c := s[i]; c < utf8.RuneSelf {
+		return rune(c), 1
+	}
+	return utf8.DecodeRuneInString(s[i:])
+}
+
+func isLetter(r rune) bool {
+	if r < utf8.RuneSelf {
+		return asciiClass[r]&clLetter != 0
+	}
+	return unicode.IsLetter(r)
+}
+
+func isNumber(r rune) bool {
+	if r < utf8.RuneSelf {
+		return asciiClass[r]&clDigit != 0
+	}
+	return unicode.IsNumber(r)
+}
+
+func isSpace(r rune) bool {
+	if r < utf8.RuneSelf {
+		return asciiClass[r]&clSpace != 0
+	}
+	return unicode.IsSpace(r)
+}
+
+// isPunct is [^\s\p{L}\p{N}].
+func isPunct(r rune) bool { return !isSpace(r) && !isLetter(r) && !isNumber(r) }
+
+// isPrefix is [^\r\n\p{L}\p{N}].
+func isPrefix(r rune) bool { return r != '\r' && r != '\n' && !isLetter(r) && !isNumber(r) }
+
+// isUpperish is o200k's [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}].
+func isUpperish(r rune) bool {
+	if r < utf8.RuneSelf {
+		return asciiClass[r]&clUpper != 0
+	}
+	return unicode.In(r, unicode.Lu, unicode.Lt, unicode.Lm, unicode.Lo, unicode.M)
+}
+
+// isLowerish is o200k's [\p{Ll}\p{Lm}\p{Lo}\p{M}].
+func isLowerish(r rune) bool {
+	if r < utf8.RuneSelf {
+		return asciiClass[r]&(clLetter|clUpper) == clLetter
+	}
+	return unicode.In(r, unicode.Ll, unicode.Lm, unicode.Lo, unicode.M)
+}
+
+// contraction returns the length of (?i:'s|'t|'re|'ve|'m|'ll|'d) at s[i] (s[i] == '\”), 0 none.
+func contraction(s string, i int) int {
+	if i+1 >= len(s) {
+		return 0
+	}
+	switch s[i+1] | 0x20 {
+	case 's', 't', 'm', 'd':
+		return 2
+	case 'r', 'v':
+		if i+2 < len(s) && s[i+2]|0x20 == 'e' {
+			return 3
+		}
+	case 'l':
+		if i+2 < len(s) && s[i+2]|0x20 == 'l' {
+			return 3
+		}
+	}
+	// U+017F LATIN SMALL LETTER LONG S case-folds to s.
+	if i+2 < len(s) && s[i+1] == 0xC5 && s[i+2] == 0xBF {
+		return 3
+	}
+	return 0
+}
+
+// letters is span(s, j, isLetter) with the ASCII case inline: most of prose.
+func letters(s string, j int) int {
+	for j < len(s) {
+		c := s[j]
+		if c < utf8.RuneSelf {
+			if asciiClass[c]&clLetter == 0 {
+				return j
+			}
+			j++
+			continue
+		}
+		r, n := utf8.DecodeRuneInString(s[j:])
+		if !unicode.IsLetter(r) {
+			return j
+		}
+		j += n
+	}
+	return j
+}
+
+func (sp *Splitter) span(s string, j int, in func(rune) bool) int {
+	for j < len(s) {
+		r, n := runeAt(s, j)
+		if !in(r) {
+			break
+		}
+		j += n
+	}
+	return j
+}
+
+// Next returns the end of the pre-token that starts at s[i] (i < len(s)). s must be valid UTF-8.
+func (sp *Splitter) Next(s string, i int) int {
+	r, n := runeAt(s, i)
+	if sp.o200k {
+		if j := sp.o200kWord(s, i, r, n); j > i {
+			return j
+		}
+	} else {
+		if r == '\'' {
+			if k := contraction(s, i); k > 0 {
+				return i + k
+			}
+		}
+		if isLetter(r) {
+			return letters(s, i+n)
+		}
+		if isPrefix(r) && i+n < len(s) {
+			if r2, n2 := runeAt(s, i+n); isLetter(r2) {
+				return letters(s, i+n+n2)
+			}
+		}
+	}
+	if isNumber(r) {
+		j := i + n
+		for k := 1; k < sp.maxDigits && j < len(s); k++ {
+			r2, n2 := runeAt(s, j)
+			if !isNumber(r2) {
+				break
+			}
+			j += n2
+		}
+		return j
+	}
+	// ` ?[^\s\p{L}\p{N}]+[\r\n]*` ([\r\n/]* for o200k)
+	j := -1
+	if isPunct(r) {
+		j = i
+	} else if r == ' ' && i+1 < len(s) {
+		if r2, _ := runeAt(s, i+1); isPunct(r2) {
+			j = i + 1
+		}
+	}
+	if j >= 0 {
+		j = sp.span(s, j, isPunct)
+		for j < len(s) && (s[j] == '\r' || s[j] == '\n' || sp.o200k && s[j] == '/') {
+			j++
+		}
+		return j
+	}
+	// Whitespace: `\s*[\r\n]+` ends after the run's last newline; else `\s+(?!\S)` leaves the
+	// run's last character to the next pre-token (unless the run ends the text); else `\s+`.
+	end, lastNL, lastStart := i, -1, i
+	for end < len(s) {
+		r2, n2 := runeAt(s, end)
+		if !isSpace(r2) {
+			break
+		}
+		if r2 == '\r' || r2 == '\n' {
+			lastNL = end
+		}
+		lastStart = end
+		end += n2
+	}
+	switch {
+	case lastNL >= 0:
+		return lastNL + 1
+	case end == len(s) || lastStart == i:
+		return end
+	default:
+		return lastStart
+	}
+}
+
+// o200kWord matches o200k's two word alternatives at s[i] (r, of n bytes), returning i if neither
+// matches.
+func (sp *Splitter) o200kWord(s string, i int, r rune, n int) int {
+	prefixed := isPrefix(r) && i+n < len(s)
+	if prefixed {
+		if j := sp.lowerWord(s, i+n); j > 0 {
+			return sp.withContraction(s, j)
+		}
+	}
+	if j := sp.lowerWord(s, i); j > 0 {
+		return sp.withContraction(s, j)
+	}
+	if prefixed {
+		if j := sp.upperWord(s, i+n); j > 0 {
+			return sp.withContraction(s, j)
+		}
+	}
+	if j := sp.upperWord(s, i); j > 0 {
+		return sp.withContraction(s, j)
+	}
+	return i
+}
+
+// lowerWord matches [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+ at p: the end, 0 none.
+func (sp *Splitter) lowerWord(s string, p int) int {
+	a := sp.span(s, p, isUpperish)
+	if b := sp.span(s, a, isLowerish); b > a {
+		return b
+	}
+	// Backtrack: the last lower-ish character among the upper-ish ones ends the match.
+	for k := a; k > p; {
+		r, n := utf8.DecodeLastRuneInString(s[p:k])
+		if isLowerish(r) {
+			return k
+		}
+		k -= n
+	}
+	return 0
+}
+
+// upperWord matches [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]* at p: the end, 0 none.
+func (sp *Splitter) upperWord(s string, p int) int {
+	a := sp.span(s, p, isUpperish)
+	if a == p {
+		return 0
+	}
+	return sp.span(s, a, isLowerish)
+}
+
+func (sp *Splitter) withContraction(s string, j int) int {
+	if j < len(s) && s[j] == '\'' {
+		return j + contraction(s, j)
+	}
+	return j
+}
