@@ -7,7 +7,9 @@ require (
 	github.com/chromedp/cdproto v0.160.1
 	github.com/chromedp/chromedp v0.23.1
 	github.com/dlclark/regexp2 v1.10.0
+	github.com/fsnotify/fsnotify v1.10.1
 	github.com/goccy/go-json v0.12.0
+	github.com/miekg/dns v1.1.73
 	github.com/mtibben/confusables v0.0.0-20210201002637-9d1b0723b659
 	github.com/pkoukk/tiktoken-go v0.1.8
 	github.com/pkoukk/tiktoken-go-loader v0.0.2

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
 )
@@ -146,6 +147,12 @@ func StateUnavailable(msg string) *Error {
 }
 
 // NoBackend: every backend is down, quarantined or in the wrong role.
+// ModelNotFound is OpenAI's answer to a model it does not serve (the id is the client's own).
+func ModelNotFound(model string) *Error {
+	return &Error{Status: 404, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
+		Message: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", model)}
+}
+
 func NoBackend() *Error {
 	return &Error{Status: 503, Type: "server_error", Code: "no_backend", RetryAfter: 5,
 		Message: "No backend is available (all are down, quarantined or report the wrong role)."}

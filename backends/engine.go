@@ -19,7 +19,7 @@ func (b *Backend) post(path string, body any, timeout time.Duration, resp *fasth
 	if err != nil {
 		return err
 	}
-	req.SetRequestURI("http://" + b.Addr + path)
+	req.SetRequestURI(b.base + path)
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.SetContentType("application/json")
 	if b.APIKey != "" {
@@ -129,7 +129,7 @@ func (b *Backend) Call(path string, body []byte, timeout time.Duration) (*CallRe
 	defer fasthttp.ReleaseRequest(req)
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + b.Addr + path)
+	req.SetRequestURI(b.base + path)
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.SetContentType("application/json")
 	req.Header.Set("Accept-Encoding", "identity")

@@ -121,7 +121,7 @@ type Leg struct {
 // own key and a request for unencoded replies.
 func (b *Backend) Send(path string, body []byte, rids []string, requestID, traceparent string, stream bool) (*Leg, error) {
 	req := fasthttp.AcquireRequest()
-	req.SetRequestURI("http://" + b.Addr + path)
+	req.SetRequestURI(b.base + path)
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.SetContentType("application/json")
 	req.Header.Set("X-Request-Id", requestID)

@@ -7,11 +7,11 @@ package backends
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -61,8 +61,12 @@ func (c *Capacity) PoolAlarm() bool { return c.PoolBelowContext() || c.Inconsist
 type Backend struct {
 	Name, APIKey string
 	Role         config.Role
-	// Addr is host:port; Host is the host alone (the prefill's bootstrap_host).
-	Addr, Host string
+	// Model is the model the engine serves as configured ("" with no models: the gateway's one
+	// model); Group narrows PD pairing within the model.
+	Model, Group string
+	// Addr is host:port; Host is the host alone (the prefill's bootstrap_host); base is
+	// scheme://host:port, what every engine path is appended to.
+	Addr, Host, base string
 	// client streams requests to the engine (Send). Its timeouts are per read (see timedConn).
 	client *fasthttp.HostClient
 
@@ -77,9 +81,10 @@ type Backend struct {
 	inflight  atomic.Int64 // prompt tokens of requests in flight through this gateway
 	// quarantinedUntil is unix nanoseconds; 0 when not quarantined.
 	quarantinedUntil atomic.Int64
-	infoPath         atomic.Value // "/server_info" until it answers 404
-	conns            *connSet     // the request client's connections (CutStreams)
-	log              *zap.Logger  // for panics recovered on the backend's own goroutines
+	infoPath         atomic.Value   // "/server_info" until it answers 404
+	conns            *connSet       // the request client's connections (CutStreams)
+	conf             config.Backend // what it was built from: a reconfiguration keeps it when unchanged
+	log              *zap.Logger    // for panics recovered on the backend's own goroutines
 }
 
 // Capacity returns the last successful reading, or nil.
@@ -116,14 +121,30 @@ type Options struct {
 	ConnectTimeout                     time.Duration
 	ResponseHeaderTimeout, IdleTimeout time.Duration
 	MaxConns                           int
+	Discovery                          Discovery
 }
 
-// Set is every configured backend.
+// Discovery is how discover: dns entries are resolved (config.Discovery).
+type Discovery = config.Discovery
+
+// Set is every backend: the configured ones and the members discovered for discover: dns
+// entries. Membership changes (discovery, Reconfigure) replace list and byName under mu; a
+// backend that leaves keeps serving the requests that hold it (they finish), takes no new ones,
+// and is no longer polled.
 type Set struct {
-	list   []*Backend
-	byName map[string]*Backend
-	opts   Options
-	log    *zap.Logger
+	mu         sync.RWMutex
+	list       []*Backend
+	byName     map[string]*Backend
+	static     []config.Backend            // the configured entries, discover ones included
+	discovered map[string][]config.Backend // per discover entry: one member per address
+	answered   map[string]bool             // discover entries whose host was looked up once (or failed to be)
+	resolving  map[string]resolver         // discover entries' resolver loops, by entry name
+	quarantine map[string]time.Time        // the last SetQuarantine, for members that join
+	runCtx     context.Context             // nil until Run
+	pollers    map[*Backend]context.CancelFunc
+	pollWG     sync.WaitGroup
+	opts       Options
+	log        *zap.Logger
 	// OnCapacityChange is called (from the poller) when a backend's limits change; may be nil.
 	OnCapacityChange func(b *Backend, old, cur *Capacity)
 	// OnPolled is called (from the poller, after OnCapacityChange) after every successful
@@ -136,7 +157,7 @@ func OptionsFrom(cfg *config.Config) Options {
 	return Options{
 		PollInterval: cfg.Capacity.PollInterval, MaxAge: cfg.Capacity.MaxAge, PollTimeout: cfg.Capacity.Timeout,
 		ResponseHeaderTimeout: cfg.Upstream.ResponseHeaderTimeout, IdleTimeout: cfg.Upstream.IdleTimeout,
-		MaxConns: cfg.Upstream.MaxConns,
+		MaxConns: cfg.Upstream.MaxConns, Discovery: cfg.Discovery,
 	}
 }
 
@@ -146,74 +167,92 @@ func New(cfgs []config.Backend, opts Options, log *zap.Logger) (*Set, error) {
 		opts.ConnectTimeout = 3 * time.Second
 	}
 	s := &Set{byName: map[string]*Backend{}, opts: opts, log: log.Named("backends")}
-	for _, c := range cfgs {
-		u, err := url.Parse(c.URL)
-		if err != nil {
-			return nil, fmt.Errorf("backend %s: url: %w", c.Name, err)
-		}
-		host, _, err := net.SplitHostPort(u.Host)
-		if err != nil {
-			return nil, fmt.Errorf("backend %s: url %q needs host:port: %w", c.Name, c.URL, err)
-		}
-		b := &Backend{Name: c.Name, Role: c.Role, APIKey: c.APIKey, Addr: u.Host, Host: host, log: s.log,
-			conns: &connSet{m: map[*timedConn]struct{}{}}}
-		b.client = &fasthttp.HostClient{
-			Addr:               u.Host,
-			Name:               "kvgate",
-			StreamResponseBody: true,
-			MaxConns:           opts.MaxConns,
-			// A request waits briefly for a connection instead of failing at once at MaxConns.
-			MaxConnWaitTimeout: time.Second,
-			Dial:               timedDialer(opts.ConnectTimeout, opts.ResponseHeaderTimeout, opts.IdleTimeout, b.conns),
-			// Engines' replies are passed through; do not rewrite their header names.
-			DisableHeaderNamesNormalizing: false,
-		}
-		b.poll = &fasthttp.HostClient{Addr: u.Host, Name: "kvgate-poll", ReadTimeout: opts.PollTimeout, WriteTimeout: opts.PollTimeout, MaxConns: 4}
-		// A utility reply is read whole: bounded while it is read, not only after.
-		b.ctl = &fasthttp.HostClient{Addr: u.Host, Name: "kvgate", MaxConns: 64, MaxConnWaitTimeout: time.Second,
-			MaxResponseBodySize: maxCallReply}
-		b.infoPath.Store("/server_info")
-		s.list = append(s.list, b)
-		s.byName[c.Name] = b
+	s.static = append([]config.Backend(nil), cfgs...)
+	s.discovered, s.answered = map[string][]config.Backend{}, map[string]bool{}
+	s.pollers = map[*Backend]context.CancelFunc{}
+	if err := s.apply(); err != nil {
+		return nil, err
 	}
 	return s, nil
+}
+
+// newBackend builds the clients of one engine; nothing is contacted.
+func (s *Set) newBackend(c config.Backend) (*Backend, error) {
+	opts := s.opts
+	scheme, addr, err := c.Address()
+	if err != nil {
+		return nil, fmt.Errorf("backend %s: url: %w", c.Name, err)
+	}
+	host, _, _ := net.SplitHostPort(addr)
+	var tlsConf *tls.Config
+	if scheme == "https" {
+		if tlsConf, err = c.TLS.ClientConfig(); err != nil {
+			return nil, fmt.Errorf("backend %s: tls: %w", c.Name, err)
+		}
+	}
+	b := &Backend{Name: c.Name, Role: c.Role, Model: c.Model, Group: c.Group, APIKey: c.APIKey, Addr: addr, Host: host, base: scheme + "://" + addr, log: s.log,
+		conns: &connSet{m: map[*timedConn]struct{}{}}, conf: c}
+	// Every client of an https backend speaks TLS only: fasthttp refuses a request whose
+	// scheme differs from the client's, so nothing is ever sent in plaintext to it.
+	isTLS := tlsConf != nil
+	b.client = &fasthttp.HostClient{
+		Addr:               addr,
+		Name:               "kvgate",
+		IsTLS:              isTLS,
+		TLSConfig:          tlsConf,
+		StreamResponseBody: true,
+		MaxConns:           opts.MaxConns,
+		// A request waits briefly for a connection instead of failing at once at MaxConns.
+		MaxConnWaitTimeout: time.Second,
+		Dial:               timedDialer(opts.ConnectTimeout, opts.ResponseHeaderTimeout, opts.IdleTimeout, b.conns),
+		// Engines' replies are passed through; do not rewrite their header names.
+		DisableHeaderNamesNormalizing: false,
+	}
+	b.poll = &fasthttp.HostClient{Addr: addr, Name: "kvgate-poll", IsTLS: isTLS, TLSConfig: tlsConf,
+		ReadTimeout: opts.PollTimeout, WriteTimeout: opts.PollTimeout, MaxConns: 4}
+	// A utility reply is read whole: bounded while it is read, not only after.
+	b.ctl = &fasthttp.HostClient{Addr: addr, Name: "kvgate", IsTLS: isTLS, TLSConfig: tlsConf, MaxConns: 64, MaxConnWaitTimeout: time.Second,
+		MaxResponseBodySize: maxCallReply}
+	b.infoPath.Store("/server_info")
+	return b, nil
 }
 
 // CutStreams ends every engine request of every backend, now and from now on: reads in
 // progress and later ones fail with ErrCut, and no new connection is made. The end of a drain
 // alone calls it (the process is about to exit).
 func (s *Set) CutStreams() {
-	for _, b := range s.list {
+	for _, b := range s.All() {
 		b.conns.cutAll()
 	}
 }
 
-// All returns every backend in configuration order.
-func (s *Set) All() []*Backend { return s.list }
+// All returns every backend now in configuration order (discovered members in place of their
+// entry, in address order). The slice is the caller's.
+func (s *Set) All() []*Backend {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return append([]*Backend(nil), s.list...)
+}
 
-// Get returns the backend named name, or nil.
-func (s *Set) Get(name string) *Backend { return s.byName[name] }
+// Get returns the backend named name now, or nil.
+func (s *Set) Get(name string) *Backend {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.byName[name]
+}
 
-// Run polls every backend until ctx ends. The first round runs at once.
+// Run polls every backend until ctx ends (the first round at once), a member added later from
+// its addition; and re-resolves the entries with discover: dns.
 func (s *Set) Run(ctx context.Context) {
-	var wg sync.WaitGroup
+	s.mu.Lock()
+	s.runCtx = ctx
 	for _, b := range s.list {
-		wg.Add(1)
-		go func(b *Backend) {
-			defer wg.Done()
-			t := time.NewTicker(s.opts.PollInterval)
-			defer t.Stop()
-			for {
-				s.pollSafely(b)
-				select {
-				case <-ctx.Done():
-					return
-				case <-t.C:
-				}
-			}
-		}(b)
+		s.startPollerLocked(b)
 	}
-	wg.Wait()
+	s.mu.Unlock()
+	s.runDiscovery(ctx)
+	<-ctx.Done()
+	s.pollWG.Wait()
 }
 
 // pollSafely is one poll that a panic (a reading that trips a bug) cannot end the loop with.
@@ -232,7 +271,15 @@ func (s *Set) pollSafely(b *Backend) {
 
 // Ready reports whether every backend has been read or judged down at least once.
 func (s *Set) Ready() bool {
-	for _, b := range s.list {
+	s.mu.RLock()
+	for _, c := range s.static {
+		if c.Discover == "dns" && !s.answered[c.Name] {
+			s.mu.RUnlock()
+			return false // its members are not known yet
+		}
+	}
+	s.mu.RUnlock()
+	for _, b := range s.All() {
 		if !b.polled.Load() {
 			return false
 		}
@@ -538,7 +585,7 @@ func (s *Set) get(b *Backend, path string) ([]byte, error) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + b.Addr + path)
+	req.SetRequestURI(b.base + path)
 	req.Header.SetMethod(fasthttp.MethodGet)
 	if b.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+b.APIKey)
@@ -618,12 +665,27 @@ func (s *Set) usable(b *Backend, now time.Time) (ok, unknown bool) {
 	return true, false
 }
 
-// Routes lists every route that can take traffic now. With none, the error says why:
-// ErrCapacityUnknown (fail closed: nothing fresh to check against) or ErrNoBackend.
+// Routes lists every route that can take traffic now, over every model. With none, the error
+// says why: ErrCapacityUnknown (fail closed: nothing fresh to check against) or ErrNoBackend.
 func (s *Set) Routes(now time.Time) ([]Route, error) {
+	return s.routes(now, func(*Backend) bool { return true })
+}
+
+// RoutesFor is Routes for the engines configured to serve model.
+func (s *Set) RoutesFor(model string, now time.Time) ([]Route, error) {
+	return s.routes(now, func(b *Backend) bool { return b.Model == model })
+}
+
+// routes builds the routes over the usable backends that keep says. A prefill pairs only with
+// the decodes of its model and group: another model's decode would generate from a KV cache it
+// cannot read.
+func (s *Set) routes(now time.Time, keep func(*Backend) bool) ([]Route, error) {
 	var unified, prefill, decode []*Backend
 	unknown := false
-	for _, b := range s.list {
+	for _, b := range s.All() {
+		if !keep(b) {
+			continue
+		}
 		ok, unk := s.usable(b, now)
 		unknown = unknown || unk
 		if !ok {
@@ -646,6 +708,9 @@ func (s *Set) Routes(now time.Time) ([]Route, error) {
 	}
 	for _, p := range prefill {
 		for _, d := range decode {
+			if p.Model != d.Model || p.Group != d.Group {
+				continue
+			}
 			pc, dc := p.Capacity(), d.Capacity()
 			routes = append(routes, Route{
 				Path: policy.Path{Backends: []string{p.Name, d.Name},
@@ -674,7 +739,8 @@ func (s *Set) Unavailable(now time.Time) string {
 	}
 	var quarantined, down, wrongRole, unknown int
 	usable := map[config.Role]int{}
-	for _, b := range s.list {
+	all := s.All()
+	for _, b := range all {
 		switch c := b.capacity.Load(); {
 		case b.quarantinedUntil.Load() > now.UnixNano():
 			quarantined++
@@ -700,13 +766,16 @@ func (s *Set) Unavailable(now time.Time) string {
 	if usable[config.RolePrefill]+usable[config.RoleDecode] > 0 {
 		parts = append(parts, fmt.Sprintf("usable: %d prefill and %d decode, no pair", usable[config.RolePrefill], usable[config.RoleDecode]))
 	}
-	return fmt.Sprintf("no backend can take traffic (%d configured: %s)", len(s.list), strings.Join(parts, ", "))
+	return fmt.Sprintf("no backend can take traffic (%d configured: %s)", len(all), strings.Join(parts, ", "))
 }
 
 // SetQuarantine applies the quarantine state (state.Quarantines, its one owner, alone calls it):
 // backends named in until are out of rotation until then; the others are released.
 func (s *Set) SetQuarantine(until map[string]time.Time) {
-	for _, b := range s.list {
+	s.mu.Lock()
+	s.quarantine = until // for members that join later
+	s.mu.Unlock()
+	for _, b := range s.All() {
 		if t, ok := until[b.Name]; ok {
 			b.quarantinedUntil.Store(t.UnixNano())
 		} else {

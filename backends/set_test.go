@@ -184,3 +184,37 @@ func TestUnavailableNamesTheCause(t *testing.T) {
 		t.Fatalf("all down: %q", got)
 	}
 }
+
+// A prefill pairs only with the decodes of its model and group; RoutesFor keeps one model.
+func TestPairingWithinModelAndGroup(t *testing.T) {
+	s := newTestSet(t,
+		config.Backend{Name: "a-p", URL: "http://127.0.0.1:1", Role: config.RolePrefill, Model: "a"},
+		config.Backend{Name: "a-d", URL: "http://127.0.0.1:2", Role: config.RoleDecode, Model: "a"},
+		config.Backend{Name: "b-p1", URL: "http://127.0.0.1:3", Role: config.RolePrefill, Model: "b", Group: "east"},
+		config.Backend{Name: "b-d1", URL: "http://127.0.0.1:4", Role: config.RoleDecode, Model: "b", Group: "east"},
+		config.Backend{Name: "b-d2", URL: "http://127.0.0.1:5", Role: config.RoleDecode, Model: "b", Group: "west"},
+		config.Backend{Name: "b-p2", URL: "http://127.0.0.1:6", Role: config.RolePrefill, Model: "b", Group: "west"},
+		config.Backend{Name: "b-u", URL: "http://127.0.0.1:7", Role: config.RoleUnified, Model: "b"},
+	)
+	now := time.Now()
+	for _, b := range s.All() {
+		SetCapacityForTest(b, &Capacity{PoolTokens: 1000, MaxReqInputLen: 900, ContextLen: 2000, ReadAt: now})
+	}
+	names := func(rs []Route) string {
+		var out []string
+		for _, r := range rs {
+			out = append(out, strings.Join(r.Backends, "+"))
+		}
+		return strings.Join(out, ",")
+	}
+	all, err := s.Routes(now)
+	if err != nil || names(all) != "b-u,a-p+a-d,b-p1+b-d1,b-p2+b-d2" {
+		t.Fatalf("every route: %s %v", names(all), err)
+	}
+	if b, err := s.RoutesFor("b", now); err != nil || names(b) != "b-u,b-p1+b-d1,b-p2+b-d2" {
+		t.Fatalf("model b: %s %v", names(b), err)
+	}
+	if _, err := s.RoutesFor("c", now); !errors.Is(err, ErrNoBackend) {
+		t.Fatalf("a model no backend serves: %v", err)
+	}
+}

@@ -6,6 +6,8 @@ package config
 import (
 	"bytes"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -34,8 +36,15 @@ type Config struct {
 	// MaxBodyBytes caps request bodies; larger ones get 413 request_too_large. Default 32 MiB.
 	MaxBodyBytes int `yaml:"max_body_bytes"`
 
-	Backends  []Backend `yaml:"backends"`
+	Backends []Backend `yaml:"backends"`
+	// Models names the models backends serve, their aliases and per-model settings. Optional:
+	// without it the backends' `model` values are the models, with the top-level settings; with
+	// it, every backend's `model` must be listed (a typo is an error, not a new model). With no
+	// model anywhere the gateway fronts one model (whatever its engines serve).
+	Models    []Model   `yaml:"models"`
 	Tenants   []Tenant  `yaml:"tenants"`
+	Discovery Discovery `yaml:"discovery"`
+	Reload    Reload    `yaml:"reload"`
 	Policy    Policy    `yaml:"policy"`
 	Tokenizer Tokenizer `yaml:"tokenizer"`
 	State     State     `yaml:"state"`
@@ -102,12 +111,181 @@ const MinCanarySecretBytes = 32
 // Backend is one engine server.
 type Backend struct {
 	Name string `yaml:"name"`
-	// URL is the engine's base URL, http://host:port.
+	// URL is the engine's address: http://host[:port] or https://host[:port] (default ports 80
+	// and 443), with no path: kvgate calls the engine's own paths (/generate, /server_info,
+	// /v1/chat/completions…) at its root.
 	URL string `yaml:"url"`
+	// TLS configures an https:// URL's connection; it is refused on an http:// one.
+	TLS BackendTLS `yaml:"tls"`
+	// Model is the model this engine serves, as clients name it in a request's "model"; once
+	// one backend names a model, every backend must. Requests go only to their model's engines.
+	Model string `yaml:"model"`
+	// Discover is "" (the URL is one engine) or dns: the URL's host is resolved every
+	// discovery.interval and each address is a backend of its own, named name@address, with the
+	// entry's role, model, group, key and TLS (an https member's certificate must carry the
+	// host's name, or tls.server_name).
+	Discover string `yaml:"discover"`
+	// Group, when set, narrows PD pairing further: a prefill pairs only with decodes of its
+	// model and its group (engines that can reach each other's KV transfer).
+	Group string `yaml:"group"`
 	// Role is unified (SGLang's disaggregation_mode "null"), prefill or decode.
 	Role Role `yaml:"role"`
 	// APIKey is sent to the engine as a bearer token; the client's own key never is.
 	APIKey string `yaml:"api_key"`
+}
+
+// Reload configures how `kvgate serve` picks up a changed file (SIGHUP always reloads).
+type Reload struct {
+	// Watch reloads when the configuration file changes (its directory is watched).
+	Watch bool `yaml:"watch"`
+}
+
+// Discovery configures how backends with discover: dns find their members.
+type Discovery struct {
+	// Interval is how often each discovered host is resolved again. Default 10s.
+	Interval time.Duration `yaml:"interval"`
+	// Resolver is a DNS server (host:port) asked instead of the system's resolver.
+	Resolver string `yaml:"resolver"`
+}
+
+// Model is one model the gateway serves.
+type Model struct {
+	// Name is the model's id (in /v1/models and in requests); the backends that serve it name it
+	// in their `model`.
+	Name string `yaml:"name"`
+	// Aliases are other ids requests may use for it (listed in /v1/models under the name).
+	Aliases []string `yaml:"aliases"`
+	// Tokenizer overrides the top-level tokenizer for this model's estimates; unset fields take
+	// the top-level values. Nil: the top-level tokenizer.
+	Tokenizer *Tokenizer `yaml:"tokenizer"`
+}
+
+// MultiModel reports whether requests are routed by model: some backend or models[] names one.
+func (c *Config) MultiModel() bool {
+	if len(c.Models) > 0 {
+		return true
+	}
+	for _, b := range c.Backends {
+		if b.Model != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// ModelNames lists the served models in order: models[] first, then any model only backends
+// name. Empty when MultiModel is false.
+func (c *Config) ModelNames() []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, m := range c.Models {
+		if !seen[m.Name] {
+			seen[m.Name] = true
+			out = append(out, m.Name)
+		}
+	}
+	for _, b := range c.Backends {
+		if b.Model != "" && !seen[b.Model] {
+			seen[b.Model] = true
+			out = append(out, b.Model)
+		}
+	}
+	return out
+}
+
+// ModelTokenizer is the tokenizer settings of model: its own over the top-level ones.
+func (c *Config) ModelTokenizer(model string) Tokenizer {
+	for _, m := range c.Models {
+		if m.Name == model && m.Tokenizer != nil {
+			return *m.Tokenizer
+		}
+	}
+	return c.Tokenizer
+}
+
+// fillZero sets every zero field of dst to src's (the same struct type): a model's tokenizer
+// inherits whatever it does not set, whatever fields the type gains.
+func fillZero(dst, src reflect.Value) {
+	for i := 0; i < dst.NumField(); i++ {
+		if f := dst.Field(i); f.CanSet() && f.IsZero() {
+			f.Set(src.Field(i))
+		}
+	}
+}
+
+// BackendTLS is how kvgate verifies an https:// engine and proves itself to it. There is no
+// option to skip verification and no plaintext fallback: a handshake that fails is a backend
+// that is down.
+type BackendTLS struct {
+	// CAFile is a PEM file of the CAs that sign the engine's certificate; empty: the system's
+	// roots.
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are a PEM client certificate and its key, for engines that require
+	// one (mutual TLS); both or neither.
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// ServerName is the name the engine's certificate must carry (and the SNI sent), when it
+	// differs from the URL's host (an engine reached by address).
+	ServerName string `yaml:"server_name"`
+}
+
+// IsZero reports that no TLS setting is given.
+func (t BackendTLS) IsZero() bool { return t == BackendTLS{} }
+
+// ClientConfig reads the files t names into the TLS configuration of a connection to an engine:
+// TLS 1.2 at least, the certificate verified against CAFile (or the system's roots) for
+// ServerName (or the URL's host, which the HTTP client fills in).
+func (t BackendTLS) ClientConfig() (*tls.Config, error) {
+	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("ca_file: %w", err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("ca_file: %s holds no PEM certificate", t.CAFile)
+		}
+	}
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		return nil, errors.New("cert_file and key_file go together (a client certificate needs its key)")
+	}
+	if t.CertFile != "" {
+		pair, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("cert_file/key_file: %w", err)
+		}
+		c.Certificates = []tls.Certificate{pair}
+	}
+	return c, nil
+}
+
+// Address is the backend URL's scheme and host:port (the default port made explicit), checked:
+// http or https, a host, and nothing else (no path, query, fragment or credentials).
+func (b Backend) Address() (scheme, hostPort string, err error) {
+	u, err := neturl.Parse(b.URL)
+	if err != nil {
+		return "", "", fmt.Errorf("must be http://host:port or https://host:port, got %q", b.URL)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return "", "", fmt.Errorf("must be http://host:port or https://host:port, got %q", b.URL)
+	}
+	if u.Hostname() == "" || u.Opaque != "" {
+		return "", "", fmt.Errorf("needs a host (http://host:port), got %q", b.URL)
+	}
+	if u.Path != "" && u.Path != "/" {
+		return "", "", fmt.Errorf("must not have a path (kvgate calls the engine's own paths, /generate, /server_info, /v1/chat/completions…, at its root; a base path is not supported), got path %q in %q", u.Path, b.URL)
+	}
+	if u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return "", "", fmt.Errorf("must not carry a query, fragment or credentials (use api_key), got %q", b.URL)
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return "", "", fmt.Errorf("port must be 1-65535, got %q", port)
+	}
+	return u.Scheme, net.JoinHostPort(u.Hostname(), port), nil
 }
 
 // Tenant is one API customer.
@@ -143,6 +321,10 @@ type Policy struct {
 	// SharePrefixCache stops the gateway from setting a per-tenant cache_salt, so tenants may
 	// share prefix-cache entries (faster, and a cross-tenant timing channel).
 	SharePrefixCache bool `yaml:"share_prefix_cache"`
+	// OverflowStatus is the status of a prompt the engines cannot take (code
+	// context_length_exceeded): 413 (default) or 400, for clients that handle OpenAI's
+	// context_length_exceeded only as the 400 OpenAI itself answers.
+	OverflowStatus int `yaml:"overflow_status"`
 }
 
 // Tokenizer selects the estimator used when the byte bound cannot decide.
@@ -352,6 +534,9 @@ func (c *Config) applyDefaults() {
 	if c.Policy.Mode == "" {
 		c.Policy.Mode = ModeEnforce
 	}
+	if c.Policy.OverflowStatus == 0 {
+		c.Policy.OverflowStatus = 413
+	}
 	if c.Tokenizer.Library == "" {
 		c.Tokenizer.Library = LibraryTiktokenGo
 	}
@@ -444,6 +629,20 @@ func (c *Config) applyDefaults() {
 	if c.Limits.RedisTimeout == 0 {
 		c.Limits.RedisTimeout = 100 * time.Millisecond
 	}
+	if c.Discovery.Interval == 0 {
+		c.Discovery.Interval = 10 * time.Second
+	}
+	for i := range c.Models {
+		if t := c.Models[i].Tokenizer; t != nil {
+			// A model that names its own library or encoding does not inherit the top-level
+			// hf_dir (which would override them: it is another model's tokenizer).
+			ownEstimator := t.HFDir == "" && (t.Library != "" || t.Encoding != "")
+			fillZero(reflect.ValueOf(t).Elem(), reflect.ValueOf(&c.Tokenizer).Elem())
+			if ownEstimator {
+				t.HFDir = ""
+			}
+		}
+	}
 }
 
 // Validate refuses a configuration that cannot work, naming the field.
@@ -483,8 +682,17 @@ func (c *Config) Validate() error {
 			bad(f+".name", "%q must not contain '/' or spaces (it appears in admin URLs)", b.Name)
 		}
 		names[b.Name] = true
-		if u, err := neturl.Parse(b.URL); err != nil || u.Scheme != "http" || u.Host == "" {
-			bad(f+".url", "must be http://host:port, got %q", b.URL)
+		if scheme, _, err := b.Address(); err != nil {
+			bad(f+".url", "%v", err)
+		} else if scheme == "http" && !b.TLS.IsZero() {
+			bad(f+".tls", "only for https:// URLs (%q is plaintext; kvgate never falls back to it from TLS, nor upgrades it)", b.URL)
+		} else if scheme == "https" {
+			if _, err := b.TLS.ClientConfig(); err != nil {
+				bad(f+".tls", "%v", err)
+			}
+		}
+		if b.Discover != "" && b.Discover != "dns" {
+			bad(f+".discover", "must be dns or empty, got %q", b.Discover)
 		}
 		if oneOf(f+".role", string(b.Role), string(RoleUnified), string(RolePrefill), string(RoleDecode)) {
 			roles[b.Role]++
@@ -493,6 +701,7 @@ func (c *Config) Validate() error {
 	if (roles[RolePrefill] > 0) != (roles[RoleDecode] > 0) {
 		bad("backends", "prefill and decode backends come in pairs: have %d prefill and %d decode", roles[RolePrefill], roles[RoleDecode])
 	}
+	c.validateModels(bad)
 	tenantNames := map[string]bool{}
 	keys := map[string]bool{}
 	for i, t := range c.Tenants {
@@ -522,6 +731,9 @@ func (c *Config) Validate() error {
 		}
 	}
 	oneOf("policy.mode", string(c.Policy.Mode), string(ModeEnforce), string(ModeMonitor))
+	if c.Policy.OverflowStatus != 413 && c.Policy.OverflowStatus != 400 {
+		bad("policy.overflow_status", "must be 413 or 400, got %d", c.Policy.OverflowStatus)
+	}
 	if c.Policy.DefaultMaxTokens < 0 {
 		bad("policy.default_max_tokens", "must be ≥ 0, got %d", c.Policy.DefaultMaxTokens)
 	}
@@ -540,6 +752,11 @@ func (c *Config) Validate() error {
 		bad("tokenizer.exact_concurrency", "must be ≥ 0, got %d", c.Tokenizer.ExactConcurrency)
 	}
 	oneOf("state.redis_mode", string(c.State.RedisMode), string(RedisStandalone), string(RedisSentinel), string(RedisCluster))
+	if strings.ContainsAny(c.State.KeyPrefix, "{}") {
+		// Every key's hash tag is the first {…} (state.Keys): a brace in the prefix would become
+		// the tag and put every tenant's limit cells on one Cluster slot.
+		bad("state.key_prefix", "must not contain '{' or '}' (kvgate adds the Redis Cluster hash tags itself), got %q", c.State.KeyPrefix)
+	}
 	if c.Canary.Enabled && c.Canary.Secret == "" {
 		bad("canary.secret", "required when canary.enabled is true (or set KVGATE_CANARY_SECRET or KVGATE_CANARY_SECRET_FILE)")
 	} else if c.Canary.Secret != "" && len(c.Canary.Secret) < MinCanarySecretBytes {
@@ -620,6 +837,14 @@ func (c *Config) Validate() error {
 			bad("server.metrics_listen", "must differ from listen (%s)", c.Listen)
 		}
 	}
+	if c.Discovery.Interval < 100*time.Millisecond {
+		bad("discovery.interval", "must be at least 100ms, got %s", c.Discovery.Interval)
+	}
+	if c.Discovery.Resolver != "" {
+		if _, _, err := net.SplitHostPort(c.Discovery.Resolver); err != nil {
+			bad("discovery.resolver", "must be host:port (a DNS server), got %q", c.Discovery.Resolver)
+		}
+	}
 	if c.Server.DrainDelay < 0 {
 		bad("server.drain_delay", "must be ≥ 0 (0 = no delay), got %s", c.Server.DrainDelay)
 	}
@@ -630,6 +855,74 @@ func (c *Config) Validate() error {
 		bad("server.max_conns_per_ip", "must be ≥ 0 (0 = no limit), got %d", c.Server.MaxConnsPerIP)
 	}
 	return errors.Join(errs...)
+}
+
+// validateModels: once any model is named, every backend names one; names and aliases are
+// unique ids; every prefill has a decode of its model (and group), and the other way round.
+func (c *Config) validateModels(bad func(field, format string, args ...any)) {
+	if !c.MultiModel() {
+		return
+	}
+	ids := map[string]string{} // id → where it was defined
+	claim := func(id, field string) {
+		if id == "" {
+			bad(field, "required")
+		} else if prev, dup := ids[id]; dup {
+			bad(field, "%q is already %s", id, prev)
+		} else if strings.ContainsAny(id, " \t\n") {
+			bad(field, "%q must not contain spaces", id)
+		} else {
+			ids[id] = field
+		}
+	}
+	for i, m := range c.Models {
+		f := fmt.Sprintf("models[%d]", i)
+		claim(m.Name, f+".name")
+		for j, a := range m.Aliases {
+			claim(a, fmt.Sprintf("%s.aliases[%d]", f, j))
+		}
+		if t := m.Tokenizer; t != nil {
+			if t.Library != LibraryTiktokenGo && t.Library != LibraryPkoukk && t.Library != LibraryKvgate {
+				bad(f+".tokenizer.library", "must be %s, %s or %s, got %q", LibraryTiktokenGo, LibraryPkoukk, LibraryKvgate, t.Library)
+			}
+			if err := CheckHFDir(t.HFDir); err != nil {
+				bad(f+".tokenizer.hf_dir", "%v", err)
+			}
+			if t.Encoding != "cl100k_base" && t.Encoding != "o200k_base" {
+				bad(f+".tokenizer.encoding", "must be cl100k_base or o200k_base, got %q", t.Encoding)
+			}
+			if t.SafetyRatio < 1 || t.SafetyRatioMax < t.SafetyRatio {
+				bad(f+".tokenizer.safety_ratio", "must be ≥ 1 and ≤ safety_ratio_max, got %v and %v", t.SafetyRatio, t.SafetyRatioMax)
+			}
+		}
+	}
+	type pdKey struct{ model, group string }
+	halves := map[pdKey][2]int{}
+	for i, b := range c.Backends {
+		f := fmt.Sprintf("backends[%d].model", i)
+		if b.Model == "" {
+			bad(f, "required once any backend or models[] names a model (requests are routed by model)")
+			continue
+		}
+		if len(c.Models) > 0 {
+			if where, ok := ids[b.Model]; !ok || !strings.HasSuffix(where, ".name") {
+				bad(f, "%q is not a models[].name", b.Model)
+			}
+		}
+		k, h := pdKey{b.Model, b.Group}, halves[pdKey{b.Model, b.Group}]
+		switch b.Role {
+		case RolePrefill:
+			h[0]++
+		case RoleDecode:
+			h[1]++
+		}
+		halves[k] = h
+	}
+	for k, h := range halves {
+		if (h[0] > 0) != (h[1] > 0) {
+			bad("backends", "model %q group %q: prefill and decode backends come in pairs: have %d prefill and %d decode", k.model, k.group, h[0], h[1])
+		}
+	}
 }
 
 func isSHA256Hex(s string) bool {

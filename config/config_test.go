@@ -1,8 +1,16 @@
 package config
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
+	"math/big"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +31,7 @@ func TestParseDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Listen != "127.0.0.1:8080" || c.MaxBodyBytes != 32<<20 || c.Policy.Mode != "enforce" ||
+		c.Policy.OverflowStatus != 413 ||
 		c.Tokenizer.Library != "tiktoken-go" || c.Tokenizer.SafetyRatio != 1.3 ||
 		c.State.RedisMode != "standalone" || c.Canary.Epoch != time.Hour || c.Capacity.MaxAge != 6*time.Second ||
 		c.Upstream.MaxReplyBytes != 64<<20 || c.Upstream.MaxBufferedBytes != 256<<20 ||
@@ -62,15 +71,29 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"no backends", "tenants: []\n", "", "backends: at least one"},
 		{"bad role", `backends: [{name: a, url: "http://127.0.0.1:1", role: mixed}]`, "", "backends[0].role"},
 		{"bad url", `backends: [{name: a, url: "127.0.0.1:1", role: unified}]`, "", "backends[0].url"},
+		{"url with a base path", `backends: [{name: a, url: "http://127.0.0.1:1/v1", role: unified}]`, "", `backends[0].url: must not have a path`},
+		{"url with a query", `backends: [{name: a, url: "http://127.0.0.1:1?x=1", role: unified}]`, "", `backends[0].url`},
+		{"url port out of range", `backends: [{name: a, url: "http://127.0.0.1:70000", role: unified}]`, "", `backends[0].url`},
+		{"model on one backend only", "backends: [{name: a, url: \"http://h:1\", role: unified, model: m}, {name: b, url: \"http://h:2\", role: unified}]\n", "", "backends[1].model: required"},
+		{"model not listed", "backends: [{name: a, url: \"http://h:1\", role: unified, model: m}]\nmodels: [{name: x}]\n", "", `backends[0].model: "m" is not a models[].name`},
+		{"alias taken", "backends: [{name: a, url: \"http://h:1\", role: unified, model: m}]\nmodels: [{name: m}, {name: n, aliases: [m]}]\n", "", "models[1].aliases[0]"},
+		{"model tokenizer", "backends: [{name: a, url: \"http://h:1\", role: unified, model: m}]\nmodels: [{name: m, tokenizer: {encoding: p50k}}]\n", "", "models[0].tokenizer.encoding"},
+		{"pd pair across models", "backends: [{name: a, url: \"http://h:1\", role: prefill, model: m}, {name: b, url: \"http://h:2\", role: decode, model: n}]\n", "", `model "m" group "": prefill and decode`},
+		{"tls on plaintext", `backends: [{name: a, url: "http://127.0.0.1:1", role: unified, tls: {server_name: x}}]`, "", "backends[0].tls: only for https://"},
+		{"tls ca file missing", `backends: [{name: a, url: "https://127.0.0.1:1", role: unified, tls: {ca_file: /nonexistent/ca.pem}}]`, "", "backends[0].tls: ca_file"},
+		{"tls cert without key", `backends: [{name: a, url: "https://127.0.0.1:1", role: unified, tls: {cert_file: /x.pem}}]`, "", "backends[0].tls: cert_file and key_file"},
+		{"tls unknown key", `backends: [{name: a, url: "https://127.0.0.1:1", role: unified, tls: {insecure_skip_verify: true}}]`, "", "insecure_skip_verify"},
 		{"duplicate backend", `backends: [{name: a, url: "http://h:1", role: unified}, {name: a, url: "http://h:2", role: unified}]`, "", "duplicate name"},
 		{"unpaired prefill", `backends: [{name: a, url: "http://h:1", role: prefill}]`, "", "come in pairs"},
 		{"bad tenant key", minimal + "  - {name: bob, key_sha256: nothex}\n", "", "tenants[1].key_sha256"},
 		{"same key twice", minimal + "  - {name: bob, key_sha256: \"" + key + "\"}\n", "", "same key"},
 		{"bad mode", minimal + "policy: {mode: lenient}\n", "", "policy.mode"},
+		{"bad overflow status", minimal + "policy: {overflow_status: 422}\n", "", "policy.overflow_status"},
 		{"bad library", minimal + "tokenizer: {library: hf}\n", "", "tokenizer.library"},
 		{"ratio below one", minimal + "tokenizer: {safety_ratio: 0.5}\n", "", "tokenizer.safety_ratio"},
 		{"canary without secret", minimal + "canary: {enabled: true}\n", "", "canary.secret"},
 		{"bad redis mode", minimal + "state: {redis_mode: ring}\n", "", "state.redis_mode"},
+		{"hash tag in key prefix", minimal + "state: {key_prefix: \"app{x}:\"}\n", "", "state.key_prefix"},
 		{"negative rpm", minimal + "  - {name: bob, key_sha256: \"" + strings.Repeat("a", 64) + "\", rpm: -1}\n", "", "tenants[1].rpm"},
 		{"negative tpm", minimal + "  - {name: bob, key_sha256: \"" + strings.Repeat("a", 64) + "\", tpm: -5}\n", "", "tenants[1].tpm"},
 		{"unknown tenant limit", minimal + "  - {name: bob, key_sha256: \"" + strings.Repeat("a", 64) + "\", rps: 5}\n", "", "rps"},
@@ -264,6 +287,76 @@ func TestEnvAndFileErrorsTogether(t *testing.T) {
 	_, err := Parse([]byte(minimal+"server: {drain_timeout: -1s}\n"), []string{"KVGATE_LISTN=x", "KVGATE_BIN=/bin/kvgate"})
 	if err == nil || !strings.Contains(err.Error(), "KVGATE_LISTN") || !strings.Contains(err.Error(), "server.drain_timeout") || strings.Contains(err.Error(), "KVGATE_BIN") {
 		t.Fatalf("want both KVGATE_LISTN and server.drain_timeout named (and KVGATE_BIN, a test tool's, not), got %v", err)
+	}
+}
+
+// Backend URLs: the scheme's default port, https, and a trailing slash are accepted.
+func TestBackendAddress(t *testing.T) {
+	for url, want := range map[string]string{
+		"http://localhost":        "http localhost:80",
+		"https://engine.internal": "https engine.internal:443",
+		"http://127.0.0.1:30000/": "http 127.0.0.1:30000",
+		"https://[::1]:8443":      "https [::1]:8443",
+	} {
+		scheme, addr, err := Backend{URL: url}.Address()
+		if err != nil || scheme+" "+addr != want {
+			t.Errorf("%s: got %q %q %v, want %s", url, scheme, addr, err, want)
+		}
+	}
+}
+
+// A model's tokenizer takes the top-level settings it does not set.
+func TestModelTokenizerInherits(t *testing.T) {
+	c, err := Parse([]byte("backends: [{name: a, url: \"http://h:1\", role: unified, model: m}, {name: b, url: \"http://h:2\", role: unified, model: n}]\n"+
+		"models: [{name: m, tokenizer: {encoding: o200k_base}}, {name: n}]\ntokenizer: {safety_ratio: 1.5}\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tk := c.ModelTokenizer("m"); tk.Encoding != "o200k_base" || tk.SafetyRatio != 1.5 || tk.Library != LibraryTiktokenGo || tk.ExactTimeout != c.Tokenizer.ExactTimeout {
+		t.Fatalf("model m's tokenizer: %+v", tk)
+	}
+	if tk := c.ModelTokenizer("n"); tk != c.Tokenizer {
+		t.Fatalf("model n (no tokenizer of its own) takes the top-level tokenizer: %+v", tk)
+	}
+	if names := c.ModelNames(); strings.Join(names, ",") != "m,n" {
+		t.Fatalf("ModelNames: %v", names)
+	}
+}
+
+// docs/fleet.yaml (the README's two-model, discovered, TLS example) loads once its
+// certificate files exist: a CA and a client certificate made here stand for /etc/kvgate's.
+func TestFleetExampleLoads(t *testing.T) {
+	raw, err := os.ReadFile("../docs/fleet.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test"}, IsCA: true, BasicConstraintsValid: true,
+		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, _ := x509.MarshalECPrivateKey(key)
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	for name, body := range map[string][]byte{"engines-ca.pem": certPEM, "gw.pem": certPEM,
+		"gw-key.pem": pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})} {
+		if err := os.WriteFile(filepath.Join(dir, name), body, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := Parse([]byte(strings.ReplaceAll(string(raw), "/etc/kvgate", dir)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.MultiModel() || strings.Join(c.ModelNames(), ",") != "qwen3-32b,llama-3.1-8b" || c.Backends[0].Discover != "dns" ||
+		!c.Reload.Watch || c.ModelTokenizer("llama-3.1-8b").Encoding != "o200k_base" {
+		t.Fatalf("fleet example: %+v", c)
+	}
+	// Without the files it is refused, naming the key.
+	if _, err := Parse(raw, nil); err == nil || !strings.Contains(err.Error(), "backends[0].tls: ca_file") {
+		t.Fatalf("missing ca_file: %v", err)
 	}
 }
 

@@ -34,6 +34,13 @@ func TestExamplesValidate(t *testing.T) {
 				!cfg.Policy.Strict || cfg.Server.MetricsAuth != config.MetricsAuthAdmin {
 				t.Errorf("production.yaml is not a production setup: %+v", cfg.Redacted())
 			}
+			served := map[string]bool{}
+			for _, b := range cfg.Backends {
+				served[b.Model] = true
+			}
+			if len(cfg.Models) != 2 || !served[cfg.Models[0].Name] || !served[cfg.Models[1].Name] {
+				t.Errorf("production.yaml should serve two models, each with its engines: models %+v", cfg.Models)
+			}
 			var limited int
 			for _, tn := range cfg.Tenants {
 				if tn.RPM > 0 || tn.TPM > 0 || tn.MaxConcurrent > 0 {

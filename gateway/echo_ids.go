@@ -49,7 +49,7 @@ func (x *exchange) coverTokenIDs() {
 		}
 		if !ok {
 			x.idsUnread = true
-			if d, isDecoder := g.count.Encoder.(tokenize.Decoder); isDecoder {
+			if d, isDecoder := x.counter.Encoder.(tokenize.Decoder); isDecoder {
 				text, _ = d.Decode(p.Tokens) // best effort: the engine's vocabulary may differ
 			}
 			g.log.Debug("token-id prompt not detokenized by the engine: marker fragments in its reply will not quarantine",

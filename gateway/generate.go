@@ -46,6 +46,10 @@ type exchange struct {
 	// estimate is the raw tiktoken count when the estimate tier ran (to learn the ratio).
 	estimate int
 	route    *backends.Route
+	// servedModel is the configured model the request named ("" with one model: no backend
+	// names one); counter counts and calibrates for it.
+	servedModel string
+	counter     *admission.Counter
 	// echoes are foreign markers the client's own prompt contained (or began).
 	echoes []string
 	// idsUnread: a token-id prompt whose text no engine on the route could give back; short
@@ -100,7 +104,7 @@ func (g *Gateway) generate(ctx *fasthttp.RequestCtx, kind request.Kind) {
 		return
 	}
 	x.spanAdmitted()
-	if e := x.reserveLimits(); e != nil { // kvgate limits: 429 after the 413 decision, before any backend
+	if e := x.reserveLimits(ctx); e != nil { // kvgate limits: 429 after the 413 decision, before any backend
 		x.fail(ctx, e)
 		return
 	}
@@ -145,21 +149,26 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 		return e
 	}
 	x.req = req
-	if req.StoredContext != "" && !g.cfg.Policy.AllowStoredContext {
+	models := g.modelTab() // one table for the whole decision, whatever a reload does meanwhile
+	if x.servedModel, e = models.resolve(x.kind, req.Model, modelHasField(x.kind)); e != nil {
+		return e
+	}
+	x.counter = models.counter(x.servedModel)
+	if req.StoredContext != "" && !g.pol().AllowStoredContext {
 		return request.StoredContextError(req.StoredContext)
 	}
 	x.inject() // before counting: the marker is part of the prompt
 	req.Render()
-	if g.template != nil {
-		if e := req.RenderTemplate(g.template); e != nil {
+	if tpl := models.template(x.servedModel); tpl != nil {
+		if e := req.RenderTemplate(tpl); e != nil {
 			return e
 		}
 	}
 	output := req.Output
 	if !req.OutputGiven {
-		output = g.cfg.Policy.DefaultMaxTokens * max(req.N, 1)
+		output = g.pol().DefaultMaxTokens * max(req.N, 1)
 	}
-	routes, err := g.backends.Routes(time.Now())
+	routes, err := g.routesFor(x.servedModel)
 	if err != nil {
 		return routeError(err)
 	}
@@ -175,7 +184,7 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 	}
 	tenantMax := x.tenant.MaxPromptTokens
 	limit := policy.Limit(paths, output, tenantMax)
-	res := g.count.Decide(x.req.Prompts, routes, output, tenantMax, limit)
+	res := x.counter.Decide(x.req.Prompts, routes, output, tenantMax, limit)
 	pick, undecided := res.Pick, res.Undecided
 	x.decision, x.estimate = res.Decision, res.Estimate
 	dur := time.Since(x.start)
@@ -187,7 +196,7 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 		if undecided {
 			x.reason = reasonCountUnavailable
 		}
-		if g.cfg.Policy.Mode != config.ModeMonitor {
+		if g.pol().Mode != config.ModeMonitor {
 			if undecided {
 				// Some path might admit it, but no sound count could say: not a 413 (the prompt
 				// may fit), and never an admit. Retryable.
@@ -218,7 +227,7 @@ const tenantAnonymous = "anonymous"
 // count that was not available.
 const reasonCountUnavailable = "count_unavailable"
 
-// tooLong is the 413: OpenAI's wording on OpenAI routes, SGLang's on /generate.
+// tooLong is the 413 (policy.overflow_status): OpenAI's wording on OpenAI routes, SGLang's on /generate.
 func (x *exchange) tooLong(routes []backends.Route, output, limit int) *apierr.Error {
 	ctxLen := 0
 	for _, r := range routes {
@@ -226,7 +235,7 @@ func (x *exchange) tooLong(routes []backends.Route, output, limit int) *apierr.E
 	}
 	limit = max(limit, 0)
 	n := x.decision.Tokens
-	e := &apierr.Error{Status: 413, Type: "invalid_request_error", Code: "context_length_exceeded"}
+	e := &apierr.Error{Status: x.g.pol().OverflowStatus, Type: "invalid_request_error", Code: "context_length_exceeded"}
 	e.Param = x.kind.PromptParam()
 	if x.reason == policy.ReasonTenantMaxPrompt {
 		e.Message = fmt.Sprintf("Your prompt resulted in %d tokens, more than this API key's limit of %d prompt tokens. Please reduce the length of the prompt.", n, x.tenant.MaxPromptTokens)

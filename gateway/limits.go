@@ -9,11 +9,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/apierr"
@@ -103,16 +105,16 @@ type limitHold struct {
 
 // reserveLimits is the 429 decision: after the 413 (a prompt that can never fit is a 413, not a
 // 429), before any backend. It reserves the prompt and the output the request may produce.
-func (x *exchange) reserveLimits() *apierr.Error {
+func (x *exchange) reserveLimits(ctx *fasthttp.RequestCtx) *apierr.Error {
 	g := x.g
 	items := int64(max(len(x.req.Prompts), 1))
 	output := x.req.Output
 	if !x.req.OutputGiven {
-		output = g.cfg.Policy.DefaultMaxTokens * max(x.req.N, 1)
+		output = g.pol().DefaultMaxTokens * max(x.req.N, 1)
 	}
 	prompt := int64(x.decision.Tokens) * items // the largest prompt's count bounds each one
 	tokens := prompt + int64(output)*items
-	ticket, limit, e := g.reserve(x.tenant, tokens)
+	ticket, limit, e := g.reserve(&ctx.Response.Header, x.tenant, tokens)
 	if e != nil {
 		x.reason = "rate_limited_" + limit
 		return e
@@ -122,19 +124,42 @@ func (x *exchange) reserveLimits() *apierr.Error {
 }
 
 // reserve is the 429 decision for tokens of tenant t's limits, on any route: nil ticket and nil
-// error when t has no limits; on a refusal, the limit that refused and the client's 429.
-func (g *Gateway) reserve(t *tenants.Tenant, tokens int64) (*policy.Ticket, string, *apierr.Error) {
+// error when t has no limits; on a refusal, the limit that refused and the client's 429. Either
+// way the reply gets OpenAI's x-ratelimit-* headers for the tenant's rpm and tpm (setHeadroom).
+func (g *Gateway) reserve(h *fasthttp.ResponseHeader, t *tenants.Tenant, tokens int64) (*policy.Ticket, string, *apierr.Error) {
 	lim := t.Limits()
 	if g.lim == nil || lim.None() {
 		return nil, "", nil
 	}
 	ticket, v := g.lim.limiter.Admit(t.Name, lim, tokens)
+	decided := lim
+	if ticket != nil {
+		decided = ticket.Limits()
+	}
+	setHeadroom(h, policy.HeadroomAfter(decided, v))
 	if !v.Allowed {
 		g.lim.ratelimited.WithLabelValues(t.Name, v.Limit).Inc()
 		return nil, v.Limit, rateLimited(v, lim, tokens)
 	}
 	g.lim.reserved.WithLabelValues(t.Name).Add(float64(ticket.Reserved()))
 	return ticket, "", nil
+}
+
+// setHeadroom writes OpenAI's rate-limit headers, for clients that pace themselves by them:
+// x-ratelimit-limit-requests, -remaining-requests, -reset-requests (a Go duration such as "1s" or
+// "6m0s", OpenAI's format) and the same for -tokens, each pair only for a limit that is set.
+// Remaining tokens are after this request's reservation; settlement may refund some.
+func setHeadroom(h *fasthttp.ResponseHeader, r policy.Headroom) {
+	if r.RPM > 0 {
+		h.Set("x-ratelimit-limit-requests", strconv.Itoa(r.RPM))
+		h.Set("x-ratelimit-remaining-requests", strconv.FormatInt(r.RemainingRequests, 10))
+		h.Set("x-ratelimit-reset-requests", r.ResetRequests.String())
+	}
+	if r.TPM > 0 {
+		h.Set("x-ratelimit-limit-tokens", strconv.Itoa(r.TPM))
+		h.Set("x-ratelimit-remaining-tokens", strconv.FormatInt(r.RemainingTokens, 10))
+		h.Set("x-ratelimit-reset-tokens", r.ResetTokens.String())
+	}
 }
 
 // settle ends a ticket from reserve with what was used (nil ticket: nothing to do).

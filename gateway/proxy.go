@@ -43,7 +43,7 @@ func (x *exchange) engineFields() map[string]json.RawMessage {
 	if opts, ok := x.usageStreamOptions(); ok {
 		set("stream_options", opts) // kvgate limits
 	}
-	if !x.kind.Generates() || x.g.cfg.Policy.SharePrefixCache {
+	if !x.kind.Generates() || x.g.pol().SharePrefixCache {
 		return f
 	}
 	// Tenants never share prefix-cache entries: whatever the client sent is replaced. Every
@@ -126,6 +126,9 @@ func (x *exchange) close() {
 // reached the client).
 func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange) {
 	x.model = g.metrics.models.label(routeModel(x.route))
+	if x.servedModel != "" {
+		x.model = x.servedModel // a configured model (bounded by the file): the label clients know it by
+	}
 	x.hold()
 	if x.route.Unified != nil {
 		x.upstream = x.route.Unified.Name
@@ -481,7 +484,7 @@ func (x *exchange) learn(reply any, b *backends.Backend) {
 	if x.estimate <= 0 || b.Role == config.RolePrefill || len(x.req.Prompts) != 1 {
 		return
 	}
-	x.g.count.Learn(x.estimate, backends.PromptCount(reply)) // the same reader as settlement
+	x.counter.Learn(x.estimate, backends.PromptCount(reply)) // the same reader as settlement
 }
 
 // replyHeaders are the engine reply headers a client may see. Everything else an engine sets

@@ -11,7 +11,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net"
 	"strconv"
 	"strings"
@@ -33,14 +32,12 @@ import (
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/internal/panics"
-	"github.com/kvgate/kvgate/policy"
 	"github.com/kvgate/kvgate/reply"
 	"github.com/kvgate/kvgate/request"
 	"github.com/kvgate/kvgate/state"
 	"github.com/kvgate/kvgate/telemetry"
 	"github.com/kvgate/kvgate/tenants"
 	"github.com/kvgate/kvgate/tokenize"
-	"github.com/kvgate/kvgate/tokenize/hf"
 )
 
 // Gateway is one replica.
@@ -49,9 +46,10 @@ type Gateway struct {
 	log      *zap.Logger
 	access   *zap.Logger
 	backends *backends.Set
-	count    *admission.Counter // counting and calibration state (package admission)
-	// template, with tokenizer.hf_dir, renders chat prompts as the served model's template does.
-	template request.ChatTemplate
+	count    *admission.Counter            // the default model's counting and calibration (package admission)
+	models   atomic.Pointer[modelTable]    // routing by model, a Counter per model (models.go); swapped by Reload
+	policy   atomic.Pointer[config.Policy] // policy.*, swapped by Reload
+	reloadMu sync.Mutex                    // one Reload at a time
 	tenants  *tenants.Directory
 	admin    *admin.API // /admin/ (package admin)
 	metrics  *metrics
@@ -95,21 +93,6 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 			return nil, err
 		}
 	}
-	var (
-		enc tokenize.Encoder
-		err error
-		// hfTok, with tokenizer.hf_dir: the served model's own tokenizer and chat template.
-		hfTok      *hf.Tokenizer
-		encodeAdds int
-	)
-	if cfg.Tokenizer.HFDir != "" {
-		if hfTok, err = hf.Load(cfg.Tokenizer.HFDir); err != nil {
-			return nil, fmt.Errorf("tokenizer.hf_dir: %w", err)
-		}
-		enc, encodeAdds = hfTok, hfTok.EncodeAdds
-	} else if enc, err = tokenize.NewEncoder(string(cfg.Tokenizer.Library), cfg.Tokenizer.Encoding); err != nil {
-		return nil, fmt.Errorf("building tokenizer: %w", err)
-	}
 	g := &Gateway{cfg: cfg, log: log.Named("gateway"), access: log.Named("access"), backends: set}
 	g.state = st
 	g.quarantine = state.NewQuarantines(st.Quarantine, set.SetQuarantine)
@@ -130,14 +113,13 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	}
 	ratio := tokenize.NewSafetyRatio(cfg.Tokenizer.SafetyRatio, cfg.Tokenizer.SafetyRatioMax)
 	g.metrics = newMetrics(set, ratio.Get, g.degraded)
-	g.count = admission.New(admission.Options{Encoder: enc, Ratio: ratio, Set: set,
-		ExactConcurrency: cfg.Tokenizer.ExactConcurrency, ExactTimeout: cfg.Tokenizer.ExactTimeout,
-		SafetyRatio: cfg.Tokenizer.SafetyRatio, CalibrationRetryMax: cfg.Tokenizer.CalibrationRetryMax,
-		PollInterval: cfg.Capacity.PollInterval, Log: g.log, LocalExact: hfTok != nil, LocalTextOverhead: encodeAdds,
-		ExactCalls: g.metrics.exactCalls, Calibrations: g.metrics.calibrations})
-	if hfTok != nil {
-		g.template = hfTok
+	models, err := newModelTable(cfg, set, ratio, g.metrics, g.log)
+	if err != nil {
+		return nil, err
 	}
+	g.models.Store(models)
+	g.policy.Store(&cfg.Policy)
+	g.count = models.counter(models.fallback)
 	g.lim = newLimitsState(g) // kvgate limits
 	g.admin = &admin.API{Key: adminKey, Backends: set, Incidents: st.Incidents, Quarantines: g.quarantine, Tenants: g.tenants, QuarantineTTL: cfg.Canary.QuarantineTTL,
 		Store: st.Tenants, Log: g.log, Bearer: bearer, ReadBody: readBody, Metrics: g.metrics.reg}
@@ -151,7 +133,7 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	prev := set.OnCapacityChange
 	set.OnCapacityChange = func(b *backends.Backend, old, cur *backends.Capacity) {
 		g.metrics.capChanges.WithLabelValues(b.Name).Inc()
-		g.count.Calibrate(b)
+		g.modelTab().counter(b.Model).Calibrate(b)
 		if prev != nil {
 			prev(b, old, cur)
 		}
@@ -160,7 +142,7 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	set.OnPolled = func(b *backends.Backend) {
 		// A failed calibration is retried on the poll schedule (backing off) until it succeeds,
 		// not only when the engine's capacity changes.
-		g.count.RetryCalibration(b, time.Now())
+		g.modelTab().counter(b.Model).RetryCalibration(b, time.Now())
 		if prevPolled != nil {
 			prevPolled(b)
 		}
@@ -415,8 +397,16 @@ func (g *Gateway) Handle(ctx *fasthttp.RequestCtx) {
 			writeError(ctx, apierr.Method)
 			return
 		}
-		g.models(ctx)
+		g.listModels(ctx, "", false)
 	default:
+		if id, ok := strings.CutPrefix(path, "/v1/models/"); ok && id != "" {
+			if method != fasthttp.MethodGet {
+				writeError(ctx, apierr.Method)
+				return
+			}
+			g.listModels(ctx, id, true)
+			return
+		}
 		if strings.HasPrefix(path, "/admin/") && g.admin.Handle(ctx, path, method) {
 			return
 		}
@@ -502,39 +492,6 @@ func (g *Gateway) readyz(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	ctx.SetBodyString(`{"status":"ready"}`)
-}
-
-// models answers /v1/models with max_model_len = the largest prompt some healthy path admits for
-// this tenant, so clients that size prompts from it never get a 413.
-func (g *Gateway) models(ctx *fasthttp.RequestCtx) {
-	t := g.authenticate(ctx)
-	if t == nil {
-		writeError(ctx, apierr.Unauthorized)
-		return
-	}
-	routes, err := g.backends.Routes(time.Now())
-	if err != nil {
-		writeError(ctx, routeError(err))
-		return
-	}
-	paths := make([]policy.Path, len(routes))
-	model := ""
-	for i, r := range routes {
-		paths[i] = r.Path
-		if model == "" {
-			for _, b := range []*backends.Backend{r.Unified, r.Decode} {
-				if b != nil && b.Capacity() != nil {
-					model = b.Capacity().Model
-				}
-			}
-		}
-	}
-	limit := max(policy.Limit(paths, g.cfg.Policy.DefaultMaxTokens, t.MaxPromptTokens), 0)
-	body, _ := json.Marshal(map[string]any{"object": "list", "data": []any{map[string]any{
-		"id": model, "object": "model", "owned_by": "kvgate", "root": model, "max_model_len": limit,
-	}}})
-	ctx.SetContentType("application/json")
-	ctx.SetBody(body)
 }
 
 func routeError(err error) *apierr.Error {

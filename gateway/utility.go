@@ -93,6 +93,11 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 			return
 		}
 	}
+	served, e := g.modelTab().resolve(request.Chat, model, true) // before the limits: an unknown model costs nothing
+	if e != nil {
+		fail(e)
+		return
+	}
 	// kvgate limits: refused past the tenant's limits before any engine sees the bytes.
 	bound := utilityTokens(path, fields, len(body))
 	if t.TPM > 0 {
@@ -100,14 +105,14 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 		// request as larger than the whole minute; settlement charges the engine's count.
 		bound = min(bound, int64(t.TPM))
 	}
-	ticket, _, e := g.reserve(t, bound)
+	ticket, _, e := g.reserve(&ctx.Response.Header, t, bound)
 	if e != nil {
 		fail(e)
 		return
 	}
 	var used int64 // what is charged: nothing unless the engine answered
 	defer func() { g.settle(t, ticket, used) }()
-	b := g.utilityBackend()
+	b := g.utilityBackend(served)
 	if b == nil {
 		fail(apierr.NoBackend())
 		return
@@ -154,8 +159,8 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 }
 
 // utilityBackend is a usable engine, the least loaded (any role: they share the tokenizer).
-func (g *Gateway) utilityBackend() *backends.Backend {
-	routes, err := g.backends.Routes(time.Now())
+func (g *Gateway) utilityBackend(model string) *backends.Backend {
+	routes, err := g.routesFor(model)
 	if err != nil {
 		return nil
 	}

@@ -305,6 +305,10 @@ type Ticket struct {
 // Reserved is what the ticket charged to the token cell.
 func (t *Ticket) Reserved() int64 { return t.reserved }
 
+// Limits are the limits the ticket was decided against: the tenant's, or this replica's share of
+// them while the shared store is unreachable.
+func (t *Ticket) Limits() Limits { return t.lim }
+
 // Degraded reports whether limits are being enforced per replica (shared store unreachable).
 func (l *Limiter) Degraded() bool {
 	l.mu.Lock()

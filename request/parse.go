@@ -59,6 +59,9 @@ var allowed = map[Kind]map[string]bool{
 		"lora_path", "log_metrics"),
 }
 
+// Allows reports whether kind's body may carry field.
+func Allows(kind Kind, field string) bool { return allowed[kind][field] }
+
 // AllowList is a set of allowed field names.
 func AllowList(names ...string) map[string]bool {
 	m := make(map[string]bool, len(names))

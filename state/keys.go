@@ -1,16 +1,26 @@
 package state
 
-// Keys is the one Redis key schema of kvgate. Every key starts with the configured prefix and
-// carries the {kvgate} hash tag, so multi-key scripts run on Redis Cluster (all keys in one slot).
+// Keys is the one Redis key schema of kvgate. Every key starts with the configured prefix (which
+// holds no braces, see config) and carries a hash tag, so that every multi-key script or
+// transaction touches one Redis Cluster slot, and the hot keys spread over the cluster:
 //
+//	prefix{rl:<tenant>}:r|:t|:c            one tenant's request cell, token cell and concurrency
+//	                                       leases: one slot per tenant (every admission is one
+//	                                       script on that slot), tenants spread over the masters
 //	prefix{kvgate}:incidents               stream of incidents
 //	prefix{kvgate}:quarantine:<backend>    one flag per backend, expiring (PX)
 //	prefix{kvgate}:quarantined             set of flagged backend names
-//	prefix{kvgate}:rl:<tenant>:r|:t|:c     request cell, token cell, concurrency leases
 //	prefix{kvgate}:replicas                replica heartbeats
 //	prefix{kvgate}:tenants                 run-time tenants (name → record)
 //	prefix{kvgate}:tenant-keys             key hash → tenant name
 //	prefix{kvgate}:tenants:version         bumped on every tenant write
+//
+// The {kvgate} keys are the control plane: written rarely (an incident, a quarantine, an admin
+// call), read by one poll per replica a second, and changed together atomically (a flag with its
+// set, a tenant with its key index and the version), so they share one slot on purpose. The per
+// request traffic is the limit cells', and that is what the per-tenant tag spreads. A tenant name
+// holding '}' ends its tag early: its cells still share one slot (they share the key up to the
+// suffix), only that slot may then be another tenant's too.
 type Keys struct{ Prefix string }
 
 func (k Keys) base() string { return k.Prefix + "{kvgate}:" }
@@ -24,10 +34,11 @@ func (k Keys) QuarantineFlag(backend string) string { return k.base() + "quarant
 // Quarantined is the set of flagged backend names.
 func (k Keys) Quarantined() string { return k.base() + "quarantined" }
 
-// LimitCells are tenant's request cell, token cell and lease set, in that order.
+// LimitCells are tenant's request cell, token cell and lease set, in that order, in the
+// tenant's own slot.
 func (k Keys) LimitCells(tenant string) []string {
-	b := k.base() + "rl:" + tenant
-	return []string{b + ":r", b + ":t", b + ":c"}
+	b := k.Prefix + "{rl:" + tenant + "}:"
+	return []string{b + "r", b + "t", b + "c"}
 }
 
 // Replicas is the replica heartbeat set.

@@ -11,11 +11,12 @@ import (
 	"github.com/kvgate/kvgate/policy"
 )
 
-// RedisLimits keeps every tenant's cells in Redis, shared by every replica with the same prefix:
-// prefix+"{kvgate}:rl:"+tenant+":r" (requests) and ":t" (tokens) hold GCRA theoretical arrival
-// times in milliseconds of Redis's own clock (so replicas' clocks do not matter), ":c" is a
-// sorted set of concurrency leases scored by expiry. All keys carry the {kvgate} hash tag: one
-// Cluster slot, so one script touches them all.
+// RedisLimits keeps every tenant's cells in Redis, shared by every replica with the same prefix
+// (Keys.LimitCells): prefix+"{rl:"+tenant+"}:r" (requests) and ":t" (tokens) hold GCRA
+// theoretical arrival times in milliseconds of Redis's own clock (so replicas' clocks do not
+// matter), ":c" is a sorted set of concurrency leases scored by expiry. A tenant's keys share
+// their hash tag, so one script touches them all on one Cluster slot, and different tenants land
+// on different slots (and masters).
 type RedisLimits struct {
 	client redis.UniversalClient
 	prefix string

@@ -24,7 +24,8 @@ import (
 // Tenant is one tenant: its configuration and the SHA-256 of its key.
 type Tenant struct {
 	config.Tenant
-	Hash []byte
+	Hash    []byte
+	runtime bool // added at run time (the store), not by the config file
 }
 
 // Limits are the tenant's rate and concurrency limits.
@@ -56,7 +57,7 @@ const SyncInterval = 250 * time.Millisecond
 
 // Directory is the current tenant list: the config file's, then those added at run time.
 type Directory struct {
-	base  []Tenant
+	base  atomic.Pointer[[]Tenant] // the config file's (SetBase replaces them on a reload)
 	store state.TenantStore
 	log   *zap.Logger
 	// OnAdd is told each run-time tenant's name as it is loaded (the keyring learns it).
@@ -70,7 +71,8 @@ type Directory struct {
 
 // NewDirectory is a directory of base plus the run-time tenants in store (nil: none).
 func NewDirectory(base []Tenant, store state.TenantStore, log *zap.Logger) *Directory {
-	d := &Directory{base: base, store: store, log: log}
+	d := &Directory{store: store, log: log}
+	d.base.Store(&base)
 	list := base
 	d.all.Store(&list)
 	return d
@@ -94,13 +96,54 @@ func (d *Directory) ByKey(key []byte) *Tenant {
 }
 
 // Config is the config file's tenants.
-func (d *Directory) Config() []Tenant { return d.base }
+func (d *Directory) Config() []Tenant { return *d.base.Load() }
+
+// SetBase replaces the config file's tenants (a reload) and rebuilds the list with the run-time
+// ones at once. Requests already admitted keep the tenant they were admitted as.
+func (d *Directory) SetBase(base []Tenant) {
+	d.syncMu.Lock()
+	d.base.Store(&base)
+	d.synced = false // the next Sync rebuilds even if the store's version did not move
+	d.syncMu.Unlock()
+	if d.store == nil {
+		list := base
+		d.all.Store(&list)
+		return
+	}
+	d.Sync(context.Background())
+	d.syncMu.Lock()
+	defer d.syncMu.Unlock()
+	if !d.synced { // the store did not answer: the new base with the run-time tenants last seen
+		list := append([]Tenant(nil), base...)
+		names := map[string]bool{}
+		for _, t := range base {
+			names[t.Name] = true
+		}
+		for _, t := range *d.all.Load() {
+			if d.runtime(t.Name) && !names[t.Name] {
+				list = append(list, t)
+			}
+		}
+		d.all.Store(&list)
+	}
+}
+
+// runtime: name is a run-time tenant in the list now (not in the config file's last base).
+func (d *Directory) runtime(name string) bool {
+	for _, t := range *d.all.Load() {
+		if t.Name == name {
+			return t.runtime
+		}
+	}
+	return false
+}
 
 // Configured is the config file's tenant called name, or nil.
 func (d *Directory) Configured(name string) *Tenant {
-	for i := range d.base {
-		if d.base[i].Name == name {
-			return &d.base[i]
+	base := d.Config()
+	for i := range base {
+		if base[i].Name == name {
+			return &base[i]
 		}
 	}
 	return nil
@@ -108,7 +151,7 @@ func (d *Directory) Configured(name string) *Tenant {
 
 // KeyClash says a config tenant already has the key whose hex SHA-256 is keyHex.
 func (d *Directory) KeyClash(keyHex string) bool {
-	for _, t := range d.base {
+	for _, t := range d.Config() {
 		if strings.EqualFold(hex.EncodeToString(t.Hash), keyHex) {
 			return true
 		}
@@ -149,9 +192,10 @@ func (d *Directory) Sync(ctx context.Context) {
 		return
 	}
 	d.version, d.synced = v, true
-	list := append([]Tenant(nil), d.base...)
+	base := d.Config()
+	list := append([]Tenant(nil), base...)
 	taken := map[string]bool{}
-	for _, t := range d.base {
+	for _, t := range base {
 		taken["n:"+t.Name], taken["k:"+hex.EncodeToString(t.Hash)] = true, true
 	}
 	for _, r := range recs {
@@ -164,7 +208,7 @@ func (d *Directory) Sync(ctx context.Context) {
 		}
 		taken["n:"+r.Name], taken["k:"+key] = true, true
 		list = append(list, Tenant{Tenant: config.Tenant{Name: r.Name, KeySHA256: key, MaxPromptTokens: r.MaxPromptTokens,
-			CanaryOptOut: r.CanaryOptOut, RPM: r.RPM, TPM: r.TPM, MaxConcurrent: r.MaxConcurrent}, Hash: h})
+			CanaryOptOut: r.CanaryOptOut, RPM: r.RPM, TPM: r.TPM, MaxConcurrent: r.MaxConcurrent}, Hash: h, runtime: true})
 		if d.OnAdd != nil {
 			d.OnAdd(r.Name)
 		}

@@ -24,6 +24,10 @@ Runs the gateway. Settings come from the YAML file, then KVGATE_* environment va
 appended to read it from a file); an unknown KVGATE_* variable refuses the start. kvgate check
 validates a file without serving.
 
+On SIGHUP (and, with reload.watch, when the file changes) the file is read again and its
+backends, models, tenants, policy, tokenizer and discovery applied; an invalid file is logged
+and the running configuration kept; requests in flight are not touched.
+
 On SIGTERM or SIGINT: /readyz answers 503 for server.drain_delay while requests are still
 served, then the listener closes and requests in flight have server.drain_timeout to finish.
 Exit status: 0 once the drain is over (requests still open at drain_timeout are cut with an
@@ -89,6 +93,7 @@ func runServe(args []string) int {
 		log.Error("cannot start", zap.Error(err))
 		return 1
 	}
+	reloader(ctx, fs.Lookup("config").Value.String(), gw, cfg.Reload.Watch, log)
 	log.Info("kvgate serving", zap.String("listen", ln.Addr().String()), zap.String("mode", string(cfg.Policy.Mode)),
 		zap.Int("backends", len(cfg.Backends)), zap.Int("tenants", len(cfg.Tenants)))
 	<-ctx.Done()
