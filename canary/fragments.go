@@ -1,108 +1,48 @@
 package canary
 
-import "strings"
-
-// FindMarkerFragments returns the live complete markers of which text contains a "KVG-"
-// followed by at least FragmentMin characters that begin them (a whole marker included), each
-// once, in order of first appearance (nil if none). ASCII letter case is ignored, in the prefix
-// and the characters, so that a fragment written in capitals is still found; and, as Loose
-// reads replies, LooseMin folded characters anywhere that begin a marker count without a prefix.
+// FindMarkerFragments returns what text (a requester's own prompt) holds of live markers, read as
+// Loose reads replies (any disguise, any offset, either direction): one echo descriptor per
+// marker of which text holds a run of at least HoldMin characters, in order of first
+// appearance (nil if none). A descriptor is "KVG-" and the marker's 20 characters with every
+// character the text did not hold replaced by '?'; a whole marker is its own descriptor.
 //
-// The gateway adds them to a request's echo set: a model that repeats a fragment the client
-// itself sent (say 8 characters of another tenant's marker) is echoing, not leaking, and must
-// not get backends quarantined. FindMarkers finds only complete markers.
+// The gateway hands them to the reply's scanners as the requester's echoes: a model that repeats
+// what the client itself sent (say 12 characters of another tenant's marker) is echoing, not
+// leaking, and must not get backends quarantined. Only those characters are an echo: any other
+// character of the marker in the reply is foreign (a tenant that sends part of a victim's marker
+// does not shield later leaks of the rest).
 func (k *Keyring) FindMarkerFragments(text string) []string {
-	var out []string
-	var run [MarkerChars]byte
-	for i := 0; i < len(text); {
-		d := strings.IndexByte(text[i:], '-')
-		if d < 0 {
-			break
-		}
-		d += i
-		i = d + 1
-		if d < 3 || lowerASCII(text[d-3]) != 'k' || lowerASCII(text[d-2]) != 'v' || lowerASCII(text[d-1]) != 'g' {
-			continue
-		}
-		n := 0
-		for n < MarkerChars && d+1+n < len(text) && b32val[lowerASCII(text[d+1+n])] >= 0 {
-			run[n] = lowerASCII(text[d+1+n])
-			n++
-		}
-		if n < FragmentMin {
-			continue
-		}
-		i = d + 1 + n
-		key := prefixKey(run[:])
-		k.mu.RLock()
-		first, ok := k.byPrefix[key]
-		var cands []entry
-		if ok {
-			cands = append(append(cands, first), k.overflow[key]...)
-		}
-		k.mu.RUnlock()
-		for _, e := range cands {
-			m := MarkerPrefix + string(run[:FragmentMin]) + string(e.rest[:])
-			dup := false
-			for _, o := range out {
-				dup = dup || o == m
-			}
-			if !dup {
-				out = append(out, m)
-			}
-		}
+	type found struct {
+		rec  int
+		body [MarkerChars]byte
+		mask uint32
 	}
-	return k.appendLooseEchoes(out, text)
-}
-
-// appendLooseEchoes adds the live markers whose first LooseMin characters appear in text as
-// Loose reads it (case, fullwidth and invisible characters folded, no prefix needed): a reply
-// repeating them would otherwise be a Loose hit, so they are the client's echoes too.
-func (k *Keyring) appendLooseEchoes(out []string, text string) []string {
-	b := []byte(text)
-	var run []byte
-	k.mu.RLock()
-	defer k.mu.RUnlock()
-	check := func() {
-		for w := 0; w+LooseMin <= len(run); w++ {
-			first, ok := k.byPrefix[prefixKey(run[w:])]
-			if !ok {
-				continue
-			}
-			for _, e := range append([]entry{first}, k.overflow[prefixKey(run[w:])]...) {
-				if string(e.rest[:LooseMin-FragmentMin]) != string(run[w+FragmentMin:w+LooseMin]) {
-					continue
-				}
-				m := MarkerPrefix + string(run[w:w+FragmentMin]) + string(e.rest[:])
-				dup := false
-				for _, o := range out {
-					dup = dup || o == m
-				}
-				if !dup {
-					out = append(out, m)
-				}
+	var order []found
+	l := &Loose{k: k, tenant: "\x00", collect: func(rec, lo, n int) {
+		span := uint32(1)<<uint(lo+n) - uint32(1)<<uint(lo)
+		for i := range order {
+			if order[i].rec == rec {
+				order[i].mask |= span
+				return
 			}
 		}
-		run = run[:0]
+		order = append(order, found{rec, k.recs[rec].body, span}) // under feed's read lock
+	}}
+	l.feed(nil, []byte(text), true, false)
+	if len(order) == 0 {
+		return nil
 	}
-	for i := 0; i < len(b); {
-		c, skip, size := fold(b[i:])
-		switch {
-		case skip:
-		case c == 0:
-			check()
-		default:
-			run = append(run, c)
+	out := make([]string, 0, len(order))
+	for _, f := range order {
+		var d [MarkerLen]byte
+		copy(d[:], MarkerPrefix)
+		for i := 0; i < MarkerChars; i++ {
+			d[len(MarkerPrefix)+i] = '?'
+			if f.mask&(1<<i) != 0 {
+				d[len(MarkerPrefix)+i] = f.body[i]
+			}
 		}
-		i += size
+		out = append(out, string(d[:]))
 	}
-	check()
 	return out
-}
-
-func lowerASCII(c byte) byte {
-	if 'A' <= c && c <= 'Z' {
-		return c + 'a' - 'A'
-	}
-	return c
 }

@@ -16,12 +16,14 @@ func TestFindMarkerFragments(t *testing.T) {
 		{"nothing here", nil},
 		{"short " + a[:4+7] + " only", nil},
 		{"frag " + a[:4+8] + ", whole " + b + " and again " + a, []string{a, b}},
-		{"capitals KVG-" + upper(a[4:12]) + " kvg-" + b[4:13], []string{a, b}},
-		{"a run that goes on KVG-" + a[4:12] + "zzzzzzzz", []string{a}},
-		{"-KVG " + a[4:15] + " KV- " + b[4:10] + " -", nil},
-		// Without the prefix, as the folded detector reads it: 12 characters, any case, with
-		// invisible characters between them.
-		{"bare " + upper(a[4:16]) + " and " + b[4:8] + "\u200b" + b[8:16], []string{a, b}},
+		{"frag " + a[:4+8] + ", whole " + b, []string{desc(a, 0, 8), b}},
+		{"capitals KVG-" + upper(a[4:12]) + " kvg-" + b[4:13], []string{desc(a, 0, 8), desc(b, 0, 9)}},
+		{"a run that goes on KVG-" + a[4:12] + "zzzzzzzz", []string{desc(a, 0, 8)}},
+		{"-KVG " + a[4:11] + " KV- " + b[4:10] + " -", nil},
+		// As the folded detector reads it: any offset, any case, invisible characters between
+		// them, reversed; two pieces of one marker are one descriptor.
+		{"bare " + upper(a[8:16]) + " and " + b[4:8] + "\u200b" + b[8:16], []string{desc(a, 4, 12), desc(b, 0, 12)}},
+		{"back " + string(reversed([]byte(a[10:22]))) + " and " + a[4:12], []string{desc(a, 0, 18)}},
 	} {
 		got := k.FindMarkerFragments(c.text)
 		if len(got) != len(c.want) {
@@ -33,6 +35,17 @@ func TestFindMarkerFragments(t *testing.T) {
 			}
 		}
 	}
+}
+
+// desc is the echo descriptor of marker m holding body characters [lo, hi).
+func desc(m string, lo, hi int) string {
+	b := []byte(m)
+	for i := 0; i < MarkerChars; i++ {
+		if i < lo || i >= hi {
+			b[len(MarkerPrefix)+i] = '?'
+		}
+	}
+	return string(b)
 }
 
 func upper(s string) string {

@@ -1,7 +1,6 @@
 package canary
 
 import (
-	"bytes"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -67,7 +66,7 @@ func FuzzLoose(f *testing.F) {
 		if hit == nil {
 			out, hit = l.Flush(out)
 		}
-		if !bytes.HasPrefix([]byte(text), out) {
+		if !prefixUpToRedacted(text, out) {
 			t.Fatalf("output is not a prefix of the text: %q → %q", text, out)
 		}
 		if hit == nil && string(out) != text {

@@ -52,17 +52,19 @@ type Keyring struct {
 	tenantIdx map[string]uint32
 	byPrefix  map[uint64]entry
 	overflow  map[uint64][]entry // further entries whose first 8 characters collide (rare)
-	// windows: the key of every LooseMin-character window of every live marker body (offsets 0
-	// to MarkerChars−LooseMin) → the prefix key of the marker it came from (byPrefix/overflow
-	// hold the marker). A window two live markers share (about 4×10^-5 pairs at 10^6 live
-	// markers) keeps the further prefix keys in winOverflow. So the folded detector finds a run
-	// from any offset of any live marker with one map access.
-	windows     map[uint64]uint64
-	winOverflow map[uint64][]uint64
-	epochKeys   map[uint64][]uint64 // epoch → keys inserted for it, so Refresh can drop it
-	lo, hi      uint64              // live epochs, inclusive; valid when live
-	live        bool
-	count       int
+	// recs: every live marker, and wins: every HoldMin-character window of their bodies (in
+	// classes) → its marker in recs. So the folded detector finds a run from any offset of any
+	// live marker, in either direction, with one probe of an open-addressed table. recs keeps
+	// markers of dropped epochs until the next rebuild (dead: tenant == deadRec).
+	recs []markerRec
+	wins winTable
+	// recsGen counts rebuilds that moved markers in recs: a detector holding indexes into recs
+	// across Feeds drops them when it changes.
+	recsGen   uint64
+	epochKeys map[uint64][]uint64 // epoch → keys inserted for it, so Refresh can drop it
+	lo, hi    uint64              // live epochs, inclusive; valid when live
+	live      bool
+	count     int
 }
 
 // NewKeyring builds a keyring for the given tenants and derives their live markers for the
@@ -81,8 +83,7 @@ func NewKeyring(secret []byte, epochLen, detectWindow time.Duration, tenants []s
 		tenantIdx:    make(map[string]uint32),
 		byPrefix:     make(map[uint64]entry),
 		overflow:     make(map[uint64][]entry),
-		windows:      make(map[uint64]uint64),
-		winOverflow:  make(map[uint64][]uint64),
+		wins:         newWinTable(0),
 		epochKeys:    make(map[uint64][]uint64),
 	}
 	k.mu.Lock()
@@ -187,10 +188,15 @@ func (k *Keyring) Refresh(now time.Time) {
 	defer k.mu.Unlock()
 	k.insertLocked(ents, keys)
 	if live {
+		dropped := false
 		for e := olo; e <= ohi; e++ {
 			if e < lo || e > hi {
 				k.dropEpochLocked(e)
+				dropped = true
 			}
+		}
+		if dropped {
+			k.rebuildWindowsLocked()
 		}
 	}
 	k.lo, k.hi, k.live = lo, hi, true
@@ -226,10 +232,34 @@ func (k *Keyring) insertLocked(ents []entry, keys []uint64) {
 		} else {
 			k.byPrefix[key] = en
 		}
-		k.addWindowsLocked(key, &en)
 		k.epochKeys[en.epoch] = append(k.epochKeys[en.epoch], key)
 		k.count++
+		rec := markerRec{body: entryBody(key, &en), tenant: en.tenant, epoch: en.epoch}
+		k.recs = append(k.recs, rec)
+		if 2*len(k.recs)*windowsPerRec <= len(k.wins.slots) {
+			k.wins.insertRec(&k.recs[len(k.recs)-1], len(k.recs)-1)
+		}
 	}
+	if 2*len(k.recs)*windowsPerRec > len(k.wins.slots) {
+		k.rebuildWindowsLocked()
+	}
+}
+
+// deadRec marks a markerRec of a dropped epoch.
+const deadRec = ^uint32(0)
+
+// rebuildWindowsLocked drops dead markers from recs and builds the window table anew.
+func (k *Keyring) rebuildWindowsLocked() {
+	live := k.recs[:0]
+	for _, r := range k.recs {
+		if r.tenant != deadRec {
+			live = append(live, r)
+		}
+	}
+	clear(k.recs[len(live):])
+	k.recs = live
+	k.recsGen++
+	k.wins = buildWindows(k.recs)
 }
 
 // entryBody rebuilds the 20 characters of the marker stored as en under prefix key key.
@@ -242,47 +272,6 @@ func entryBody(key uint64, en *entry) (body [MarkerChars]byte) {
 	return body
 }
 
-func (k *Keyring) addWindowsLocked(key uint64, en *entry) {
-	body := entryBody(key, en)
-	for off := 0; off+LooseMin <= MarkerChars; off++ {
-		w := windowKey(body[off : off+LooseMin])
-		if _, taken := k.windows[w]; taken {
-			k.winOverflow[w] = append(k.winOverflow[w], key)
-		} else {
-			k.windows[w] = key
-		}
-	}
-}
-
-// dropWindowsLocked removes one reference to key from each window of en's body.
-func (k *Keyring) dropWindowsLocked(key uint64, en *entry) {
-	body := entryBody(key, en)
-	for off := 0; off+LooseMin <= MarkerChars; off++ {
-		w := windowKey(body[off : off+LooseMin])
-		ov := k.winOverflow[w]
-		if main, ok := k.windows[w]; ok && main == key {
-			if len(ov) > 0 {
-				k.windows[w] = ov[0]
-				ov = ov[1:]
-			} else {
-				delete(k.windows, w)
-			}
-		} else {
-			for i, o := range ov {
-				if o == key {
-					ov = append(ov[:i:i], ov[i+1:]...)
-					break
-				}
-			}
-		}
-		if len(ov) == 0 {
-			delete(k.winOverflow, w)
-		} else {
-			k.winOverflow[w] = ov
-		}
-	}
-}
-
 func (k *Keyring) dropEpochLocked(e uint64) {
 	for _, key := range k.epochKeys[e] {
 		ov := k.overflow[key]
@@ -291,12 +280,10 @@ func (k *Keyring) dropEpochLocked(e uint64) {
 			if en.epoch != e {
 				kept = append(kept, en)
 			} else {
-				k.dropWindowsLocked(key, &en)
 				k.count--
 			}
 		}
 		if main, ok := k.byPrefix[key]; ok && main.epoch == e {
-			k.dropWindowsLocked(key, &main)
 			k.count--
 			if len(kept) > 0 {
 				k.byPrefix[key] = kept[0]
@@ -312,6 +299,11 @@ func (k *Keyring) dropEpochLocked(e uint64) {
 		}
 	}
 	delete(k.epochKeys, e)
+	for i := range k.recs {
+		if k.recs[i].epoch == e {
+			k.recs[i].tenant = deadRec
+		}
+	}
 }
 
 // Current returns tenant's marker for the epoch of now, adding the tenant if it is unknown (so

@@ -1,76 +1,90 @@
 package canary
 
 import (
-	"unicode"
 	"unicode/utf8"
 )
 
 // A Scanner recognizes markers as they are injected: "KVG-" and lowercase base32. An engine (or
-// a model copying stale text) can write the same 100 bits another way that a reader still
-// decodes: without the prefix, in upper or mixed case, in fullwidth letters, or with invisible
-// characters (zero-width spaces, joiners, soft hyphens, combining marks) between the characters,
-// and it can quote any part of a marker, not only its start (a stale page cut in the middle).
-// Loose catches those: it folds the text (case, fullwidth, invisible characters dropped) and
-// looks for any live marker's characters anywhere in it, statefully across events.
+// a model copying stale text) can write the same characters another way that a reader still
+// decodes: without the prefix, in any case, in compatibility forms (fullwidth ａ, mathematical
+// bold 𝐚, circled ⓐ), in look-alike letters of other scripts (Cyrillic а, Greek ο), as HTML
+// character references or JSON \u escapes, with separators between the characters (spaces,
+// dashes, dots, zero-width characters, combining marks), reversed; and it can quote any part of
+// a marker, not only its start (a stale page cut in the middle). Loose reads text that way
+// (fold.go) and looks for any live marker's characters anywhere in it, statefully across events.
 //
-// LooseMin folded characters in a row equal to LooseMin consecutive characters of a live marker's
-// body, from any offset (0 to MarkerChars−LooseMin), make a hit. Without the prefix every
-// position of the text is a candidate, so the bar is set by a false-alarm budget. A marker body
-// is 20 base32 characters drawn by HMAC (5 uniform bits each, independent of any text), so a
-// given window of N text characters equals a given N-character window of a marker with
-// probability 32^−N. With M live markers there are M·(20−N+1) windows, so the expected chance
-// matches per scanned position are M·(21−N)/32^N; a GB of text has at most 10^9 positions. At
-// M = 10^6:
+// Two lengths, counted in consecutive characters of one live marker body, from any offset, in
+// either direction:
 //
-//	N = 11: 10^7 / 2^55    ≈ 2.8×10^-10 per position ≈ 0.28 per GB   (too many)
-//	N = 12: 9×10^6 / 2^60  ≈ 7.8×10^-12 per position ≈ 7.8×10^-3 per GB (one in ~130 GB)
-//	N = 13: 8×10^6 / 2^65  ≈ 2.2×10^-13 per position ≈ 2.2×10^-4 per GB
+//   - HoldMin (8): from the 8th character of such a run on, nothing of it reaches the client
+//     (it is replaced by Redacted, once per run), so a client never sees more than 7.
+//   - LooseMin (12): the run is evidence of a leak; the reply is cut and the incident recorded.
 //
-// N = 12 keeps the expected false alarms well below one per GB at 10^6 live markers (and ten
-// times fewer at 10^5), while a leak of 12 characters is already 60 bits of a 100-bit marker.
-// Windows are looked up in one hash set keyed by their 60 bits (Keyring.windows), so the cost per
-// character does not depend on the number of live markers.
+// Without the prefix every position of the text is a candidate, so LooseMin is set by a
+// false-alarm budget. A marker body is 20 base32 characters drawn by HMAC (5 uniform bits each,
+// independent of any text), so a given window of N text characters equals a given N-character
+// window of a marker with probability 32^−N (but see classes below). With M live markers there
+// are M·(20−N+1) windows, read both ways, so the expected chance matches per scanned position are
+// 2·M·(21−N)/32^N; a GB of text has at most 10^9 positions. At M = 10^6:
+//
+//	N = 11: 2·10^7 / 2^55    ≈ 5.6×10^-10 per position ≈ 0.56 per GB  (too many)
+//	N = 12: 2·9×10^6 / 2^60  ≈ 1.6×10^-11 per position ≈ 1.6×10^-2 per GB (one in ~64 GB)
+//	N = 13: 2·8×10^6 / 2^65  ≈ 4.3×10^-13 per position ≈ 4.3×10^-4 per GB
+//
+// The classes (i and l are one: capital I reads as both) make a text character that is i, l, I,
+// 1 or | match two marker characters of 32, so each such character of a window doubles its
+// chance; English has about one in ten, so the rate above grows by about 2^1.2 ≈ 2.3 on prose
+// (3.7×10^-2 per GB at 10^6 markers, 3.7×10^-3 at 10^5). N = 12 keeps expected false alarms well
+// below one per GB, while a leak of 12 characters is already 60 bits of a 100-bit marker.
+//
+// The same arithmetic for HoldMin gives the text that is redacted without a leak: 2·13·M/2^40 ≈
+// 2.4×10^-6 per position at 10^5 markers (a few thousand 8-character runs per GB, each replaced
+// by "[redacted]"): the price of never letting 8 characters through.
+//
+// Windows are looked up in one open-addressed table of HoldMin-character windows (Keyring.wins),
+// so the cost per character does not depend on the number of live markers.
 const LooseMin = 12
 
-// Windows are packed 5 bits per character into a uint64.
-var _ [64 - 5*LooseMin]struct{}
-
-// windowKey packs LooseMin folded base32 characters into 5·LooseMin bits.
-func windowKey(w []byte) uint64 {
-	var k uint64
-	for _, c := range w[:LooseMin] {
-		k = k<<5 | uint64(b32val[c])
-	}
-	return k
-}
-
-// looseHoldCap bounds the original bytes one undecided candidate may hold back (invisible
-// characters can pad a candidate without adding folded characters).
-const looseHoldCap = 4096
-
-// Loose is the folded-text detector of one reply field. A run of LooseMin folded characters
-// equal to consecutive characters of a live foreign marker's body, from any offset, is a hit (a
-// leak: nothing from the window's first character not yet emitted on is emitted). It emits text
-// at once, except a trailing run of at least FragmentMin folded characters that still agrees with
-// the start of a live foreign marker: that is held until it grows into a hit or stops agreeing.
-// So at most FragmentMin−1 characters from a foreign marker's start, folded, ever reach a client;
-// a run from another offset is cut at its LooseMin-th character, and only the part of it that
-// earlier Feeds already emitted (at most LooseMin−1 characters) reached the client. Own markers
-// and the requester's echoes are not hits. It is not safe for concurrent use.
+// Loose is the folded-text detector of one reply field. It is not safe for concurrent use.
+// Own markers are not hits; the requester's echoes are not hits while the run stays within the
+// characters the requester itself sent (any character beyond them counts as foreign).
 type Loose struct {
 	k      *Keyring
 	tenant string
 	echoes []string
-	held   []byte // original bytes of an undecided candidate, not yet emitted
+	held   []byte // a partial escape ("&#10", "\u00") at the end of the last Feed
+	carry  []byte // FeedAll: a partial escape that ended the last value, already emitted
 	buf    []byte
-	// run: the folded characters of the current run that were already emitted, at most
-	// LooseMin−1 (older ones can no longer begin a hit that reaches LooseMin).
-	run  []byte
-	cut  *Hit
-	hist []byte // the last bytes emitted, for Hit.Context
+	run    runState
+	cut    *Hit
+	hist   []byte // the last bytes emitted, for Hit.Context
+	// collect, when set, is told every run of HoldMin or more characters of a live marker (the
+	// prompt scan of FindMarkerFragments); nothing is ever dropped or cut then.
+	collect func(rec int, lo, n int)
+	me      uint32 // the requester's tenant index (deadRec when unknown)
+	gen     uint64 // the keyring's recsGen the run's stretches refer to
 }
 
-// NewLoose returns a folded-text detector for replies to tenant (echoes as for NewScanner).
+// runState is the current run of marker characters and the marker stretches it agrees with.
+type runState struct {
+	fk       uint64 // the last HoldMin characters' classes
+	n        int    // characters in the run
+	al       []align
+	dropping bool // the run's characters are being withheld (Redacted was emitted)
+}
+
+// align is a stretch of one live marker's body that the run's last n characters spell.
+type align struct {
+	rec     int32
+	lo, n   int8 // marker characters [lo, lo+n)
+	rev     bool // spelled backwards: the newest character is body[lo]
+	own     bool
+	echoed  uint32 // bit i: the requester sent character i of this marker itself
+	foreign bool   // echoed does not cover [lo, lo+n)
+}
+
+// NewLoose returns a folded-text detector for replies to tenant. echoes are what the requester's
+// prompt held of other tenants' markers (FindMarkerFragments).
 func (k *Keyring) NewLoose(tenant string, echoes []string) *Loose {
 	return &Loose{k: k, tenant: tenant, echoes: echoes}
 }
@@ -78,264 +92,334 @@ func (k *Keyring) NewLoose(tenant string, echoes []string) *Loose {
 // Reset prepares l for a new field, keeping its buffers.
 func (l *Loose) Reset(tenant string, echoes []string) {
 	l.tenant, l.echoes = tenant, echoes
-	l.held, l.run, l.cut, l.hist = l.held[:0], l.run[:0], nil, l.hist[:0]
+	l.held, l.carry, l.cut, l.hist = l.held[:0], l.carry[:0], nil, l.hist[:0]
+	l.run.reset()
 }
 
-// foldASCII maps an ASCII byte to its lowercase base32 character, 0 for a byte that ends a run.
-var foldASCII = func() (t [128]byte) {
-	for c := 0; c < 128; c++ {
-		l := byte(c)
-		if l >= 'A' && l <= 'Z' {
-			l += 'a' - 'A'
-		}
-		if b32val[l] >= 0 {
-			t[c] = l
-		}
-	}
-	return t
-}()
-
-// fold classifies the rune at b[i:]: a base32 character (folded), invisible (0, skip=true), or
-// anything else (0, skip=false), and its size.
-func fold(b []byte) (c byte, skip bool, size int) {
-	if b[0] < utf8.RuneSelf {
-		return foldASCII[b[0]], false, 1
-	}
-	r, size := utf8.DecodeRune(b)
-	switch {
-	case r >= 0xFF21 && r <= 0xFF3A: // fullwidth A–Z
-		return foldASCII['a'+byte(r-0xFF21)], false, size
-	case r >= 0xFF41 && r <= 0xFF5A: // fullwidth a–z
-		return foldASCII['a'+byte(r-0xFF41)], false, size
-	case r >= 0xFF10 && r <= 0xFF19: // fullwidth digits
-		return foldASCII['0'+byte(r-0xFF10)], false, size
-	case r == utf8.RuneError && size == 1:
-		return 0, false, size
-	case unicode.In(r, unicode.Cf, unicode.Mn, unicode.Me) || r == 0x2800 || r == 0x3164 || r == 0x115F || r == 0x1160:
-		// Format characters (zero-width space and joiners, BOM, soft hyphen, bidi marks),
-		// combining and variation marks, blank fillers: a reader does not see them between
-		// two letters.
-		return 0, true, size
-	}
-	return 0, false, size
+func (r *runState) reset() {
+	r.fk, r.n, r.al, r.dropping = 0, 0, r.al[:0], false
 }
 
-type looseClass uint8
-
-const (
-	looseNone looseClass = iota // no live marker begins with these characters
-	looseMine                   // the requester's own marker or an echo of its prompt
-	looseForeign
-)
-
-// classify says whom the folded characters run (FragmentMin ≤ len ≤ MarkerChars) belong to.
-func (l *Loose) classify(run []byte) (looseClass, string, uint64) {
-	key := prefixKey(run)
-	k := l.k
-	k.mu.RLock()
-	defer k.mu.RUnlock()
-	first, ok := k.byPrefix[key]
-	if !ok {
-		return looseNone, "", 0
-	}
-	best, victim, epoch := looseNone, "", uint64(0)
-	check := func(e *entry) {
-		if string(e.rest[:len(run)-FragmentMin]) != string(run[FragmentMin:]) {
-			return
-		}
-		name := k.tenants[e.tenant].name
-		c := looseForeign
-		if name == l.tenant || l.isEcho(run) {
-			c = looseMine
-		}
-		if c > best {
-			best, victim, epoch = c, name, e.epoch
-		}
-	}
-	check(&first)
-	for i := range k.overflow[key] {
-		check(&k.overflow[key][i])
-	}
-	return best, victim, epoch
-}
-
-// classifyWindow says whom a run of LooseMin folded characters belongs to: a live marker whose
-// body holds it at any offset. One map access by the window's 60 bits; candidates are verified
-// against the marker's body (foreign wins a tie, as in classify).
-func (l *Loose) classifyWindow(win []byte) (looseClass, string, uint64) {
-	key := windowKey(win)
-	k := l.k
-	k.mu.RLock()
-	defer k.mu.RUnlock()
-	first, ok := k.windows[key]
-	if !ok {
-		return looseNone, "", 0
-	}
-	best, victim, epoch := looseNone, "", uint64(0)
-	check := func(pk uint64, e *entry) {
-		body := entryBody(pk, e)
-		if !hasWindow(body[:], win) {
-			return
-		}
-		name := k.tenants[e.tenant].name
-		c := looseForeign
-		if name == l.tenant || l.echoHolds(win) {
-			c = looseMine
-		}
-		if c > best {
-			best, victim, epoch = c, name, e.epoch
-		}
-	}
-	prefixes := func(pk uint64) {
-		if e, ok := k.byPrefix[pk]; ok {
-			check(pk, &e)
-		}
-		for i := range k.overflow[pk] {
-			check(pk, &k.overflow[pk][i])
-		}
-	}
-	prefixes(first)
-	for _, pk := range k.winOverflow[key] {
-		if pk != first {
-			prefixes(pk)
-		}
-	}
-	return best, victim, epoch
-}
-
-// hasWindow says whether win occurs in body.
-func hasWindow(body, win []byte) bool {
-	for off := 0; off+len(win) <= len(body); off++ {
-		if string(body[off:off+len(win)]) == string(win) {
-			return true
-		}
-	}
-	return false
-}
-
-// echoHolds says whether win occurs anywhere in the body of one of the requester's echoes.
-func (l *Loose) echoHolds(win []byte) bool {
-	for _, e := range l.echoes {
-		if len(e) != MarkerLen {
-			continue
-		}
-		for off := len(MarkerPrefix); off+len(win) <= len(e); off++ {
-			if e[off:off+len(win)] == string(win) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-func (l *Loose) isEcho(run []byte) bool {
-	for _, e := range l.echoes {
-		if len(e) == MarkerLen && e[len(MarkerPrefix):len(MarkerPrefix)+len(run)] == string(run) {
-			return true
-		}
-	}
-	return false
-}
-
-// Feed takes the next text of the field and appends to dst what may be emitted now. On a leak it
-// returns the hit; dst then has only the text before the run, and the reply must be cut.
+// Feed takes the next text of the field and appends to dst what may be emitted now: the text,
+// with every run of HoldMin or more characters of a foreign marker withheld from its HoldMin-th
+// character on (Redacted in its place). On a leak it returns the hit; the reply must be cut.
 func (l *Loose) Feed(dst, text []byte) ([]byte, *Hit) {
-	return l.feed(dst, text, false)
+	return l.feed(dst, text, false, false)
 }
 
-// Flush settles a held candidate at the end of the field (it never made a hit: emitted).
+// Flush settles a held partial escape at the end of the field.
 func (l *Loose) Flush(dst []byte) ([]byte, *Hit) {
-	return l.feed(dst, nil, true)
+	return l.feed(dst, nil, true, false)
 }
 
-func (l *Loose) feed(dst, text []byte, final bool) ([]byte, *Hit) {
+func (l *Loose) feed(dst, text []byte, final, all bool) ([]byte, *Hit) {
 	if l.cut != nil {
 		return dst, l.cut
 	}
 	b := text
-	if len(l.held) > 0 {
+	floor := 0 // b[:floor] was emitted with the last value (FeedAll's carry)
+	switch {
+	case len(l.held) > 0:
 		l.buf = append(append(l.buf[:0], l.held...), text...)
 		b = l.buf
 		l.held = l.held[:0]
+	case len(l.carry) > 0:
+		l.buf = append(append(l.buf[:0], l.carry...), text...)
+		b = l.buf
+		floor = len(l.carry)
+		l.carry = l.carry[:0]
 	}
-	// chars/offs: the current run, folded, with each character's offset in b (−1: emitted by
-	// an earlier Feed). Only the last MarkerChars are kept.
-	var charsArr [2 * MarkerChars]byte
-	var offsArr [2 * MarkerChars]int
-	chars, offs := charsArr[:0], offsArr[:0]
-	for _, c := range l.run {
-		chars, offs = append(chars, c), append(offs, -1)
+	k := l.k
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	l.me = deadRec
+	if i, ok := k.tenantIdx[l.tenant]; ok {
+		l.me = i
+	}
+	if l.gen != k.recsGen {
+		// Markers moved in the keyring: the stretches being tracked are found again by the
+		// next probe of the run's last characters (a withheld run stays withheld).
+		l.run.al = l.run.al[:0]
+		l.gen = k.recsGen
 	}
 	start := len(dst)
+	emit := floor // b[emit:] is not copied to dst yet
+	end := len(b)
 	for i := 0; i < len(b); {
-		c, skip, size := fold(b[i:])
-		switch {
-		case skip:
-		case c == 0:
-			chars, offs = chars[:0], offs[:0]
-		default:
-			if len(chars) == cap(chars) {
-				n := copy(chars, chars[len(chars)-(MarkerChars-1):])
-				copy(offs, offs[len(offs)-(MarkerChars-1):])
-				chars, offs = chars[:n], offs[:n]
-			}
-			chars, offs = append(chars, c), append(offs, i)
-			if n := len(chars); n >= LooseMin {
-				w := n - LooseMin
-				if cl, victim, epoch := l.classifyWindow(chars[w:]); cl == looseForeign {
-					emit := firstOffset(offs[w:], i)
-					dst = append(dst, b[:emit]...)
-					h := l.hit(dst[start:], chars[w:], victim, epoch)
-					l.cut = &h
-					return dst, l.cut
+		kd := asciiKind[b[i]]
+		if kd >= 1 && kd <= 32 {
+			// The fast path: ASCII marker characters and separators that no tracked stretch
+			// continues and whose windows are in no live marker (one probe of the table each),
+			// with the run's state in registers.
+			if !l.run.dropping && len(l.run.al) == 0 {
+				j := l.fastASCII(b, i)
+				if j > i {
+					i = j
+					continue
 				}
 			}
+			var h *Hit
+			if dst, emit, h = l.unit(dst, b, emit, i, 1, b32alphabet[kd-1:kd]); h != nil {
+				return l.stop(dst, h)
+			}
+			i++
+			continue
+		}
+		switch kd {
+		case kindSep:
+			i++
+			continue
+		case kindBreak:
+			l.run.reset()
+			i++
+			continue
+		}
+		reading, sep, size, wait := readUnit(b[i:], final)
+		if wait {
+			end = i // wait for the rest of a reference split across events
+			break
+		}
+		switch {
+		case reading != "":
+			var h *Hit
+			if dst, emit, h = l.unit(dst, b, emit, i, size, reading); h != nil {
+				return l.stop(dst, h)
+			}
+		case !sep:
+			l.run.reset()
 		}
 		i += size
 	}
-	hold := len(b)
-	if !final {
-		// The earliest trailing window of FragmentMin..LooseMin−1 characters that still agrees
-		// with a foreign marker is held back.
-		n := len(chars)
-		for w := max(0, n-(LooseMin-1)); w <= n-FragmentMin; w++ {
-			if cl, _, _ := l.classify(chars[w:]); cl == looseForeign {
-				hold = firstOffset(offs[w:], len(b))
-				break
-			}
+	if all {
+		// The value ends here: all of it is emitted, and a partial escape at its end is read
+		// again with the next value, which a client joins to it; while a run is withheld, the
+		// partial escape is too (it may complete the run's next character).
+		if l.run.dropping {
+			dst = append(dst, b[emit:max(end, emit)]...)
+		} else {
+			dst = append(dst, b[emit:]...)
 		}
-		if len(b)-hold > looseHoldCap {
-			// Padding a candidate with invisible characters past the cap: treat it as the leak
-			// it is built to look like.
-			dst = append(dst, b[:hold]...)
-			h := l.hit(dst[start:], chars[max(0, n-(LooseMin-1)):], "", 0)
-			l.cut = &h
-			return dst, l.cut
-		}
+		l.carry = append(l.carry, b[end:]...)
+	} else {
+		dst = append(dst, b[emit:end]...)
+		l.held = append(l.held, b[end:]...)
 	}
-	dst = append(dst, b[:hold]...)
-	l.held = append(l.held, b[hold:]...)
-	// What the next Feed continues: the run's characters before the held part (the held bytes
-	// are folded again then). A held window may begin in characters emitted earlier, so those
-	// stay in the run.
-	end := len(chars)
-	for end > 0 && offs[end-1] >= hold {
-		end--
-	}
-	l.run = append(l.run[:0], chars[max(0, end-(LooseMin-1)):end]...)
 	l.remember(dst[start:])
 	return dst, nil
 }
 
-// firstOffset is the first offset ≥ 0 in offs (the first character of a window this Feed has not
-// emitted yet), or def when every character was emitted earlier.
-func firstOffset(offs []int, def int) int {
-	for _, o := range offs {
-		if o >= 0 {
-			return o
+// fastASCII reads b from i while its bytes are ASCII marker characters, separators or
+// run-breaking bytes and no window matches; it returns where it stopped (i when b[i] needs the
+// slow path).
+func (l *Loose) fastASCII(b []byte, i int) int {
+	fk, n := l.run.fk, l.run.n
+	slots, shift := l.k.wins.slots, l.k.wins.shift
+	mask := uint64(len(slots) - 1)
+	j := i
+loop:
+	for j < len(b) {
+		kd := asciiKind[b[j]]
+		switch {
+		case kd-1 < 32:
+			nfk := (fk<<5 | uint64(kd-1)) & winKeyMask
+			if n+1 >= HoldMin {
+				for h := (nfk * 0x9E3779B97F4A7C15) >> shift; ; h = (h + 1) & mask {
+					s := slots[h]
+					if s == 0 {
+						break
+					}
+					if s>>winRecBits == nfk {
+						break loop // a window matches: the slow path takes this character
+					}
+				}
+			}
+			fk, n = nfk, n+1
+		case kd == kindSep:
+		case kd == kindBreak:
+			fk, n = 0, 0
+		default:
+			break loop
+		}
+		j++
+	}
+	l.run.fk, l.run.n = fk, n
+	return j
+}
+
+// unit takes one character of the text (b[i:i+size]) that reads as marker characters.
+func (l *Loose) unit(dst, b []byte, emit, i, size int, reading string) ([]byte, int, *Hit) {
+	wasDropping := l.run.dropping
+	drop, ev := false, -1
+	for j := 0; j < len(reading); j++ {
+		d, e := l.step(uint8(b32val[reading[j]]))
+		drop = drop || d
+		if e >= 0 && ev < 0 {
+			ev = e
 		}
 	}
-	return def
+	if ev >= 0 && l.collect == nil {
+		if !wasDropping && i > emit {
+			dst = append(dst, b[emit:i]...)
+		}
+		return dst, emit, l.evidence(dst, ev)
+	}
+	switch {
+	case drop && !wasDropping:
+		if i > emit {
+			dst = append(dst, b[emit:i]...)
+		}
+		dst = append(dst, Redacted...)
+		l.run.dropping = true
+		emit = max(emit, i+size)
+	case drop:
+		emit = max(emit, i+size)
+	case wasDropping:
+		// The withheld run ended; the client sees Redacted before this character, so a new run
+		// begins with it.
+		l.run.reset()
+		for j := 0; j < len(reading); j++ {
+			l.step(uint8(b32val[reading[j]]))
+		}
+	}
+	return dst, emit, nil
+}
+
+// push adds a character to the run when no window can be complete yet.
+func (r *runState) push(x uint8) {
+	r.fk = (r.fk<<5 | uint64(x)) & winKeyMask
+	r.n++
+}
+
+// step adds one character (its class) to the run. drop: it belongs to a foreign stretch of
+// HoldMin or more characters; evidence ≥ 0: the index in run.al of one of LooseMin or more.
+func (l *Loose) step(x uint8) (drop bool, evidence int) {
+	r := &l.run
+	r.push(x)
+	recs := l.k.recs
+	kept := r.al[:0]
+	for _, a := range r.al {
+		body := &recs[a.rec].body
+		if a.rev {
+			if a.lo > 0 && uint8(classIdx[body[a.lo-1]]) == x {
+				a.lo--
+				a.n++
+				kept = append(kept, l.judge(a))
+			}
+		} else if int(a.lo)+int(a.n) < MarkerChars && uint8(classIdx[body[int(a.lo)+int(a.n)]]) == x {
+			a.n++
+			kept = append(kept, l.judge(a))
+		}
+	}
+	r.al = kept
+	if r.n >= HoldMin {
+		l.probe(r.fk)
+	}
+	evidence = -1
+	for i, a := range r.al {
+		if a.own || !a.foreign {
+			continue
+		}
+		drop = true
+		if a.n >= LooseMin && evidence < 0 {
+			evidence = i
+		}
+	}
+	if l.collect != nil {
+		for _, a := range r.al {
+			l.collect(int(a.rec), int(a.lo), int(a.n))
+		}
+	}
+	return drop, evidence
+}
+
+// probe adds the stretches of live markers that the run's last HoldMin characters (key) spell,
+// forwards or backwards (the table holds both).
+func (l *Loose) probe(key uint64) {
+	k := l.k
+	if !k.wins.has(key) {
+		return
+	}
+	k.wins.each(key, func(rec int) {
+		m := &k.recs[rec]
+		if m.tenant == deadRec {
+			return
+		}
+		for off := 0; off+HoldMin <= MarkerChars; off++ {
+			w := m.body[off : off+HoldMin]
+			if bodyWindowKey(w) == key {
+				l.addAlign(rec, m, off, false)
+			}
+			if reversedWindowKey(w) == key {
+				// Backwards, the run's newest character is body[off].
+				l.addAlign(rec, m, off, true)
+			}
+		}
+	})
+}
+
+// addAlign starts tracking a stretch [off, off+HoldMin) of marker rec, unless it already is
+// (a stretch found earlier and extended to here). The table holds a window once per occurrence,
+// so each stretch may be reported more than once.
+func (l *Loose) addAlign(rec int, m *markerRec, off int, rev bool) {
+	for _, a := range l.run.al {
+		if int(a.rec) == rec && a.rev == rev && (rev && int(a.lo) == off || !rev && int(a.lo)+int(a.n)-HoldMin == off) {
+			return
+		}
+	}
+	a := align{rec: int32(rec), lo: int8(off), n: HoldMin, rev: rev, own: m.tenant == l.me}
+	if !a.own && len(l.echoes) > 0 {
+		a.echoed = echoedMask(l.echoes, &m.body)
+	}
+	l.run.al = append(l.run.al, l.judge(a))
+}
+
+// judge says whether a stretch holds a character the requester did not send itself.
+func (l *Loose) judge(a align) align {
+	span := uint32(1)<<uint(a.lo+a.n) - uint32(1)<<uint(a.lo)
+	a.foreign = a.echoed&span != span
+	return a
+}
+
+// echoedMask: which characters of the marker body the echo descriptors cover (see
+// FindMarkerFragments: "KVG-" and the body with characters the prompt did not hold as '?').
+func echoedMask(echoes []string, body *[MarkerChars]byte) uint32 {
+	var m uint32
+	for _, e := range echoes {
+		if len(e) != MarkerLen {
+			continue
+		}
+		d := e[len(MarkerPrefix):]
+		var mask uint32
+		agree := 0
+		for i := 0; i < MarkerChars; i++ {
+			if d[i] == '?' {
+				continue
+			}
+			if d[i] != body[i] {
+				mask, agree = 0, -1
+				break
+			}
+			mask |= 1 << i
+			agree++
+		}
+		if agree >= HoldMin {
+			m |= mask
+		}
+	}
+	return m
+}
+
+// evidence builds the hit for the stretch run.al[i] and cuts.
+func (l *Loose) evidence(before []byte, i int) *Hit {
+	a := l.run.al[i]
+	m := &l.k.recs[a.rec]
+	h := l.hit(before, m.body[a.lo:a.lo+a.n], l.k.tenants[m.tenant].name, m.epoch)
+	return &h
+}
+
+func (l *Loose) stop(dst []byte, h *Hit) ([]byte, *Hit) {
+	l.cut = h
+	return dst, h
 }
 
 func (l *Loose) remember(out []byte) {
@@ -345,8 +429,8 @@ func (l *Loose) remember(out []byte) {
 	}
 }
 
-// hit builds the incident's Hit: the matched characters (folded) and the redacted text before
-// them (what follows may hold the rest of the marker in some disguise, so it is left out).
+// hit builds the incident's Hit: the matched characters of the marker and the redacted text
+// before them (what follows may hold the rest of the marker in some disguise, so it is left out).
 func (l *Loose) hit(before, match []byte, victim string, epoch uint64) Hit {
 	left := append(append([]byte{}, l.hist...), before...)
 	if len(left) > contextSide {
@@ -357,4 +441,12 @@ func (l *Loose) hit(before, match []byte, victim string, epoch uint64) Hit {
 	}
 	ctx := append(RedactAll(left), "[marker]"...)
 	return Hit{Marker: string(match), Victim: victim, Epoch: epoch, Context: string(ctx)}
+}
+
+// FeedAll is Feed for text that ends a value (the joined reading of values a client joins):
+// all of it is emitted at once (what it withholds aside), nothing is held for the next value; an
+// escape cut at its end is read again together with the next value, and the run carries on
+// into it, as a client joins the values.
+func (l *Loose) FeedAll(dst, text []byte) ([]byte, *Hit) {
+	return l.feed(dst, text, false, true)
 }

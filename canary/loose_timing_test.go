@@ -38,3 +38,46 @@ func BenchmarkLooseFeed(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkScannerSideBySide: the folded detector as it is (HoldMin windows in an open-addressed
+// table; separators, references, look-alikes and reversal read) and as it was on main before
+// issue 17 (legacy_loose_test.go), on the same ~4 MB text in 4 KB events, from 10^2 to 10^6 live
+// markers, in one run (make bench-scanner; numbers in BENCHMARKS.md).
+func BenchmarkScannerSideBySide(b *testing.B) {
+	for _, n := range []int{100, 10_000, 100_000, 1_000_000} {
+		k, heapMB, _ := benchKeyring(b, n)
+		own, _ := k.Current("tenant-000001", time.Now())
+		text := benchText(own)
+		b.Run(fmt.Sprintf("today/markers=%d", n), func(b *testing.B) {
+			l := k.NewLoose("tenant-000001", nil)
+			dst := make([]byte, 0, len(text)+4096)
+			b.SetBytes(int64(len(text)))
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				l.Reset("tenant-000001", nil)
+				for off := 0; off < len(text); off += 4096 {
+					var h *Hit
+					if dst, h = l.Feed(dst[:0], text[off:min(off+4096, len(text))]); h != nil {
+						b.Fatalf("hit in benchmark text: %+v", h)
+					}
+				}
+			}
+			b.ReportMetric(heapMB, "keyring-MB")
+		})
+		b.Run(fmt.Sprintf("before/markers=%d", n), func(b *testing.B) {
+			l := newLegacyLoose(k, "tenant-000001")
+			dst := make([]byte, 0, len(text)+4096)
+			b.SetBytes(int64(len(text)))
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				l.Reset("tenant-000001", nil)
+				for off := 0; off < len(text); off += 4096 {
+					var h *Hit
+					if dst, h = l.Feed(dst[:0], text[off:min(off+4096, len(text))]); h != nil {
+						b.Fatalf("hit in benchmark text: %+v", h)
+					}
+				}
+			}
+		})
+	}
+}

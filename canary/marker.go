@@ -3,8 +3,10 @@
 // detection produces (an incident log and backend quarantine flags, each in memory or in Redis).
 //
 // It must never let a "KVG-" byte reach a client (the prefix is reserved: own markers are
-// stripped, unknown ones redacted, foreign ones cut the reply before the marker), never delay or
-// alter text that contains no "KVG-", and never make a Redis round trip on the request path:
+// stripped, unknown ones redacted, foreign ones cut the reply before the marker), never let more
+// than 7 consecutive characters of another tenant's marker through in any form a reader decodes
+// (loose.go), never delay or alter text beyond that, and never make a Redis round trip on the
+// request path:
 // markers are derived locally from the shared secret. It knows nothing about HTTP or JSON; the
 // gateway decodes events and hands this package plain text.
 package canary

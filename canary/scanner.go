@@ -38,8 +38,9 @@ type Hit struct {
 //
 // Semantics, applied to the leftmost "KVG-" at each step; run = the base32 characters after it,
 // at most 20:
-//   - fewer than 8 characters: redacted (replaced by Redacted, run included);
-//   - the first 8 characters begin no live marker: redacted;
+//   - fewer than 8 characters: "KVG-" redacted (replaced by Redacted; the run stays, for the
+//     folded detector that reads the output);
+//   - the first 8 characters begin no live marker: "KVG-" redacted, likewise;
 //   - they begin the requester's own marker (any live epoch): stripped, run included;
 //   - they begin a foreign marker found in the requester's prompt (echo set): stripped, reported
 //     as an echo;
@@ -188,9 +189,11 @@ func (s *Scanner) scan(dst []byte, emitStart int, b []byte, owned, final bool, v
 			v.Leak = s.cut
 			return dst
 		case classRedact:
+			// Only the reserved prefix goes: the characters after it are the folded detector's
+			// to judge (a stretch of a marker behind a stray "KVG-" is still evidence).
 			dst = append(dst, b[i:p]...)
 			dst = append(dst, Redacted...)
-			i = end
+			i = runStart
 		case classOwn, classEcho:
 			if cl == classEcho {
 				dst = append(dst, b[i:p]...)
@@ -221,7 +224,7 @@ func (s *Scanner) scan(dst []byte, emitStart int, b []byte, owned, final bool, v
 				i = end - t
 			}
 		}
-		if !final && r < MarkerChars && end == len(b) && cl != classWait {
+		if !final && r < MarkerChars && end == len(b) && cl != classWait && cl != classRedact {
 			// The run reached the end of this text: drop its continuation from the next one.
 			s.swallow = MarkerChars - r
 		}
@@ -307,6 +310,11 @@ func (s *Scanner) classify(run []byte, terminated bool) (class, string, uint64) 
 			break
 		}
 	}
+	if fc == classEcho && !mixed && !terminated {
+		// An echo reaches only as far as the requester sent it: wait for the whole run, so a
+		// character beyond the echo is seen before the run is stripped.
+		return classWait, "", 0
+	}
 	if !mixed {
 		// Report the candidate that agrees with the run the longest (the exact one when complete).
 		best, bestLen := &first, commonLen(run, &first)
@@ -338,14 +346,14 @@ func (s *Scanner) classOf(run []byte, e *entry) class {
 		return classOwn
 	}
 	if len(s.echoes) > 0 {
-		var m [MarkerLen]byte
-		copy(m[:], MarkerPrefix)
-		copy(m[len(MarkerPrefix):], run[:FragmentMin])
-		copy(m[len(MarkerPrefix)+FragmentMin:], e.rest[:])
-		for _, echo := range s.echoes {
-			if echo == string(m[:]) {
-				return classEcho
-			}
+		// An echo only as far as the requester sent the marker itself: "KVG-" and run must lie
+		// within what a descriptor holds (FindMarkerFragments).
+		var body [MarkerChars]byte
+		copy(body[:], run[:FragmentMin])
+		copy(body[FragmentMin:], e.rest[:])
+		span := uint32(1)<<uint(len(run)) - 1
+		if echoedMask(s.echoes, &body)&span == span {
+			return classEcho
 		}
 	}
 	return classLeak

@@ -70,9 +70,10 @@ func (w *world) reference(tenant string, echoes []string, text string) (out stri
 			sb.WriteString(rest[:j])
 			return sb.String(), true, nEcho
 		case "redact":
+			// The prefix goes; the run stays for the folded detector.
 			sb.WriteString(rest[:j])
 			sb.WriteString(Redacted)
-			rest = rest[j+4+r:]
+			rest = rest[j+4:]
 		default:
 			if cls == "echo" {
 				nEcho++
@@ -295,11 +296,11 @@ func TestScannerCasesByName(t *testing.T) {
 		{"own fragment stripped", "a " + own[:14] + " b", "a  b", false, 0},
 		{"foreign cut before marker", "hello " + bob + " secret", "hello ", true, 0},
 		{"foreign fragment of 8", "hi " + bob[:12] + "!", "hi ", true, 0},
-		{"foreign 7 chars is only redacted", "hi " + bob[:11] + "!", "hi " + Redacted + "!", false, 0},
+		{"foreign 7 chars: the prefix is redacted", "hi " + bob[:11] + "!", "hi " + Redacted + bob[4:11] + "!", false, 0},
 		{"echo stripped and reported", "x" + carol + "y", "xy", false, 1},
-		{"unknown redacted", "x KVG-" + randomB32(rand.New(rand.NewSource(3)), 20) + " y", "x " + Redacted + " y", false, 0},
+		{"unknown: the prefix redacted", "x KVG-" + randomB32(rand.New(rand.NewSource(3)), 20) + " y", "x " + Redacted + randomB32(rand.New(rand.NewSource(3)), 20) + " y", false, 0},
 		{"bare prefix redacted", "x KVG- y", "x " + Redacted + " y", false, 0},
-		{"strip joins KV + G-", "KV" + own + "G-abc", Redacted, false, 0},
+		{"strip joins KV + G-", "KV" + own + "G-abc", Redacted + "abc", false, 0},
 		{"strip joins KVG + -", "KVG" + own + "-", Redacted, false, 0},
 		{"strip joins into a foreign marker", "K" + own + bob[1:], "", true, 0},
 		{"run stops after 20 characters", own + "abcdef", "abcdef", false, 0},

@@ -58,13 +58,17 @@ type Guard struct {
 	// malformed: the reply breaks a rule clients rely on to assemble it (an index that is not a
 	// non-negative JSON integer): refused as unusable, not a leak.
 	malformed bool
-	// joinIn is the joined scanner's input piece; joinCharged says its buffers were charged.
+	// joinLoose reads every text value in emission order (joined); joinIn is its input piece;
+	// joinCharged says its buffers were charged.
+	joinLoose   *canary.Loose
 	joinIn      []byte
 	joinCharged bool
 }
 
-// fieldScan is the stateful scan of one field path: the folded-text detector first (it sees the
-// engine's text as sent, disguises included), then the prefix scanner that strips and redacts.
+// fieldScan is the stateful scan of one field path: the prefix scanner first (it strips the
+// requester's own markers and redacts stray "KVG-"), then the folded-text detector on what the
+// prefix scanner emits, which is what the client reads: stripping a marker joins the text
+// around it, and the detector must see that join.
 type fieldScan struct {
 	loose  *canary.Loose
 	strict *canary.Scanner
@@ -101,23 +105,39 @@ func (gd *Guard) ScanText(s string) *Hit {
 // Leak is the first foreign marker found, or nil.
 func (gd *Guard) Leak() *Hit { return gd.leak }
 
-// feed scans one piece of streamed text; it returns what may be emitted now.
-func (gd *Guard) feed(key, text string) (string, bool) {
+// feed scans one piece of streamed text; it returns what may be emitted now. join: the field
+// is text a client joins with the reply's other text values (Guard.joined).
+func (gd *Guard) feed(key, text string, join bool) (string, bool) {
 	// In a whole reply (logprobs items): the text's copy, two scanners' output, the string.
 	if !gd.afford(4 * len(text)) {
 		return "", false
 	}
 	f := gd.field(key)
-	mid, h := f.loose.Feed(gd.buf[:0], []byte(text))
+	mid, v := f.strict.Feed(gd.buf[:0], []byte(text))
 	gd.buf = mid[:0]
-	if h != nil {
-		gd.noteLeak(h)
-		return "", false
-	}
-	out, v := f.strict.Feed(gd.buf2[:0], mid)
-	gd.buf2 = out[:0]
 	gd.note(v)
 	if v.Leak != nil {
+		return "", false
+	}
+	return gd.looseStage(f, mid, join)
+}
+
+// looseStage passes what the prefix scanner emitted through the joined reading (for text a
+// client joins) and the field's folded detector. The joined reading goes first, on the text as
+// the field's scanners have it, so a run across values is seen whole before the field's own
+// detector withholds part of it.
+func (gd *Guard) looseStage(f *fieldScan, mid []byte, join bool) (string, bool) {
+	if join {
+		j, ok := gd.joined(string(mid))
+		if !ok {
+			return "", false
+		}
+		mid = append(mid[:0], j...)
+	}
+	out, h := f.loose.Feed(gd.buf2[:0], mid)
+	gd.buf2 = out[:0]
+	if h != nil {
+		gd.noteLeak(h)
 		return "", false
 	}
 	return string(out), true
@@ -140,24 +160,59 @@ func (gd *Guard) noteLeak(h *canary.Hit) {
 	}
 }
 
+// joinedField says a stream field's text is joined by clients with the reply's other text
+// (its stateful scan went through Guard.joined): a main text field fed as a stream, or
+// /generate's text.
+func joinedField(key string) bool {
+	return strings.HasPrefix(key, "gen:") || mainText(lastSeg(key)) && !strings.Contains(key, "logprobs") && !strings.HasSuffix(key, ".#key")
+}
+
 // scanPiece is how much of a long value the folded detector is fed at a time.
 const scanPiece = 1 << 20
 
-// scanString scans a whole value.
-func (gd *Guard) scanString(s string) (string, bool) {
-	if inert(s) {
+// scanString scans a whole value and returns it cleaned: the requester's own markers stripped,
+// stray "KVG-" redacted, runs of HoldMin or more characters of a foreign marker withheld.
+func (gd *Guard) scanString(s string) (string, bool) { return gd.scanValue(s, false) }
+
+// scanValue is scanString; join: the value is text a client joins with the reply's other text
+// values, read by the joined detector between the prefix scanner and the value's own.
+func (gd *Guard) scanValue(s string, join bool) (string, bool) {
+	if inert(s) && !join {
 		return s, true
 	}
 	k := gd.sc.Keyring
+	if strings.Contains(s, "KVG") {
+		// The prefix scanner's copy of the text, its output and the string made of it.
+		if !gd.afford(3 * len(s)) {
+			return "", false
+		}
+		out, v := k.ScanAll(gd.sc.Requester, gd.sc.Echoes, []byte(s))
+		gd.note(v)
+		if v.Leak != nil {
+			return "", false
+		}
+		s = string(out)
+	}
+	if join {
+		var ok bool
+		if s, ok = gd.joined(s); !ok {
+			return "", false
+		}
+	}
+	if inert(s) {
+		return s, true
+	}
 	if gd.one == nil {
 		gd.one = k.NewLoose(gd.sc.Requester, gd.sc.Echoes)
 	}
 	l := gd.one
 	l.Reset(gd.sc.Requester, gd.sc.Echoes)
-	// The folded detector passes text on unchanged (or cut before a leak), so only its verdict
-	// matters here: it reads a long value a piece at a time (cut at rune boundaries, as a stream's
-	// events are) through one small buffer, instead of two whole copies of a value that may be a
-	// 60 MB reply.
+	// The folded detector passes text on unchanged unless it withholds a run, so it reads a long
+	// value a piece at a time (cut at rune boundaries, as a stream's events are) through one
+	// small buffer, and a copy of the value is made only once something in it changed: a value
+	// may be a 60 MB reply.
+	var changed []byte
+	done := 0 // s[:done] is accounted for in changed (when changed != nil)
 	var h *canary.Hit
 	for i := 0; i < len(s) && h == nil; {
 		j := min(len(s), i+scanPiece)
@@ -168,25 +223,42 @@ func (gd *Guard) scanString(s string) (string, bool) {
 		var mid []byte
 		mid, h = l.Feed(gd.oneBuf[:0], gd.oneIn)
 		gd.oneBuf = mid[:0]
+		changed, done = gd.keepChanges(changed, s, done, mid)
 		i = j
 	}
 	if h == nil {
-		_, h = l.Flush(gd.oneBuf[:0])
+		var mid []byte
+		mid, h = l.Flush(gd.oneBuf[:0])
+		gd.oneBuf = mid[:0]
+		changed, done = gd.keepChanges(changed, s, done, mid)
 	}
 	if h != nil {
 		gd.noteLeak(h)
 		return "", false
 	}
-	if !strings.Contains(s, "KVG") {
-		return s, true
-	}
-	// The prefix scanner's copy of the text, its output and the string made of it.
-	if !gd.afford(3 * len(s)) {
+	if gd.overBudget {
 		return "", false
 	}
-	out, v := k.ScanAll(gd.sc.Requester, gd.sc.Echoes, []byte(s))
-	gd.note(v)
-	return string(out), v.Leak == nil
+	if changed != nil {
+		return string(changed), true
+	}
+	return s, true
+}
+
+// keepChanges tracks the detector's output for s[i:j] (mid): while it is s itself (the
+// detector emitting what it read, a partial escape held back a moment) nothing is copied; from
+// the first difference on, the output is collected in changed.
+func (gd *Guard) keepChanges(changed []byte, s string, done int, mid []byte) ([]byte, int) {
+	if changed == nil {
+		if done+len(mid) <= len(s) && s[done:done+len(mid)] == string(mid) {
+			return nil, done + len(mid)
+		}
+		if !gd.afford(2 * len(s)) {
+			return append([]byte{}, s[:done]...), done // over budget: the scan stops here
+		}
+		changed = append(make([]byte, 0, len(s)), s[:done]...)
+	}
+	return append(changed, mid...), done
 }
 
 // afford accounts n bytes a scan of a whole reply is about to allocate (large values only: small
@@ -242,29 +314,8 @@ func (gd *Guard) detectAny(v any) bool {
 	return true
 }
 
-// inert: ASCII text with no "KVG" and no run of canary.FragmentMin characters that fold to
-// marker characters can hold no marker, fragment or disguise (the common case: ids, names,
-// short words), so it needs no scanner.
-func inert(s string) bool {
-	run := 0
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c >= 0x80:
-			return false
-		case c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '2' && c <= '7':
-			if run++; run >= canary.FragmentMin {
-				return false
-			}
-		default:
-			run = 0
-		}
-		if c == 'K' && i+2 < len(s) && s[i+1] == 'V' && s[i+2] == 'G' {
-			return false
-		}
-	}
-	return true
-}
+// inert is canary.Inert: text that needs no scanner.
+func inert(s string) bool { return canary.Inert(s) }
 
 // mainText says whether a field carries the reply's text in pieces: what its stateful scanner
 // emits is what the client gets (held text is released later). Other strings are detected
@@ -312,7 +363,7 @@ func (gd *Guard) walk(v any, path string, seq bool, changed *bool) (any, bool) {
 			}
 			if seq {
 				// Keys in a sequence are text a client may join (top_logprobs maps by token).
-				if _, ok := gd.feed(path+".#key", k); !ok {
+				if _, ok := gd.feed(path+".#key", k, false); !ok {
 					return nil, false
 				}
 			}
@@ -374,65 +425,73 @@ func (gd *Guard) walk(v any, path string, seq bool, changed *bool) (any, bool) {
 
 // scanField scans one string value at path.
 func (gd *Guard) scanField(s, path string, seq bool) (string, bool) {
-	if mainText(lastSeg(path)) && !gd.joined(s) {
-		return "", false
-	}
-	if !gd.whole && !seq && mainText(lastSeg(path)) {
-		return gd.feed(path, s)
-	}
-	if seq || !gd.whole {
+	join := mainText(lastSeg(path))
+	switch {
+	case !gd.whole && !seq && join:
+		return gd.feed(path, s, true)
+	case seq || !gd.whole:
 		// Detected across events or items; cleaned on its own below.
-		if _, ok := gd.feed(path, s); !ok {
+		if _, ok := gd.feed(path, s, false); !ok {
 			return "", false
 		}
 	}
-	return gd.scanString(s)
+	return gd.scanValue(s, join)
 }
 
-// joinedKey is the scanner of every text value of the reply (the mainText fields) in the order it
-// is read: clients join values (Anthropic's text blocks, the Responses API's output_text parts
-// and items, choices, content then reasoning), so a marker split across any two of them must be
-// seen whole. Ids, types and names stay out: they would break a split marker apart.
-const joinedKey = "#joined"
+// The joined detector (Guard.joined) reads every text value of the reply (the mainText fields) in
+// the order it is emitted: clients join values (Anthropic's text blocks, the Responses API's
+// output_text parts and items, choices, content then reasoning), so a marker split across any
+// two of them must be seen whole. Ids, types and names stay out: they would break a split
+// marker apart.
 
-// joined feeds s to the joined scanner (detection only: what it would emit is not used). A long
-// value is read a piece at a time through buffers of one piece, charged once, so a 60 MB reply
-// costs no whole copies here.
-func (gd *Guard) joined(s string) bool {
+// joined feeds s (a value as its field's scanners emit it) to the joined detector and returns
+// it with what the joined reading withholds: a run of HoldMin characters of a foreign marker
+// across two values (say the last 5 of one text block and the first 5 of the next) is cut in
+// the later value, since the earlier one was already emitted. A long value is read a piece at a
+// time through buffers of one piece, charged once.
+//
+// The prompt-text detector (Scope.Text) reads the same values first, as they stand.
+func (gd *Guard) joined(s string) (string, bool) {
 	if gd.sc.Text != nil {
 		if h := gd.sc.Text.Feed(s); h != nil {
 			gd.noteLeak(h)
-			return false
+			return "", false
 		}
 	}
 	if !gd.joinCharged && len(s) >= 64<<10 {
 		if !gd.afford(3 * scanPiece) {
-			return false
+			return "", false
 		}
 		gd.joinCharged = true
 	}
-	f := gd.field(joinedKey)
+	if gd.joinLoose == nil {
+		gd.joinLoose = gd.sc.Keyring.NewLoose(gd.sc.Requester, gd.sc.Echoes)
+	}
+	var changed []byte
+	done := 0
 	for i := 0; i < len(s); {
 		j := min(len(s), i+scanPiece)
 		for j < len(s) && j > i+1 && !utf8.RuneStart(s[j]) {
 			j--
 		}
 		gd.joinIn = append(gd.joinIn[:0], s[i:j]...)
-		mid, h := f.loose.Feed(gd.buf[:0], gd.joinIn)
+		// FeedAll: the value's last escape is read as it stands; the run carries on.
+		mid, h := gd.joinLoose.FeedAll(gd.buf[:0], gd.joinIn)
 		gd.buf = mid[:0]
 		if h != nil {
 			gd.noteLeak(h)
-			return false
+			return "", false
 		}
-		out, v := f.strict.Feed(gd.buf2[:0], mid)
-		gd.buf2 = out[:0]
-		gd.note(v)
-		if v.Leak != nil {
-			return false
-		}
+		changed, done = gd.keepChanges(changed, s, done, mid)
 		i = j
 	}
-	return true
+	if gd.overBudget {
+		return "", false
+	}
+	if changed != nil {
+		return string(changed), true
+	}
+	return s, true
 }
 
 // indexKeys are the fields by which clients merge pieces of a reply (choices, tool calls,
@@ -489,26 +548,9 @@ func withholdTupleIDs(v any) bool {
 // Malformed says the reply was refused for breaking a rule clients rely on, not for a leak.
 func (gd *Guard) Malformed() bool { return gd.malformed }
 
-// isPlainKey: a key of lowercase ASCII letters, digits and '_' with no run of FragmentMin
-// marker characters (every key of the APIs themselves) cannot carry or disguise a marker;
+// isPlainKey: a key that cannot carry or disguise a marker (every key of the APIs themselves);
 // anything else is scanned.
-func isPlainKey(k string) bool {
-	run := 0
-	for i := 0; i < len(k); i++ {
-		c := k[i]
-		switch {
-		case c >= 'a' && c <= 'z' || c >= '2' && c <= '7':
-			if run++; run >= canary.FragmentMin {
-				return false
-			}
-		case c == '_' || c == '0' || c == '1' || c == '8' || c == '9':
-			run = 0
-		default:
-			return false
-		}
-	}
-	return true
-}
+func isPlainKey(k string) bool { return canary.Inert(k) }
 
 // byteArray reads an array of integers 0..255 as bytes.
 func byteArray(a []any) (string, bool) {
@@ -557,20 +599,36 @@ func (gd *Guard) body(v any) (any, bool) {
 // flushHeld settles every scanner at the end of a whole body; true means a leak.
 func (gd *Guard) flushHeld() bool {
 	for _, key := range gd.order {
-		f := gd.fields[key]
-		rest, h := f.loose.Flush(nil)
-		if h != nil {
-			gd.noteLeak(h)
-			continue
-		}
-		if _, v := f.strict.Feed(nil, rest); v.Leak == nil {
-			_, v = f.strict.FlushVerdict(nil)
-			gd.note(v)
-		} else {
-			gd.note(v)
-		}
+		gd.settle(gd.fields[key], joinedField(key))
 	}
 	return gd.leak != nil
+}
+
+// settle flushes one field's scanners: what the prefix scanner held goes through the joined
+// reading (join) and the folded detector, which then settles a partial escape. It returns what
+// the client may still get.
+func (gd *Guard) settle(f *fieldScan, join bool) []byte {
+	rest, v := f.strict.FlushVerdict(nil)
+	gd.note(v)
+	if gd.leak != nil {
+		return nil
+	}
+	if join && len(rest) > 0 {
+		j, ok := gd.joined(string(rest))
+		if !ok {
+			return nil
+		}
+		rest = []byte(j)
+	}
+	out, h := f.loose.Feed(nil, rest)
+	if h == nil {
+		out, h = f.loose.Flush(out)
+	}
+	if h != nil {
+		gd.noteLeak(h)
+		return nil
+	}
+	return out
 }
 
 // event scans one decoded SSE event's data. It returns the value to send and false when the
@@ -595,10 +653,7 @@ func (gd *Guard) event(v any) (any, bool) {
 			if raw := gd.rawCum[key]; strings.HasPrefix(t, raw) {
 				suffix = t[len(raw):] // SGLang's stream repeats the whole text so far
 			}
-			if !gd.joined(suffix) {
-				return nil, false
-			}
-			out, ok := gd.feed("gen:"+key, suffix)
+			out, ok := gd.feed("gen:"+key, suffix, true)
 			if !ok {
 				return nil, false
 			}
@@ -629,19 +684,7 @@ type heldEvent struct {
 func (gd *Guard) flush() []heldEvent {
 	var out []heldEvent
 	for _, key := range gd.order {
-		f := gd.fields[key]
-		mid, h := f.loose.Flush(nil)
-		if h != nil {
-			gd.noteLeak(h)
-			continue
-		}
-		rest, v := f.strict.Feed(nil, mid)
-		gd.note(v)
-		if v.Leak == nil {
-			var fv canary.Verdict
-			rest, fv = f.strict.FlushVerdict(rest)
-			gd.note(fv)
-		}
+		rest := gd.settle(gd.fields[key], joinedField(key))
 		if len(rest) == 0 || gd.leak != nil {
 			continue
 		}
