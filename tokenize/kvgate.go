@@ -42,20 +42,7 @@ func kvgateEncoder(encoding string) (Encoder, error) {
 			ov.err = err
 			return
 		}
-		var tokens [][]byte
-		for id, misses := 0, 0; misses < 1024; id++ {
-			s, err := codec.Decode([]uint{uint(id)})
-			if err != nil || s == "" {
-				misses++
-				tokens = append(tokens, nil)
-				continue
-			}
-			misses = 0
-			tokens = append(tokens, []byte(s))
-		}
-		for len(tokens) > 0 && tokens[len(tokens)-1] == nil {
-			tokens = tokens[:len(tokens)-1]
-		}
+		tokens := bpe.ReadRanks(func(id uint) (string, error) { return codec.Decode([]uint{id}) })
 		vocab, err := bpe.FromRanks(tokens)
 		if err != nil {
 			ov.err = err
@@ -66,8 +53,7 @@ func kvgateEncoder(encoding string) (Encoder, error) {
 	if ov.err != nil {
 		return nil, ov.err
 	}
-	codec := ov.codec
-	return &decodingCounter{Counter: ov.enc, codec: codec}, nil
+	return &decodingCounter{Counter: ov.enc, codec: ov.codec}, nil
 }
 
 // decodingCounter adds Decode (Decoder) from the tiktoken-go codec of the same vocabulary.

@@ -15,21 +15,7 @@ func tiktokenTokens(t testing.TB, enc tokenizer.Encoding) [][]byte {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var tokens [][]byte
-	for id, misses := 0, 0; misses < 1024; id++ {
-		s, err := codec.Decode([]uint{uint(id)})
-		if err != nil || s == "" {
-			misses++
-			tokens = append(tokens, nil)
-			continue
-		}
-		misses = 0
-		tokens = append(tokens, []byte(s))
-	}
-	for tokens[len(tokens)-1] == nil {
-		tokens = tokens[:len(tokens)-1]
-	}
-	return tokens
+	return ReadRanks(func(id uint) (string, error) { return codec.Decode([]uint{id}) })
 }
 
 type testVocab struct {

@@ -48,6 +48,27 @@ const noToken = ^uint32(0)
 
 func pairKey(a, b uint32) uint64 { return uint64(a)<<32 | uint64(b) }
 
+// ReadRanks reads a vocabulary id by id through decode (a library that only decodes, like
+// tiktoken-go): tokens[id] as FromRanks takes it, nil for an id that does not decode, ending
+// after 1024 ids in a row that do not.
+func ReadRanks(decode func(id uint) (string, error)) [][]byte {
+	var tokens [][]byte
+	for id, misses := uint(0), 0; misses < 1024; id++ {
+		s, err := decode(id)
+		if err != nil || s == "" {
+			misses++
+			tokens = append(tokens, nil)
+			continue
+		}
+		misses = 0
+		tokens = append(tokens, []byte(s))
+	}
+	for len(tokens) > 0 && tokens[len(tokens)-1] == nil {
+		tokens = tokens[:len(tokens)-1]
+	}
+	return tokens
+}
+
 // FromRanks builds a vocabulary with tiktoken's semantics: tokens[id] is the token whose rank is
 // id (nil for a gap), and any two adjacent tokens whose concatenation is a token merge, lowest
 // rank first. Every single byte must be a token.
