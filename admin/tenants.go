@@ -81,11 +81,16 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 	ctx.SetBody(body)
 }
 
+// configView shows a tenant of the config file as the store's tenants are shown.
+func configView(t tenants.Tenant) tenants.View {
+	return tenants.ViewOf(state.TenantRecord{Name: t.Name, KeySHA256: t.KeySHA256, MaxPromptTokens: t.MaxPromptTokens,
+		CanaryOptOut: t.CanaryOptOut, Limits: t.Limits()}, "config")
+}
+
 func (g *API) listTenants(ctx *fasthttp.RequestCtx) {
 	out := []tenants.View{}
 	for _, t := range g.Tenants.Config() {
-		out = append(out, tenants.ViewOf(state.TenantRecord{Name: t.Name, KeySHA256: t.KeySHA256, MaxPromptTokens: t.MaxPromptTokens,
-			CanaryOptOut: t.CanaryOptOut, Limits: t.Limits()}, "config"))
+		out = append(out, configView(t))
 	}
 	rctx, cancel := storeCtx()
 	defer cancel()
@@ -103,8 +108,7 @@ func (g *API) listTenants(ctx *fasthttp.RequestCtx) {
 // getTenant answers one tenant as listTenants shows it: from the config file, or the store.
 func (g *API) getTenant(ctx *fasthttp.RequestCtx, name string) {
 	if t := g.Tenants.Configured(name); t != nil {
-		writeJSON(ctx, 200, tenants.ViewOf(state.TenantRecord{Name: t.Name, KeySHA256: t.KeySHA256, MaxPromptTokens: t.MaxPromptTokens,
-			CanaryOptOut: t.CanaryOptOut, Limits: t.Limits()}, "config"))
+		writeJSON(ctx, 200, configView(*t))
 		return
 	}
 	rctx, cancel := storeCtx()
