@@ -61,8 +61,11 @@ func (c *Counter) Count(text string, stopAfter int) (int, bool) {
 		if c.normalize != nil {
 			seg = c.normalize(seg)
 		}
-		for i := 0; i < len(seg); {
-			j := c.split.Next(seg, i)
+		for i, outer := 0, 0; i < len(seg); {
+			if i == outer {
+				outer = c.split.Outer(seg, i)
+			}
+			j := c.split.Next(seg[:outer], i)
 			n += c.vocab.cachedCount(seg[i:j], sc)
 			if n > limit {
 				return n, false
@@ -100,8 +103,11 @@ func (c *Counter) Encode(text string) ([]uint32, []string) {
 		if c.normalize != nil {
 			seg = c.normalize(seg)
 		}
-		for i := 0; i < len(seg); {
-			j := c.split.Next(seg, i)
+		for i, outer := 0, 0; i < len(seg); {
+			if i == outer {
+				outer = c.split.Outer(seg, i)
+			}
+			j := c.split.Next(seg[:outer], i)
 			start := len(ids)
 			ids = c.vocab.AppendTokens(ids, seg[i:j], &sc)
 			at := i

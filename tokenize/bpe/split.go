@@ -2,6 +2,7 @@ package bpe
 
 import (
 	"fmt"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -20,10 +21,19 @@ const (
 	PatternO200k = `[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`
 )
 
-// Splitter cuts text into pre-tokens, as one of the known patterns does.
+// DeepSeek V3's pre-tokenizer is a sequence of three Split steps (each Isolated: matches and the
+// text between them both become pieces, and each step splits the pieces of the one before).
+const (
+	PatternDeepSeekDigits = `\p{N}{1,3}`
+	PatternDeepSeekCJK    = "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"
+	PatternDeepSeekWords  = "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
+)
+
+// Splitter cuts text into pre-tokens, as one of the known patterns (or sequences of them) does.
 type Splitter struct {
 	pattern   string
 	o200k     bool
+	deepseek  bool
 	maxDigits int
 }
 
@@ -38,11 +48,76 @@ func NewSplitter(pattern string) (*Splitter, error) {
 	case PatternO200k:
 		return &Splitter{pattern: pattern, o200k: true, maxDigits: 3}, nil
 	}
-	return nil, fmt.Errorf("unsupported pre-tokenizer pattern %q (supported: the cl100k_base/Llama 3, Qwen2/Qwen3 and o200k_base patterns)", pattern)
+	return nil, fmt.Errorf("unsupported pre-tokenizer pattern %q (supported: the cl100k_base/Llama 3, Qwen2/Qwen3 and o200k_base patterns, and DeepSeek V3's sequence)", pattern)
 }
 
-// Pattern is the regex the splitter implements.
+// NewSequenceSplitter returns the splitter of a sequence of Split steps (each Isolated), which
+// must be a known sequence exactly: DeepSeek V3's (PatternDeepSeekDigits, PatternDeepSeekCJK,
+// PatternDeepSeekWords). One pattern alone is NewSplitter's.
+func NewSequenceSplitter(patterns []string) (*Splitter, error) {
+	if len(patterns) == 1 {
+		return NewSplitter(patterns[0])
+	}
+	if len(patterns) == 3 && patterns[0] == PatternDeepSeekDigits && patterns[1] == PatternDeepSeekCJK && patterns[2] == PatternDeepSeekWords {
+		return &Splitter{pattern: strings.Join(patterns, " then "), deepseek: true}, nil
+	}
+	return nil, fmt.Errorf("unsupported sequence of pre-tokenizer patterns %q (supported: DeepSeek V3's)", patterns)
+}
+
+// Pattern is the regex the splitter implements (a sequence's, joined by " then ").
 func (sp *Splitter) Pattern() string { return sp.pattern }
+
+// Outer returns the end of the outer piece that starts at s[i]: the earlier steps' piece, which
+// the last step (Next) splits on its own, as if it were the whole text; len(s) for a single
+// pattern. Counting pieces one outer piece at a time keeps a sequence linear: each call scans
+// only the piece it returns.
+//
+// For DeepSeek V3 the outer pieces are runs of 1 to 3 numbers (\p{N}{1,3}), runs of the CJK
+// step's characters, and runs of anything else. Computing them in one scan, restarted at any
+// piece boundary, is exact because no step splits an earlier step's match except at a boundary
+// a restart reproduces: the CJK step's characters are never \p{N}, and the word step keeps a
+// piece of numbers whole (no alternative matches a number unless a letter or mark follows it);
+// it splits a CJK run only at its punctuation (U+30A0, U+30FB), and a run restarted there is the
+// rest of the same run.
+func (sp *Splitter) Outer(s string, i int) int {
+	if !sp.deepseek {
+		return len(s)
+	}
+	r, n := runeAt(s, i)
+	j := i + n
+	switch {
+	case isNumber(r):
+		for k := 1; k < 3 && j < len(s); k++ {
+			r2, n2 := runeAt(s, j)
+			if !isNumber(r2) {
+				break
+			}
+			j += n2
+		}
+	case isDeepSeekCJK(r):
+		for j < len(s) {
+			r2, n2 := runeAt(s, j)
+			if !isDeepSeekCJK(r2) {
+				break
+			}
+			j += n2
+		}
+	default:
+		for j < len(s) {
+			r2, n2 := runeAt(s, j)
+			if isNumber(r2) || isDeepSeekCJK(r2) {
+				break
+			}
+			j += n2
+		}
+	}
+	return j
+}
+
+// isDeepSeekCJK is [一-龥぀-ゟ゠-ヿ].
+func isDeepSeekCJK(r rune) bool {
+	return r >= 0x4e00 && r <= 0x9fa5 || r >= 0x3040 && r <= 0x30ff
+}
 
 // ASCII classes.
 const (
@@ -176,9 +251,13 @@ func (sp *Splitter) span(s string, j int, in func(rune) bool) int {
 	return j
 }
 
-// Next returns the end of the pre-token that starts at s[i] (i < len(s)). s must be valid UTF-8.
+// Next returns the end of the pre-token that starts at s[i] (i < len(s)), within an outer piece
+// (see Outer) that ends at len(s). s must be valid UTF-8.
 func (sp *Splitter) Next(s string, i int) int {
 	r, n := runeAt(s, i)
+	if sp.deepseek {
+		return deepseekWord(s, i, r, n)
+	}
 	if sp.o200k {
 		if j := sp.o200kWord(s, i, r, n); j > i {
 			return j
@@ -225,8 +304,13 @@ func (sp *Splitter) Next(s string, i int) int {
 		}
 		return j
 	}
-	// Whitespace: `\s*[\r\n]+` ends after the run's last newline; else `\s+(?!\S)` leaves the
-	// run's last character to the next pre-token (unless the run ends the text); else `\s+`.
+	return whitespace(s, i)
+}
+
+// whitespace matches `\s*[\r\n]+|\s+(?!\S)|\s+` at s[i] (a space): `\s*[\r\n]+` ends after
+// the run's last newline; else `\s+(?!\S)` leaves the run's last character to the next
+// pre-token (unless the run ends the text); else `\s+`.
+func whitespace(s string, i int) int {
 	end, lastNL, lastStart := i, -1, i
 	for end < len(s) {
 		r2, n2 := runeAt(s, end)
@@ -301,6 +385,96 @@ func (sp *Splitter) upperWord(s string, p int) int {
 func (sp *Splitter) withContraction(s string, j int) int {
 	if j < len(s) && s[j] == '\'' {
 		return j + contraction(s, j)
+	}
+	return j
+}
+
+// isPunctSymbol is [\p{P}\p{S}].
+func isPunctSymbol(r rune) bool {
+	if r < utf8.RuneSelf {
+		return r > ' ' && r < 0x7f && asciiClass[r]&(clLetter|clDigit) == 0
+	}
+	return unicode.IsPunct(r) || unicode.IsSymbol(r)
+}
+
+// isLetterMark is [\p{L}\p{M}].
+func isLetterMark(r rune) bool {
+	if r < utf8.RuneSelf {
+		return asciiClass[r]&clLetter != 0
+	}
+	return unicode.IsLetter(r) || unicode.IsMark(r)
+}
+
+// deepseekWord matches PatternDeepSeekWords at s[i] (r, of n bytes), or, where no alternative
+// matches, returns the start of the next match (Isolated keeps the text between matches as a
+// piece of its own).
+func deepseekWord(s string, i int, r rune, n int) int {
+	// [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+ (every ASCII punctuation and symbol)
+	if r < utf8.RuneSelf && isPunctSymbol(r) && i+1 < len(s) && s[i+1] < utf8.RuneSelf && asciiClass[s[i+1]]&clLetter != 0 {
+		j := i + 2
+		for j < len(s) && s[j] < utf8.RuneSelf && asciiClass[s[j]]&clLetter != 0 {
+			j++
+		}
+		return j
+	}
+	// [^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+: with the one-character prefix if letters or
+	// marks follow it, else without (possible only when r is a mark).
+	if isDeepSeekPrefix(r) && i+n < len(s) {
+		if r2, n2 := runeAt(s, i+n); isLetterMark(r2) {
+			return spanRunes(s, i+n+n2, isLetterMark)
+		}
+	}
+	if isLetterMark(r) {
+		return spanRunes(s, i+n, isLetterMark)
+	}
+	// ` ?[\p{P}\p{S}]+[\r\n]*`
+	j := -1
+	if isPunctSymbol(r) {
+		j = i
+	} else if r == ' ' && i+1 < len(s) {
+		if r2, _ := runeAt(s, i+1); isPunctSymbol(r2) {
+			j = i + 1
+		}
+	}
+	if j >= 0 {
+		j = spanRunes(s, j, isPunctSymbol)
+		for j < len(s) && (s[j] == '\r' || s[j] == '\n') {
+			j++
+		}
+		return j
+	}
+	if isSpace(r) {
+		return whitespace(s, i)
+	}
+	// No alternative matches here: the piece runs to where one does. A character matches when it
+	// is a space, a letter, a mark, punctuation or a symbol, or a prefix before a letter or mark.
+	for j := i + n; j < len(s); {
+		r2, n2 := runeAt(s, j)
+		if isSpace(r2) || isLetterMark(r2) || isPunctSymbol(r2) {
+			return j
+		}
+		if j+n2 < len(s) && isDeepSeekPrefix(r2) {
+			if r3, _ := runeAt(s, j+n2); isLetterMark(r3) {
+				return j
+			}
+		}
+		j += n2
+	}
+	return len(s)
+}
+
+// isDeepSeekPrefix is [^\r\n\p{L}\p{P}\p{S}].
+func isDeepSeekPrefix(r rune) bool {
+	return r != '\r' && r != '\n' && !isLetter(r) && !isPunctSymbol(r)
+}
+
+func spanRunes(s string, j int, in func(rune) bool) int {
+	for j < len(s) {
+		r, n := runeAt(s, j)
+		if !in(r) {
+			break
+		}
+		j += n
 	}
 	return j
 }

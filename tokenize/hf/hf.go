@@ -4,8 +4,9 @@
 // byte-level BPE (normalizer, pre-tokenizer pattern, added tokens, merges).
 //
 // Only what is known to count exactly is accepted: byte-level BPE with an NFC normalizer or none,
-// a Split pre-tokenizer whose pattern tokenize/bpe implements (the cl100k_base / Llama 3 and the
-// Qwen2/Qwen3 families) followed by ByteLevel, and added tokens without lstrip/rstrip/single_word.
+// Split pre-tokenizers whose patterns tokenize/bpe implements (the cl100k_base / Llama 3 and the
+// Qwen2/Qwen3 families, DeepSeek V3's sequence of three) followed by ByteLevel, and added tokens
+// without lstrip/rstrip/single_word.
 // Anything else is refused with an error naming what is unsupported, never approximated.
 package hf
 
@@ -126,7 +127,11 @@ func parse(name string, raw, cfgRaw []byte) (*Tokenizer, error) {
 	if err != nil {
 		return nil, err
 	}
-	tokens, err := byteTokens(m.Vocab)
+	addedContent := map[string]bool{}
+	for _, a := range tj.AddedTokens {
+		addedContent[a.Content] = true
+	}
+	tokens, err := byteTokens(m.Vocab, addedContent)
 	if err != nil {
 		return nil, err
 	}
@@ -236,21 +241,26 @@ func preTokenizer(raw json.RawMessage) (*bpe.Splitter, error) {
 	if p.Type == "Sequence" {
 		steps = p.Pretokenizers
 	}
-	if len(steps) == 2 && steps[0].Type == "Split" && steps[1].Type == "ByteLevel" {
-		s, b := steps[0], steps[1]
-		if s.Pattern.Regex == nil || s.Behavior != "Isolated" || s.Invert {
-			return nil, fmt.Errorf("%s: unsupported Split pre-tokenizer (want a Regex pattern, behavior Isolated, invert false)", TokenizerFile)
-		}
+	// One or more Split steps (each cutting the pieces of the one before), then ByteLevel.
+	if len(steps) >= 2 && steps[len(steps)-1].Type == "ByteLevel" {
+		b := steps[len(steps)-1]
 		if b.AddPrefixSpace || b.UseRegex {
 			return nil, fmt.Errorf("%s: unsupported ByteLevel pre-tokenizer options (add_prefix_space and use_regex must be false after a Split)", TokenizerFile)
 		}
-		sp, err := bpe.NewSplitter(*s.Pattern.Regex)
+		var patterns []string
+		for _, s := range steps[:len(steps)-1] {
+			if s.Type != "Split" || s.Pattern.Regex == nil || s.Behavior != "Isolated" || s.Invert {
+				return nil, fmt.Errorf("%s: unsupported pre-tokenizer step %q (want Split steps with a Regex pattern, behavior Isolated, invert false, then ByteLevel)", TokenizerFile, s.Type)
+			}
+			patterns = append(patterns, *s.Pattern.Regex)
+		}
+		sp, err := bpe.NewSequenceSplitter(patterns)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", TokenizerFile, err)
 		}
 		return sp, nil
 	}
-	return nil, fmt.Errorf("%s: unsupported pre_tokenizer %.200s (supported: Split with a known pattern, then ByteLevel)", TokenizerFile, raw)
+	return nil, fmt.Errorf("%s: unsupported pre_tokenizer %.200s (supported: Split steps with known patterns, then ByteLevel)", TokenizerFile, raw)
 }
 
 // byteLevelDecode maps GPT-2's byte-level alphabet (each byte shown as a printable rune) back
@@ -281,7 +291,11 @@ func fromByteLevel(s string) ([]byte, error) {
 	return out, nil
 }
 
-func byteTokens(vocab map[string]int) ([][]byte, error) {
+// byteTokens decodes the vocabulary into bytes by id. An entry outside the byte-level alphabet is
+// accepted only when it is an added token (DeepSeek V3 lists its special tokens in the vocabulary
+// too): added tokens are cut out of the text before BPE, so BPE never produces those entries, and
+// they are left out (nil).
+func byteTokens(vocab map[string]int, added map[string]bool) ([][]byte, error) {
 	maxID := -1
 	for _, id := range vocab {
 		if id < 0 || id > 1<<24 {
@@ -292,6 +306,9 @@ func byteTokens(vocab map[string]int) ([][]byte, error) {
 	tokens := make([][]byte, maxID+1)
 	for s, id := range vocab {
 		b, err := fromByteLevel(s)
+		if err != nil && added[s] {
+			continue
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", TokenizerFile, err)
 		}
@@ -346,14 +363,29 @@ func tokenString(raw json.RawMessage) string {
 
 func (t *Tokenizer) loadConfig(raw []byte) error {
 	var cfg struct {
-		ChatTemplate json.RawMessage `json:"chat_template"`
-		BOS          json.RawMessage `json:"bos_token"`
-		EOS          json.RawMessage `json:"eos_token"`
+		ChatTemplate   json.RawMessage `json:"chat_template"`
+		BOS            json.RawMessage `json:"bos_token"`
+		EOS            json.RawMessage `json:"eos_token"`
+		TokenizerClass string          `json:"tokenizer_class"`
+		AddBOS         *bool           `json:"add_bos_token"`
+		AddEOS         *bool           `json:"add_eos_token"`
 	}
 	if err := json.Unmarshal(raw, &cfg); err != nil {
 		return fmt.Errorf("%s: %w", ConfigFile, err)
 	}
 	t.BOS, t.EOS = tokenString(cfg.BOS), tokenString(cfg.EOS)
+	// transformers' LlamaTokenizerFast (DeepSeek V3's class) replaces tokenizer.json's
+	// post-processor with one that adds add_bos_token / add_eos_token (BOS by default): that is
+	// what an engine loading the model with transformers encodes a text prompt with.
+	if cfg.TokenizerClass == "LlamaTokenizerFast" {
+		t.EncodeAdds = 0
+		if cfg.AddBOS == nil || *cfg.AddBOS {
+			t.EncodeAdds++
+		}
+		if cfg.AddEOS != nil && *cfg.AddEOS {
+			t.EncodeAdds++
+		}
+	}
 	var source string
 	if err := json.Unmarshal(cfg.ChatTemplate, &source); err != nil {
 		// A list of named templates: the one named "default" is what engines render.
