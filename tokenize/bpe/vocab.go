@@ -22,6 +22,7 @@ import (
 	"fmt"
 	mathbits "math/bits"
 	"sort"
+	"unicode/utf8"
 )
 
 // Vocab is a byte-level BPE vocabulary prepared for counting. Safe for concurrent use.
@@ -41,7 +42,18 @@ type Vocab struct {
 	nextPrefix []int32 // the longest reachable token that is a strict prefix of each token, -1 none
 	trie       trie
 	maxLen     int // the longest token's length: a longer pre-token is never one token
+	// wide is the table of the three-byte characters (U+0800 to U+FFFF, CJK among them) by code
+	// point, for cutting long pre-tokens at proven boundaries (countChunked): the count of the
+	// character alone (wideCount bits) and whether a token that starts inside it may end past
+	// it (wideStarts: bit k when a token starting at its byte k may).
+	wide []uint8
 }
+
+const (
+	wideCount      = 0x03
+	wideStartShift = 4
+	wideStarts     = 0x7 << wideStartShift
+)
 
 // noToken marks an id with no token (vocabularies may have gaps).
 const noToken = ^uint32(0)
@@ -203,7 +215,29 @@ func build(tokens [][]byte, pairs map[uint64]uint32, wholeAll bool) (*Vocab, err
 			v.nextPrefix[id] = int32(prefixes[len(prefixes)-1])
 		}
 	}
+	v.buildWide()
 	return v, nil
+}
+
+// buildWide fills the table of three-byte characters (see Vocab.wide).
+func (v *Vocab) buildWide() {
+	v.wide = make([]uint8, 1<<16)
+	var sc Scratch
+	var buf [3]byte
+	for r := rune(0x800); r < 1<<16; r++ {
+		if r >= 0xD800 && r < 0xE000 {
+			continue // surrogates are not characters; valid UTF-8 never holds them
+		}
+		utf8.EncodeRune(buf[:], r)
+		c := string(buf[:])
+		e := uint8(v.backtrack(c, &sc)) // 1 to 3: merges only, as inside a longer pre-token
+		for k := range 3 {
+			if v.trie.extends(c[k:]) {
+				e |= 1 << (wideStartShift + k)
+			}
+		}
+		v.wide[r] = e
+	}
 }
 
 // Len is the number of ids (the largest id + 1).
@@ -339,7 +373,76 @@ func (v *Vocab) Count(piece string, sc *Scratch) int {
 			return 1
 		}
 	}
+	if len(piece) >= 9 && (isWideLead(piece[0]) || isWideLead(piece[1])) {
+		return v.countChunked(piece, sc)
+	}
 	return v.backtrack(piece, sc)
+}
+
+func isWideLead(c byte) bool { return c&0xF0 == 0xE0 }
+
+// countChunked counts a pre-token of (mostly) three-byte characters, such as a run of Han
+// characters, which cl100k_base-style patterns keep whole however long it is. It cuts the piece at
+// every character boundary that no reachable token spans, and adds up the parts' counts: at such a
+// boundary BPE never merges across (every merge makes a reachable token spanning its two halves),
+// and the merges on each side, taken alone, are exactly the ones BPE makes there (the lowest rank
+// overall, when on the left, is the lowest on the left, and likewise on the right; ties go
+// leftmost on both readings), so the encoding of the piece is the encodings of the parts, end to
+// end. A character alone comes from the table; a longer part is backtracked as usual. Whether a
+// token spans a boundary is known by walking the trie only from characters the table marks as
+// starters (a token starting in them may end past them).
+//
+// The whole-piece rule (a pre-token that is a token counts 1) is Count's; parts follow merges only.
+// piece must be valid UTF-8.
+func (v *Vocab) countChunked(piece string, sc *Scratch) int {
+	n, start, reach := 0, 0, 0
+	for i := 0; i < len(piece); {
+		if i > start && reach <= i {
+			n += v.countPart(piece[start:i], sc)
+			start = i
+		}
+		if c := piece[i]; isWideLead(c) && i+2 < len(piece) {
+			r := rune(c&0x0F)<<12 | rune(piece[i+1]&0x3F)<<6 | rune(piece[i+2]&0x3F)
+			if starts := v.wide[r] & wideStarts; starts != 0 {
+				for k := range 3 {
+					if starts&(1<<(wideStartShift+k)) != 0 {
+						if t := v.trie.longest(piece, i+k); t >= 0 {
+							reach = max(reach, i+k+len(v.tokens[t]))
+						}
+					}
+				}
+			}
+			i += 3
+			continue
+		}
+		size := 1
+		if piece[i] >= utf8.RuneSelf {
+			_, size = utf8.DecodeRuneInString(piece[i:])
+		}
+		reach = max(reach, v.reachFrom(piece, i, size))
+		i += size
+	}
+	return n + v.countPart(piece[start:], sc)
+}
+
+// reachFrom is the furthest end of a reachable token that starts inside piece[i:i+size].
+func (v *Vocab) reachFrom(piece string, i, size int) int {
+	reach := i + size
+	for k := i; k < i+size; k++ {
+		if t := v.trie.longest(piece, k); t >= 0 {
+			reach = max(reach, k+len(v.tokens[t]))
+		}
+	}
+	return reach
+}
+
+// countPart counts one part of countChunked's piece by merges alone.
+func (v *Vocab) countPart(part string, sc *Scratch) int {
+	if len(part) == 3 && isWideLead(part[0]) {
+		r := rune(part[0]&0x0F)<<12 | rune(part[1]&0x3F)<<6 | rune(part[2]&0x3F)
+		return int(v.wide[r] & wideCount)
+	}
+	return v.backtrack(part, sc)
 }
 
 // AppendTokens appends the ids BPE encodes piece (one pre-token) into (the simulator needs the
@@ -490,6 +593,19 @@ func (t *trie) longest(s string, pos int) int32 {
 		}
 	}
 	return best
+}
+
+// extends reports whether some token starts with s and is longer than s.
+func (t *trie) extends(s string) bool {
+	node := uint32(0)
+	for i := 0; i < len(s); i++ {
+		c, ok := t.child(node, s[i])
+		if !ok {
+			return false
+		}
+		node = c
+	}
+	return t.nkids[node] > 0
 }
 
 // prefixTokens appends the tokens that are prefixes of b (itself included), shortest first.
