@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/tiktoken-go/tokenizer"
 )
@@ -109,12 +110,59 @@ func TestCountEqualsReferenceMerge(t *testing.T) {
 	}
 }
 
+// wideAlphabet is what countChunked meets: the characters of the vocabulary's multi-character
+// tokens of three-byte characters (so that tokens span boundaries), random three-byte characters,
+// and now and then a space, a letter, a two- or four-byte character or a stray byte.
+func wideAlphabet(v *Vocab, r *rand.Rand) []string {
+	var out []string
+	for _, t := range v.tokens {
+		if len(t) >= 6 && utf8.Valid(t) && utf8.RuneCount(t) == len(t)/3 {
+			for _, c := range string(t) {
+				out = append(out, string(c))
+			}
+		}
+	}
+	for range len(out)/4 + 100 {
+		c := rune(0x800 + r.IntN(0x10000-0x800))
+		if c < 0xD800 || c >= 0xE000 {
+			out = append(out, string(c))
+		}
+	}
+	return append(out, " ", "a", "é", "😀", "\x80", "\xe4\xb8", "，", "。", "ー", "・")
+}
+
+// TestChunkedCountEqualsReferenceMerge: long pre-tokens of three-byte characters, counted in parts
+// cut at boundaries no token spans, count as the plain merge loop counts them whole.
+func TestChunkedCountEqualsReferenceMerge(t *testing.T) {
+	r := rand.New(rand.NewPCG(19, 20))
+	var sc Scratch
+	for name, tv := range testVocabs(t) {
+		alphabet := wideAlphabet(tv.v, r)
+		for range 3000 {
+			var b strings.Builder
+			for range 3 + r.IntN(40) {
+				if r.IntN(20) == 0 {
+					b.WriteString(alphabet[len(alphabet)-10+r.IntN(10)])
+				} else {
+					b.WriteString(alphabet[r.IntN(len(alphabet))])
+				}
+			}
+			p := b.String()
+			if got, want := tv.v.Count(p, &sc), refCount(tv.rank, p); got != want {
+				t.Fatalf("%s: Count(%q = % x) = %d, reference merge %d", name, p, p, got, want)
+			}
+		}
+	}
+}
+
 // FuzzCountPiece: the backtracking count of any byte string equals the plain merge loop's.
 func FuzzCountPiece(f *testing.F) {
 	for _, p := range adversarialPieces {
 		f.Add(p)
 	}
 	f.Add("hello world")
+	f.Add("人工智能正在改变我们处理信息的方式")
+	f.Add("東京の天気は明日も晴れるでしょう")
 	vs := testVocabs(f)
 	var sc Scratch
 	f.Fuzz(func(t *testing.T, p string) {

@@ -401,9 +401,8 @@ func (v *Vocab) countChunked(piece string, sc *Scratch) int {
 			n += v.countPart(piece[start:i], sc)
 			start = i
 		}
-		if c := piece[i]; isWideLead(c) && i+2 < len(piece) {
-			r := rune(c&0x0F)<<12 | rune(piece[i+1]&0x3F)<<6 | rune(piece[i+2]&0x3F)
-			if starts := v.wide[r] & wideStarts; starts != 0 {
+		if e := v.wideEntry(piece, i); e != 0 {
+			if starts := e & wideStarts; starts != 0 {
 				for k := range 3 {
 					if starts&(1<<(wideStartShift+k)) != 0 {
 						if t := v.trie.longest(piece, i+k); t >= 0 {
@@ -438,11 +437,21 @@ func (v *Vocab) reachFrom(piece string, i, size int) int {
 
 // countPart counts one part of countChunked's piece by merges alone.
 func (v *Vocab) countPart(part string, sc *Scratch) int {
-	if len(part) == 3 && isWideLead(part[0]) {
-		r := rune(part[0]&0x0F)<<12 | rune(part[1]&0x3F)<<6 | rune(part[2]&0x3F)
-		return int(v.wide[r] & wideCount)
+	if len(part) == 3 {
+		if e := v.wideEntry(part, 0); e != 0 {
+			return int(e & wideCount)
+		}
 	}
 	return v.backtrack(part, sc)
+}
+
+// wideEntry is the table entry of the three-byte character at s[i], 0 when there is none there
+// (Vocab.Count takes any bytes: a bad sequence is counted byte by byte, on the general path).
+func (v *Vocab) wideEntry(s string, i int) uint8 {
+	if i+2 >= len(s) || !isWideLead(s[i]) || s[i+1]&0xC0 != 0x80 || s[i+2]&0xC0 != 0x80 {
+		return 0
+	}
+	return v.wide[rune(s[i]&0x0F)<<12|rune(s[i+1]&0x3F)<<6|rune(s[i+2]&0x3F)] // 0 below U+0800 and for surrogates
 }
 
 // AppendTokens appends the ids BPE encodes piece (one pre-token) into (the simulator needs the
