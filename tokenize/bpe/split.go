@@ -3,6 +3,7 @@ package bpe
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"unicode"
 	"unicode/utf8"
 )
@@ -40,6 +41,7 @@ type Splitter struct {
 // NewSplitter returns the splitter of pattern, which must be one of the known patterns exactly:
 // another pattern is refused, not approximated (a different split is a different count).
 func NewSplitter(pattern string) (*Splitter, error) {
+	bmpOnce.Do(fillBMP)
 	switch pattern {
 	case PatternCl100k:
 		return &Splitter{pattern: pattern, maxDigits: 3}, nil
@@ -58,6 +60,7 @@ func NewSequenceSplitter(patterns []string) (*Splitter, error) {
 	if len(patterns) == 1 {
 		return NewSplitter(patterns[0])
 	}
+	bmpOnce.Do(fillBMP)
 	if len(patterns) == 3 && patterns[0] == PatternDeepSeekDigits && patterns[1] == PatternDeepSeekCJK && patterns[2] == PatternDeepSeekWords {
 		return &Splitter{pattern: strings.Join(patterns, " then "), deepseek: true}, nil
 	}
@@ -146,6 +149,55 @@ var asciiClass = func() (t [128]uint8) {
 	return
 }()
 
+// Classes of the Basic Multilingual Plane's characters, from Go's Unicode tables: a table lookup
+// where unicode.IsLetter and friends search range lists (most of the cost of splitting CJK text).
+const (
+	ucLetter = 1 << iota
+	ucNumber
+	ucSpace
+	ucMark
+	ucPunctSymbol
+	ucUpperish // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]
+	ucLowerish // [\p{Ll}\p{Lm}\p{Lo}\p{M}]
+)
+
+// bmp holds the classes of U+0000 to U+FFFF (64 KiB), filled by the first NewSplitter: every
+// function that reads it runs for a Splitter.
+var (
+	bmp     *[1 << 16]uint8
+	bmpOnce sync.Once
+)
+
+func fillBMP() {
+	t := new([1 << 16]uint8)
+	for r := range rune(1 << 16) {
+		var c uint8
+		if unicode.IsLetter(r) {
+			c |= ucLetter
+		}
+		if unicode.IsNumber(r) {
+			c |= ucNumber
+		}
+		if unicode.IsSpace(r) {
+			c |= ucSpace
+		}
+		if unicode.IsMark(r) {
+			c |= ucMark
+		}
+		if unicode.IsPunct(r) || unicode.IsSymbol(r) {
+			c |= ucPunctSymbol
+		}
+		if unicode.In(r, unicode.Lu, unicode.Lt, unicode.Lm, unicode.Lo, unicode.M) {
+			c |= ucUpperish
+		}
+		if unicode.In(r, unicode.Ll, unicode.Lm, unicode.Lo, unicode.M) {
+			c |= ucLowerish
+		}
+		t[r] = c
+	}
+	bmp = t
+}
+
 func runeAt(s string, i int) (rune, int) {
 	if c := s[i]; c < utf8.RuneSelf {
 		return rune(c), 1
@@ -157,6 +209,9 @@ func isLetter(r rune) bool {
 	if r < utf8.RuneSelf {
 		return asciiClass[r]&clLetter != 0
 	}
+	if r < 1<<16 {
+		return bmp[r]&ucLetter != 0
+	}
 	return unicode.IsLetter(r)
 }
 
@@ -164,12 +219,18 @@ func isNumber(r rune) bool {
 	if r < utf8.RuneSelf {
 		return asciiClass[r]&clDigit != 0
 	}
+	if r < 1<<16 {
+		return bmp[r]&ucNumber != 0
+	}
 	return unicode.IsNumber(r)
 }
 
 func isSpace(r rune) bool {
 	if r < utf8.RuneSelf {
 		return asciiClass[r]&clSpace != 0
+	}
+	if r < 1<<16 {
+		return bmp[r]&ucSpace != 0
 	}
 	return unicode.IsSpace(r)
 }
@@ -185,6 +246,9 @@ func isUpperish(r rune) bool {
 	if r < utf8.RuneSelf {
 		return asciiClass[r]&clUpper != 0
 	}
+	if r < 1<<16 {
+		return bmp[r]&ucUpperish != 0
+	}
 	return unicode.In(r, unicode.Lu, unicode.Lt, unicode.Lm, unicode.Lo, unicode.M)
 }
 
@@ -192,6 +256,9 @@ func isUpperish(r rune) bool {
 func isLowerish(r rune) bool {
 	if r < utf8.RuneSelf {
 		return asciiClass[r]&(clLetter|clUpper) == clLetter
+	}
+	if r < 1<<16 {
+		return bmp[r]&ucLowerish != 0
 	}
 	return unicode.In(r, unicode.Ll, unicode.Lm, unicode.Lo, unicode.M)
 }
@@ -232,7 +299,7 @@ func letters(s string, j int) int {
 			continue
 		}
 		r, n := utf8.DecodeRuneInString(s[j:])
-		if !unicode.IsLetter(r) {
+		if !isLetter(r) {
 			return j
 		}
 		j += n
@@ -394,6 +461,9 @@ func isPunctSymbol(r rune) bool {
 	if r < utf8.RuneSelf {
 		return r > ' ' && r < 0x7f && asciiClass[r]&(clLetter|clDigit) == 0
 	}
+	if r < 1<<16 {
+		return bmp[r]&ucPunctSymbol != 0
+	}
 	return unicode.IsPunct(r) || unicode.IsSymbol(r)
 }
 
@@ -401,6 +471,9 @@ func isPunctSymbol(r rune) bool {
 func isLetterMark(r rune) bool {
 	if r < utf8.RuneSelf {
 		return asciiClass[r]&clLetter != 0
+	}
+	if r < 1<<16 {
+		return bmp[r]&(ucLetter|ucMark) != 0
 	}
 	return unicode.IsLetter(r) || unicode.IsMark(r)
 }
