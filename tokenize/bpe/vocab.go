@@ -44,15 +44,20 @@ type Vocab struct {
 	maxLen     int // the longest token's length: a longer pre-token is never one token
 	// wide is the table of the three-byte characters (U+0800 to U+FFFF, CJK among them) by code
 	// point, for cutting long pre-tokens at proven boundaries (countChunked): the count of the
-	// character alone (wideCount bits) and whether a token that starts inside it may end past
-	// it (wideStarts: bit k when a token starting at its byte k may).
-	wide []uint8
+	// character alone (wideCount bits), whether a token that starts inside it may end past it
+	// (wideStarts: bit k when a token starting at its byte k may) and, when one starting at its
+	// first byte may, the trie node after its three bytes (from wideNodeShift up).
+	wide []uint32
+	// contNext[b&0x3f] is the set of bytes that follow the continuation byte b in some token:
+	// whether a token starting at a character's last byte may reach into the next character.
+	contNext [64][4]uint64
 }
 
 const (
 	wideCount      = 0x03
 	wideStartShift = 4
 	wideStarts     = 0x7 << wideStartShift
+	wideNodeShift  = 8
 )
 
 // noToken marks an id with no token (vocabularies may have gaps).
@@ -221,7 +226,7 @@ func build(tokens [][]byte, pairs map[uint64]uint32, wholeAll bool) (*Vocab, err
 
 // buildWide fills the table of three-byte characters (see Vocab.wide).
 func (v *Vocab) buildWide() {
-	v.wide = make([]uint8, 1<<16)
+	v.wide = make([]uint32, 1<<16)
 	var sc Scratch
 	var buf [3]byte
 	for r := rune(0x800); r < 1<<16; r++ {
@@ -230,13 +235,26 @@ func (v *Vocab) buildWide() {
 		}
 		utf8.EncodeRune(buf[:], r)
 		c := string(buf[:])
-		e := uint8(v.backtrack(c, &sc)) // 1 to 3: merges only, as inside a longer pre-token
+		e := uint32(v.backtrack(c, &sc)) // 1 to 3: merges only, as inside a longer pre-token
 		for k := range 3 {
-			if v.trie.extends(c[k:]) {
+			if node, ok := v.trie.walk(c[k:]); ok && v.trie.nkids[node] > 0 {
 				e |= 1 << (wideStartShift + k)
+				if k == 0 {
+					if node >= 1<<(32-wideNodeShift) {
+						panic("bpe: trie too large for the character table")
+					}
+					e |= node << wideNodeShift
+				}
 			}
 		}
 		v.wide[r] = e
+	}
+	for b := 0x80; b < 0xC0; b++ {
+		node, _ := v.trie.child(0, byte(b)) // every byte is a token
+		for k := range uint32(v.trie.nkids[node]) {
+			l := v.trie.label[v.trie.first[node]+k]
+			v.contNext[b&0x3f][l>>6] |= 1 << (l & 63)
+		}
 	}
 }
 
@@ -402,13 +420,20 @@ func (v *Vocab) countChunked(piece string, sc *Scratch) int {
 			start = i
 		}
 		if e := v.wideEntry(piece, i); e != 0 {
-			if starts := e & wideStarts; starts != 0 {
-				for k := range 3 {
-					if starts&(1<<(wideStartShift+k)) != 0 {
-						if t := v.trie.longest(piece, i+k); t >= 0 {
-							reach = max(reach, i+k+len(v.tokens[t]))
-						}
+			if next := i + 3; next < len(piece) && e&wideStarts != 0 {
+				// Tokens starting at the first byte go on from the character's node; at the
+				// last byte, only if the next byte can follow it; at the middle byte (rare), walk.
+				if e&(1<<wideStartShift) != 0 {
+					reach = max(reach, v.trie.furthest(e>>wideNodeShift, piece, next))
+				}
+				if e&(2<<wideStartShift) != 0 {
+					if t := v.trie.longest(piece, i+1); t >= 0 {
+						reach = max(reach, i+1+len(v.tokens[t]))
 					}
+				}
+				if b, nb := piece[i+2], piece[next]; e&(4<<wideStartShift) != 0 && v.contNext[b&0x3f][nb>>6]&(1<<(nb&63)) != 0 {
+					node, _ := v.trie.child(0, b)
+					reach = max(reach, v.trie.furthest(node, piece, next))
 				}
 			}
 			i += 3
@@ -447,7 +472,7 @@ func (v *Vocab) countPart(part string, sc *Scratch) int {
 
 // wideEntry is the table entry of the three-byte character at s[i], 0 when there is none there
 // (Vocab.Count takes any bytes: a bad sequence is counted byte by byte, on the general path).
-func (v *Vocab) wideEntry(s string, i int) uint8 {
+func (v *Vocab) wideEntry(s string, i int) uint32 {
 	if i+2 >= len(s) || !isWideLead(s[i]) || s[i+1]&0xC0 != 0x80 || s[i+2]&0xC0 != 0x80 {
 		return 0
 	}
@@ -604,17 +629,34 @@ func (t *trie) longest(s string, pos int) int32 {
 	return best
 }
 
-// extends reports whether some token starts with s and is longer than s.
-func (t *trie) extends(s string) bool {
+// walk returns the node that s leads to from the root, if any.
+func (t *trie) walk(s string) (uint32, bool) {
 	node := uint32(0)
 	for i := 0; i < len(s); i++ {
 		c, ok := t.child(node, s[i])
 		if !ok {
-			return false
+			return 0, false
 		}
 		node = c
 	}
-	return t.nkids[node] > 0
+	return node, true
+}
+
+// furthest returns the end of the longest token that goes on from node over s[i:] (counting from
+// the start of s), 0 when none does.
+func (t *trie) furthest(node uint32, s string, i int) int {
+	best := 0
+	for ; i < len(s); i++ {
+		c, ok := t.child(node, s[i])
+		if !ok {
+			break
+		}
+		node = c
+		if t.tok[node] >= 0 {
+			best = i + 1
+		}
+	}
+	return best
 }
 
 // prefixTokens appends the tokens that are prefixes of b (itself included), shortest first.
