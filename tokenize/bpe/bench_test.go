@@ -35,8 +35,42 @@ func BenchmarkVocabCountChinese(b *testing.B) {
 		n := 0
 		for i := 0; i < len(text); {
 			j := split.Next(text, i)
-			n += v.cachedCount(text[i:j], &sc)
+			n += v.cachedCount(text, i, j, &sc)
 			i = j
 		}
+	}
+}
+
+// proseText is the shape of make bench's prose: common words, a full stop now and then.
+func proseText(size int) string {
+	r := rand.New(rand.NewPCG(19, 9))
+	words := strings.Fields(`the of and to in is was that for it with as on be at by this had not are but from or
+have an they which one you were her all she there would their we him been has when who will more no if out so
+said what up its about into than them can only other new some could time these two may then do first any my now
+gateway engine prompt token cache tenant request capacity refuses admission latency throughput memory scheduler`)
+	var b strings.Builder
+	for b.Len() < size {
+		b.WriteString(words[r.IntN(len(words))])
+		if r.IntN(12) == 0 {
+			b.WriteString(". ")
+		} else {
+			b.WriteByte(' ')
+		}
+	}
+	return b.String()
+}
+
+// BenchmarkCounterProse counts prose with cl100k_base through Counter.Count (split, piece cache,
+// vocabulary).
+func BenchmarkCounterProse(b *testing.B) {
+	split, err := NewSplitter(PatternCl100k)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := NewCounter("cl100k_base", split, testVocabs(b)["cl100k_base"].v, nil, nil)
+	text := proseText(448 << 10)
+	b.SetBytes(int64(len(text)))
+	for b.Loop() {
+		c.Count(text, -1)
 	}
 }

@@ -66,7 +66,7 @@ func (c *Counter) Count(text string, stopAfter int) (int, bool) {
 				outer = c.split.Outer(seg, i)
 			}
 			j := c.split.Next(seg[:outer], i)
-			n += c.vocab.cachedCount(seg[i:j], sc)
+			n += c.vocab.cachedCount(seg, i, j, sc)
 			if n > limit {
 				return n, false
 			}

@@ -291,12 +291,12 @@ func contraction(s string, i int) int {
 func letters(s string, j int) int {
 	for j < len(s) {
 		c := s[j]
-		if c < utf8.RuneSelf {
-			if asciiClass[c]&clLetter == 0 {
-				return j
-			}
+		if byteClass[c] == bcLetter {
 			j++
 			continue
+		}
+		if c < utf8.RuneSelf {
+			return j
 		}
 		r, n := utf8.DecodeRuneInString(s[j:])
 		if !isLetter(r) {
@@ -306,6 +306,27 @@ func letters(s string, j int) int {
 	}
 	return j
 }
+
+// byteClass sorts bytes for the ASCII fast paths: ASCII letters, bytes that may start a
+// pre-token's one-character prefix before letters ([^\r\n\p{L}\p{N}], the apostrophe left out:
+// it may start a contraction), and the rest.
+const (
+	bcOther = iota
+	bcLetter
+	bcPrefix
+)
+
+var byteClass = func() (t [256]uint8) {
+	for c := range 128 {
+		switch cl := asciiClass[c]; {
+		case cl&clLetter != 0:
+			t[c] = bcLetter
+		case c != '\r' && c != '\n' && c != '\'' && cl&clDigit == 0:
+			t[c] = bcPrefix
+		}
+	}
+	return
+}()
 
 func (sp *Splitter) span(s string, j int, in func(rune) bool) int {
 	for j < len(s) {
@@ -321,6 +342,18 @@ func (sp *Splitter) span(s string, j int, in func(rune) bool) int {
 // Next returns the end of the pre-token that starts at s[i] (i < len(s)), within an outer piece
 // (see Outer) that ends at len(s). s must be valid UTF-8.
 func (sp *Splitter) Next(s string, i int) int {
+	if !sp.o200k && !sp.deepseek {
+		// `[^\r\n\p{L}\p{N}]?\p{L}+` on ASCII, most of prose and code: a word, or one character
+		// (a space, punctuation) and a word.
+		switch byteClass[s[i]] {
+		case bcLetter:
+			return letters(s, i+1)
+		case bcPrefix:
+			if i+1 < len(s) && byteClass[s[i+1]] == bcLetter {
+				return letters(s, i+2)
+			}
+		}
+	}
 	r, n := runeAt(s, i)
 	if sp.deepseek {
 		return deepseekWord(s, i, r, n)

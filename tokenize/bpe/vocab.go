@@ -358,27 +358,48 @@ type cacheEntry struct {
 	meta uint32 // len<<8 | count; 0: empty
 }
 
-// cachedCount is Count through the scratch's piece cache (pieces of 2 to 16 bytes).
-func (v *Vocab) cachedCount(piece string, sc *Scratch) int {
-	if len(piece) <= 1 || len(piece) > 16 {
+// cachedCount is Count of s[i:j] through the scratch's piece cache (pieces of 2 to 16 bytes).
+func (v *Vocab) cachedCount(s string, i, j int, sc *Scratch) int {
+	piece := s[i:j]
+	n := j - i
+	if n <= 1 || n > 16 {
 		return v.Count(piece, sc)
 	}
-	var buf [16]byte
-	copy(buf[:], piece)
-	a, b := binary.LittleEndian.Uint64(buf[:8]), binary.LittleEndian.Uint64(buf[8:])
-	h := (a*0x9E3779B97F4A7C15 ^ b*0xC2B2AE3D27D4EB4F ^ uint64(len(piece))) >> (64 - 12)
+	// The piece's bytes, zero-padded to 16: read in place, masked, when the text goes on for 16
+	// bytes (almost always), else copied.
+	var a, b uint64
+	if i+16 <= len(s) {
+		a, b = le64(s[i:]), le64(s[i+8:])
+		if n < 8 {
+			a, b = a&(1<<(8*n)-1), 0
+		} else {
+			b &= 1<<(8*(n-8)) - 1 // all ones for n == 16: the shift gives 0
+		}
+	} else {
+		var buf [16]byte
+		copy(buf[:], piece)
+		a, b = binary.LittleEndian.Uint64(buf[:8]), binary.LittleEndian.Uint64(buf[8:])
+	}
+	h := (a*0x9E3779B97F4A7C15 ^ b*0xC2B2AE3D27D4EB4F ^ uint64(n)) >> (64 - 12)
 	if sc.cache == nil {
 		sc.cache = new(pieceCache)
 	}
 	e := &sc.cache[h]
-	if e.a == a && e.b == b && e.meta>>8 == uint32(len(piece)) {
+	if e.a == a && e.b == b && e.meta>>8 == uint32(n) {
 		return int(e.meta & 0xff)
 	}
-	n := v.Count(piece, sc)
-	if n < 256 {
-		*e = cacheEntry{a: a, b: b, meta: uint32(len(piece))<<8 | uint32(n)}
+	c := v.Count(piece, sc)
+	if c < 256 {
+		*e = cacheEntry{a: a, b: b, meta: uint32(n)<<8 | uint32(c)}
 	}
-	return n
+	return c
+}
+
+// le64 reads s[:8] little-endian (one load: the compiler combines the byte reads).
+func le64(s string) uint64 {
+	_ = s[7]
+	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
 }
 
 // Count returns the number of tokens BPE encodes piece (one pre-token) into.
