@@ -74,3 +74,31 @@ func BenchmarkCounterProse(b *testing.B) {
 		c.Count(text, -1)
 	}
 }
+
+// codeText is the shape of make bench's code: Go tokens, indented lines.
+func codeText(size int) string {
+	r := rand.New(rand.NewPCG(19, 9))
+	words := strings.Fields(`func return if err != nil { } for range var := ctx context.Context string int []byte
+make( ) ( go defer mu.Lock() mu.Unlock() fmt.Errorf("%w", n++ len(s) package import type struct interface select
+case <-ch switch default: true false 0x7f`)
+	var b strings.Builder
+	for b.Len() < size {
+		b.WriteString(words[r.IntN(len(words))])
+		b.WriteString([]string{"\n\t", "\n\t\t", " ", " ", " ", " ", " ", " "}[r.IntN(8)])
+	}
+	return b.String()
+}
+
+// BenchmarkCounterCode counts code with cl100k_base through Counter.Count.
+func BenchmarkCounterCode(b *testing.B) {
+	split, err := NewSplitter(PatternCl100k)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := NewCounter("cl100k_base", split, testVocabs(b)["cl100k_base"].v, nil, nil)
+	text := codeText(448 << 10)
+	b.SetBytes(int64(len(text)))
+	for b.Loop() {
+		c.Count(text, -1)
+	}
+}

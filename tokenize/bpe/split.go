@@ -307,13 +307,16 @@ func letters(s string, j int) int {
 	return j
 }
 
-// byteClass sorts bytes for the ASCII fast paths: ASCII letters, bytes that may start a
-// pre-token's one-character prefix before letters ([^\r\n\p{L}\p{N}], the apostrophe left out:
-// it may start a contraction), and the rest.
+// byteClass sorts bytes for the ASCII fast paths: ASCII letters; ASCII characters of
+// [^\s\p{L}\p{N}] (punctuation, symbols, controls) other than the apostrophe, which may start a
+// contraction; ASCII spaces other than \r and \n; and the rest (digits, \r, \n, the apostrophe,
+// bytes of longer characters). Punctuation and spaces are [^\r\n\p{L}\p{N}], the optional
+// one-character prefix before letters.
 const (
 	bcOther = iota
 	bcLetter
-	bcPrefix
+	bcPunct
+	bcSpace
 )
 
 var byteClass = func() (t [256]uint8) {
@@ -321,12 +324,57 @@ var byteClass = func() (t [256]uint8) {
 		switch cl := asciiClass[c]; {
 		case cl&clLetter != 0:
 			t[c] = bcLetter
-		case c != '\r' && c != '\n' && c != '\'' && cl&clDigit == 0:
-			t[c] = bcPrefix
+		case cl&clNewline != 0, cl&clDigit != 0, c == '\'':
+		case cl&clSpace != 0:
+			t[c] = bcSpace
+		default:
+			t[c] = bcPunct
 		}
 	}
 	return
 }()
+
+// isASCIIPunct is [^\s\p{L}\p{N}] for ASCII bytes, the apostrophe included.
+func isASCIIPunct(c byte) bool { return byteClass[c] == bcPunct || c == '\'' }
+
+// asciiFast matches cl100k_base's and Qwen2's pattern at s[i] where the answer depends on ASCII
+// alone (most of prose and code): a word, a prefix character and a word, a run of punctuation
+// (with a space before it) and its trailing newlines. 0 when the general path must decide.
+func asciiFast(s string, i int) int {
+	c := byteClass[s[i]]
+	if c == bcLetter {
+		return letters(s, i+1)
+	}
+	if c != bcPunct && c != bcSpace || i+1 >= len(s) {
+		return 0
+	}
+	next := s[i+1]
+	if byteClass[next] == bcLetter {
+		return letters(s, i+2)
+	}
+	// ` ?[^\s\p{L}\p{N}]+[\r\n]*`, when the next byte rules out a letter or number after the
+	// prefix (ASCII, not a digit) and, for a space, starts the punctuation.
+	if next >= utf8.RuneSelf || asciiClass[next]&clDigit != 0 {
+		return 0
+	}
+	j := i + 1
+	if c == bcSpace {
+		if s[i] != ' ' || !isASCIIPunct(next) {
+			return 0
+		}
+		j = i + 2
+	}
+	for j < len(s) && isASCIIPunct(s[j]) {
+		j++
+	}
+	if j < len(s) && s[j] >= utf8.RuneSelf {
+		return 0 // punctuation may go on in a longer character
+	}
+	for j < len(s) && (s[j] == '\r' || s[j] == '\n') {
+		j++
+	}
+	return j
+}
 
 func (sp *Splitter) span(s string, j int, in func(rune) bool) int {
 	for j < len(s) {
@@ -343,15 +391,8 @@ func (sp *Splitter) span(s string, j int, in func(rune) bool) int {
 // (see Outer) that ends at len(s). s must be valid UTF-8.
 func (sp *Splitter) Next(s string, i int) int {
 	if !sp.o200k && !sp.deepseek {
-		// `[^\r\n\p{L}\p{N}]?\p{L}+` on ASCII, most of prose and code: a word, or one character
-		// (a space, punctuation) and a word.
-		switch byteClass[s[i]] {
-		case bcLetter:
-			return letters(s, i+1)
-		case bcPrefix:
-			if i+1 < len(s) && byteClass[s[i+1]] == bcLetter {
-				return letters(s, i+2)
-			}
+		if j := asciiFast(s, i); j > 0 {
+			return j
 		}
 	}
 	r, n := runeAt(s, i)
@@ -413,6 +454,18 @@ func (sp *Splitter) Next(s string, i int) int {
 func whitespace(s string, i int) int {
 	end, lastNL, lastStart := i, -1, i
 	for end < len(s) {
+		if c := s[end]; c < utf8.RuneSelf {
+			cl := asciiClass[c]
+			if cl&clSpace == 0 {
+				break
+			}
+			if cl&clNewline != 0 {
+				lastNL = end
+			}
+			lastStart = end
+			end++
+			continue
+		}
 		r2, n2 := runeAt(s, end)
 		if !isSpace(r2) {
 			break
