@@ -65,7 +65,10 @@ func (c *Counter) Count(text string, stopAfter int) (int, bool) {
 			if i == outer {
 				outer = c.split.Outer(seg, i)
 			}
-			j := c.split.Next(seg[:outer], i)
+			j := c.split.Fast(seg[:outer], i)
+			if j == 0 {
+				j = c.split.Next(seg[:outer], i)
+			}
 			n += c.vocab.cachedCount(seg, i, j, sc)
 			if n > limit {
 				return n, false
