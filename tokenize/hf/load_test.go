@@ -20,6 +20,8 @@ func TestUnsupportedTokenizersAreRefused(t *testing.T) {
 		{`{"normalizer": {"type": "Lowercase"}, "model": {"type": "BPE", ` + vocab + `}}`, "unsupported normalizer"},
 		{`{"pre_tokenizer": ` + split(`"\\s+|\\w+"`) + `, "model": {"type": "BPE", ` + vocab + `}}`, "unsupported pre-tokenizer pattern"},
 		{`{"pre_tokenizer": {"type": "Metaspace"}, "model": {"type": "BPE", ` + vocab + `}}`, "unsupported pre_tokenizer"},
+		{`{"pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "\\p{N}{1,3}"}, "behavior": "Isolated", "invert": false}, {"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior": "Isolated", "invert": false}, ` + byteLevel + `]}, "model": {"type": "BPE", ` + vocab + `}}`, "unsupported sequence of pre-tokenizer patterns"},
+		{`{"pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Digits"}, ` + byteLevel + `]}, "model": {"type": "BPE", ` + vocab + `}}`, `unsupported pre-tokenizer step "Digits"`},
 		{`{"pre_tokenizer": ` + split(`"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"`) + `, "model": {"type": "BPE", ` + vocab + `}}`, "not a byte-level vocabulary"},
 	} {
 		_, err := parse("test", []byte(c.json), cfg)
