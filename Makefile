@@ -49,7 +49,7 @@ bench-micro: build
 
 # Every fuzz target, FUZZTIME each (make test replays their corpora under testdata/fuzz).
 FUZZTIME ?= 15s
-FUZZ_TARGETS := tokenize:FuzzCount tokenize/bpe:FuzzCountPiece tokenize/bpe:FuzzSplitter canary:FuzzScanner canary:FuzzLoose request:FuzzParseRequest request:FuzzCheckKeys \
+FUZZ_TARGETS := tokenize:FuzzCount tokenize/bpe:FuzzCountPiece tokenize/bpe:FuzzChunkedCount tokenize/bpe:FuzzSplitter canary:FuzzScanner canary:FuzzLoose request:FuzzParseRequest request:FuzzCheckKeys \
 	reply:FuzzEventRelay reply:FuzzJSONValue gateway:FuzzHostileEngine internal/sse:FuzzParser backends:FuzzDecodeCapacity backends:FuzzTokenizeCount backends:FuzzSumField \
 	backends:FuzzSumGauge config:FuzzParse lab/enginesim/wire:FuzzParseGenerate lab/enginesim/wire:FuzzParseOpenAI lab/enginesim:FuzzRouteBodies
 fuzz:

@@ -176,3 +176,21 @@ func FuzzCountPiece(f *testing.F) {
 		}
 	})
 }
+
+// FuzzChunkedCount: counting a piece in parts cut at boundaries no token spans equals
+// backtracking over it whole (which FuzzCountPiece holds to the plain merge loop), on any bytes
+// and any length: cheap enough for long CJK runs.
+func FuzzChunkedCount(f *testing.F) {
+	f.Add("人工智能正在改变我们处理信息的方式，缓存中的数据必须被安全地隔离")
+	f.Add("東京の天気は明日も晴れるでしょう。オンライン・ショッピング")
+	f.Add(" 中华人民共和国国务院\xe4\xb8")
+	vs := testVocabs(f)
+	var sc Scratch
+	f.Fuzz(func(t *testing.T, p string) {
+		for name, tv := range vs {
+			if got, want := tv.v.countChunked(p, &sc), tv.v.backtrack(p, &sc); got != want {
+				t.Fatalf("%s: countChunked(%q = % x) = %d, backtracking %d", name, p, p, got, want)
+			}
+		}
+	})
+}
