@@ -265,15 +265,16 @@ func TestLooseWindowsFollowRefresh(t *testing.T) {
 	if !hit(w.cur["alice"]) {
 		t.Fatal("live marker lost after refresh")
 	}
-	w.k.mu.RLock()
+	r := w.k.ring()
 	filled := 0
-	for _, s := range w.k.wins.slots {
-		if s != 0 {
-			filled++
+	for _, set := range []winSet{r.base, r.delta} {
+		for _, s := range set.slots {
+			if s != 0 {
+				filled++
+			}
 		}
 	}
-	nrec := len(w.k.recs)
-	w.k.mu.RUnlock()
+	nrec := len(r.recs)
 	if want := w.k.LiveMarkers() * windowsPerRec; filled != want || nrec != w.k.LiveMarkers() {
 		t.Fatalf("%d windows for %d live markers (%d records)", filled, w.k.LiveMarkers(), nrec)
 	}

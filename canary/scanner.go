@@ -293,22 +293,37 @@ func (s *Scanner) classify(run []byte, terminated bool) (class, string, uint64) 
 		}
 		return classWait, "", 0
 	}
-	key := prefixKey(run)
-	k := s.k
-	k.mu.RLock()
-	defer k.mu.RUnlock()
-	first, ok := k.byPrefix[key]
-	if !ok {
-		return classRedact, "", 0
-	}
-	more := k.overflow[key]
-	fc := s.classOf(run, &first)
-	mixed := false
-	for i := range more {
-		if s.classOf(run, &more[i]) != fc {
+	r := s.k.ring()
+	// One pass over the live markers that begin with run's first 8 characters: the class of the
+	// first, whether classes differ, the candidate agreeing longest (first wins a tie), and the
+	// one agreeing longest with leak before echo before own on a tie.
+	var (
+		n         int
+		fc        class
+		mixed     bool
+		best      *markerRec
+		bestLen   int
+		pick      *markerRec
+		pickLen   int
+		pickClass class
+	)
+	r.prefixed(run, func(m *markerRec) {
+		c, l := s.classOf(r, run, m), commonLen(run, m)
+		if n == 0 {
+			fc = c
+		} else if c != fc {
 			mixed = true
-			break
 		}
+		n++
+		if best == nil || l > bestLen {
+			best, bestLen = m, l
+		}
+		if pick == nil || l > pickLen || (l == pickLen && c > pickClass) {
+			pick, pickLen, pickClass = m, l, c
+		}
+	})
+	if n == 0 {
+		return classRedact, "", 0
 	}
 	if fc == classEcho && !mixed && !terminated {
 		// An echo reaches only as far as the requester sent it: wait for the whole run, so a
@@ -316,53 +331,35 @@ func (s *Scanner) classify(run []byte, terminated bool) (class, string, uint64) 
 		return classWait, "", 0
 	}
 	if !mixed {
-		// Report the candidate that agrees with the run the longest (the exact one when complete).
-		best, bestLen := &first, commonLen(run, &first)
-		for i := range more {
-			if n := commonLen(run, &more[i]); n > bestLen {
-				best, bestLen = &more[i], n
-			}
-		}
-		return fc, k.tenants[best.tenant].name, best.epoch
+		return fc, r.tenants[best.tenant].name, best.epoch
 	}
 	if !terminated {
 		return classWait, "", 0
 	}
-	best, bestLen, bestClass := &first, commonLen(run, &first), fc
-	for i := range more {
-		e := &more[i]
-		n, c := commonLen(run, e), s.classOf(run, e)
-		if n > bestLen || (n == bestLen && c > bestClass) {
-			best, bestLen, bestClass = e, n, c
-		}
-	}
-	return bestClass, k.tenants[best.tenant].name, best.epoch
+	return pickClass, r.tenants[pick.tenant].name, pick.epoch
 }
 
-// classOf says what a candidate entry (whose first 8 characters equal run's) means for this
+// classOf says what a candidate marker (whose first 8 characters equal run's) means for this
 // scanner's tenant. Own first: the requester's own marker can be in its echo set too.
-func (s *Scanner) classOf(run []byte, e *entry) class {
-	if s.k.tenants[e.tenant].name == s.tenant {
+func (s *Scanner) classOf(r *ring, run []byte, m *markerRec) class {
+	if r.tenants[m.tenant].name == s.tenant {
 		return classOwn
 	}
 	if len(s.echoes) > 0 {
 		// An echo only as far as the requester sent the marker itself: "KVG-" and run must lie
 		// within what a descriptor holds (FindMarkerFragments).
-		var body [MarkerChars]byte
-		copy(body[:], run[:FragmentMin])
-		copy(body[FragmentMin:], e.rest[:])
 		span := uint32(1)<<uint(len(run)) - 1
-		if echoedMask(s.echoes, &body)&span == span {
+		if echoedMask(s.echoes, &m.body)&span == span {
 			return classEcho
 		}
 	}
 	return classLeak
 }
 
-// commonLen is how many characters of run agree with the candidate e.
-func commonLen(run []byte, e *entry) int {
+// commonLen is how many characters of run agree with the candidate m.
+func commonLen(run []byte, m *markerRec) int {
 	n := FragmentMin
-	for n < len(run) && run[n] == e.rest[n-FragmentMin] {
+	for n < len(run) && run[n] == m.body[n] {
 		n++
 	}
 	return n

@@ -9,45 +9,86 @@ import "math/bits"
 // characters of another tenant's marker ever reach a client.
 const HoldMin = 8
 
-// markerRec is one live marker in the order the window table refers to it.
+// markerRec is one live marker in the order the window sets refer to it.
 type markerRec struct {
 	body   [MarkerChars]byte // the 20 characters after "KVG-"
 	tenant uint32
 	epoch  uint64
 }
 
-// winTable is an open-addressed set of every HoldMin-character window of every live marker body,
-// forwards and backwards, in classes (foldClass), 5 bits a character: a slot holds the window's
-// 40 bits and, below them, 1 + the index of its marker in recs (24 bits, so at most 2^24−1 live
-// markers). Storing both directions lets the detector probe once per character. Linear probing,
-// at most half full; 0 is an empty slot. A million live markers take 26 million windows in 2^26
-// slots (512 MB); 10^5 take 64 MB.
-type winTable struct {
-	slots []uint64
-	shift uint // 64 − log2(len(slots))
+// winSet holds every HoldMin-character window of a range of live marker bodies, in classes
+// (foldClass), 5 bits a character, under its canonical key: the smaller of the window read
+// forwards and backwards (canonKey). A run of text is probed once per character with the
+// canonical key of its last HoldMin characters, which finds a marker spelled either way with half
+// the entries of storing both directions.
+//
+// Two levels, so that a probe that misses (nearly all of them) costs one cache line:
+//   - filter: a Bloom filter blocked to one 64-bit word per key (three bits set per window, ~10
+//     bits per window): 13 MB at 10^6 live markers, a false pass about once in 40 probes;
+//   - slots: the exact set, open-addressed with linear probing from the start of a bucket of 8
+//     slots (one cache line), at most ~80 % full. A slot holds the window's 40 bits and, below
+//     them, 1 + the index of its marker in the ring's recs (24 bits, so at most 2^24−1 live
+//     markers); 0 is empty. 13 windows a marker: 10^6 live markers take ~130 MB.
+type winSet struct {
+	slots  []uint64
+	nb     uint64 // buckets of slotsPerBucket; slots has nb+1 buckets (the last one catches overflow)
+	filter []uint64
+	fshift uint // 64 − log2(len(filter))
 }
 
 const (
-	winKeyBits = 5 * HoldMin
-	winRecBits = 64 - winKeyBits
-	winRecMax  = 1<<winRecBits - 1
-	winKeyMask = 1<<winKeyBits - 1
+	winKeyBits     = 5 * HoldMin
+	winRecBits     = 64 - winKeyBits
+	winRecMax      = 1<<winRecBits - 1
+	winKeyMask     = 1<<winKeyBits - 1
+	slotsPerBucket = 8
 )
 
-func newWinTable(windows int) winTable {
-	n := 1024
-	for n < 2*windows {
-		n <<= 1
-	}
-	return winTable{slots: make([]uint64, n), shift: uint(64 - bits.TrailingZeros(uint(n)))}
+// windowsPerRec is how many keys a marker puts in a set: each window once (canonical).
+const windowsPerRec = MarkerChars - HoldMin + 1
+
+// mix spreads a window key over 64 bits (the finalizer of MurmurHash3).
+func mix(k uint64) uint64 {
+	k ^= k >> 33
+	k *= 0xff51afd7ed558ccd
+	k ^= k >> 33
+	return k
 }
 
-func (t *winTable) home(key uint64) uint64 { return (key * 0x9E3779B97F4A7C15) >> t.shift }
+// filterMask is the word's three bits for a mixed key.
+func filterMask(h uint64) uint64 {
+	return 1<<(h&63) | 1<<(h>>6&63) | 1<<(h>>12&63)
+}
 
-func (t *winTable) insert(key uint64, rec int) {
+func newWinSet(windows int) winSet {
+	nb := uint64(windows*5/4/slotsPerBucket + 1) // ≤ 80 % full
+	nf := 1
+	for nf*64 < windows*10 {
+		nf <<= 1
+	}
+	return winSet{
+		slots:  make([]uint64, (nb+2)*slotsPerBucket),
+		nb:     nb,
+		filter: make([]uint64, nf),
+		fshift: uint(64 - bits.TrailingZeros(uint(nf))),
+	}
+}
+
+// home is the first slot probed for a mixed key.
+func (t *winSet) home(h uint64) uint64 {
+	b, _ := bits.Mul64(h, t.nb)
+	return b * slotsPerBucket
+}
+
+func (t *winSet) insert(key uint64, rec int) {
+	h := mix(key)
+	t.filter[h>>t.fshift] |= filterMask(h)
 	v := key<<winRecBits | uint64(rec+1)
-	mask := uint64(len(t.slots) - 1)
-	for i := t.home(key); ; i = (i + 1) & mask {
+	for i := t.home(h); ; i++ {
+		if i == uint64(len(t.slots)) {
+			// Past the spare bucket (never at ≤ 80 % load in practice): wrap.
+			i = 0
+		}
 		if t.slots[i] == 0 {
 			t.slots[i] = v
 			return
@@ -55,24 +96,25 @@ func (t *winTable) insert(key uint64, rec int) {
 	}
 }
 
-// has says whether any window has key (the first probe answers most misses).
-func (t *winTable) has(key uint64) bool {
-	mask := uint64(len(t.slots) - 1)
-	for i := t.home(key); ; i = (i + 1) & mask {
-		s := t.slots[i]
-		if s == 0 {
-			return false
-		}
-		if s>>winRecBits == key {
-			return true
-		}
+// mayHave is the filter: false means no window has key.
+func (t *winSet) mayHave(key uint64) bool {
+	if len(t.filter) == 0 {
+		return false
 	}
+	h := mix(key)
+	m := filterMask(h)
+	return t.filter[h>>t.fshift]&m == m
 }
 
-// each calls f with the index of every marker that has a window equal to key.
-func (t *winTable) each(key uint64, f func(rec int)) {
-	mask := uint64(len(t.slots) - 1)
-	for i := t.home(key); ; i = (i + 1) & mask {
+// each calls f with the index of every marker that has a window whose canonical key is key.
+func (t *winSet) each(key uint64, f func(rec int)) {
+	if len(t.slots) == 0 {
+		return
+	}
+	for i := t.home(mix(key)); ; i++ {
+		if i == uint64(len(t.slots)) {
+			i = 0
+		}
 		s := t.slots[i]
 		if s == 0 {
 			return
@@ -95,9 +137,6 @@ var classIdx = func() (t [256]int8) {
 	return t
 }()
 
-// windowsPerRec is how many keys a marker puts in the table: each window, both ways.
-const windowsPerRec = 2 * (MarkerChars - HoldMin + 1)
-
 // bodyWindowKey packs HoldMin characters of a marker body, in classes.
 func bodyWindowKey(w []byte) uint64 {
 	var k uint64
@@ -105,22 +144,6 @@ func bodyWindowKey(w []byte) uint64 {
 		k = k<<5 | uint64(classIdx[c])
 	}
 	return k
-}
-
-// buildWindows makes the table of recs' windows.
-func buildWindows(recs []markerRec) winTable {
-	t := newWinTable(len(recs) * windowsPerRec)
-	for i := range recs {
-		t.insertRec(&recs[i], i)
-	}
-	return t
-}
-
-func (t *winTable) insertRec(r *markerRec, i int) {
-	for off := 0; off+HoldMin <= MarkerChars; off++ {
-		t.insert(bodyWindowKey(r.body[off:off+HoldMin]), i)
-		t.insert(reversedWindowKey(r.body[off:off+HoldMin]), i)
-	}
 }
 
 // reversedWindowKey packs HoldMin characters of a marker body backwards: what text spelling
@@ -131,4 +154,23 @@ func reversedWindowKey(w []byte) uint64 {
 		k = k<<5 | uint64(classIdx[w[i]])
 	}
 	return k
+}
+
+// canonKey is the key a window is stored under: the smaller of its two readings.
+func canonKey(fwd, rev uint64) uint64 { return min(fwd, rev) }
+
+// buildWinSet makes the set of the windows of recs[lo:hi] (indexes stay those of recs).
+func buildWinSet(recs []markerRec, lo, hi int) winSet {
+	t := newWinSet((hi - lo) * windowsPerRec)
+	for i := lo; i < hi; i++ {
+		t.insertRec(&recs[i], i)
+	}
+	return t
+}
+
+func (t *winSet) insertRec(r *markerRec, i int) {
+	for off := 0; off+HoldMin <= MarkerChars; off++ {
+		w := r.body[off : off+HoldMin]
+		t.insert(canonKey(bodyWindowKey(w), reversedWindowKey(w)), i)
+	}
 }
