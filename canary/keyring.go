@@ -203,6 +203,17 @@ func (k *Keyring) derive(names []string, firstIdx uint32, lo, hi uint64) []marke
 // eachWindow calls f with the index in r.recs of every marker that has a window whose canonical
 // key is key (a candidate: the caller checks which window and which way).
 func (r *ring) eachWindow(key uint64, f func(rec int)) {
+	r.base.each(key, f)
+	r.delta.each(key, f)
+}
+
+// hasWindow says whether any live marker has a 7-character window whose canonical key is key.
+func (r *ring) hasWindow(key uint64) bool {
+	return r.base.mayHave(key) && r.base.has(key) || r.delta.mayHave(key) && r.delta.has(key)
+}
+
+// eachWindowFiltered is eachWindow behind the filters.
+func (r *ring) eachWindowFiltered(key uint64, f func(rec int)) {
 	if r.base.mayHave(key) {
 		r.base.each(key, f)
 	}
@@ -215,7 +226,7 @@ func (r *ring) eachWindow(key uint64, f func(rec int)) {
 // base32): the prefix scanner's and Lookup's candidates, found by the window set.
 func (r *ring) prefixed(c []byte, f func(m *markerRec)) {
 	w := c[:FragmentMin]
-	r.eachWindow(canonKey(bodyWindowKey(w), reversedWindowKey(w)), func(rec int) {
+	r.eachWindowFiltered(setKeyOf(w), func(rec int) {
 		m := &r.recs[rec]
 		if string(m.body[:FragmentMin]) == string(w) {
 			f(m)

@@ -77,6 +77,9 @@ type runState struct {
 	n        int    // characters in the run
 	al       []align
 	dropping bool // the run's characters are being withheld (Redacted was emitted)
+	// slow: the next character of the run goes to the exact check (the 7-character window that
+	// ends here is a live marker's, so the 8-character one ending there may be).
+	slow bool
 }
 
 // align is a stretch of one live marker's body that the run's last n characters spell.
@@ -103,7 +106,7 @@ func (l *Loose) Reset(tenant string, echoes []string) {
 }
 
 func (r *runState) reset() {
-	r.fk, r.rk, r.n, r.al, r.dropping = 0, 0, 0, r.al[:0], false
+	r.fk, r.rk, r.n, r.al, r.dropping, r.slow = 0, 0, 0, r.al[:0], false, false
 }
 
 // Feed takes the next text of the field and appends to dst what may be emitted now: the text,
@@ -151,7 +154,7 @@ func (l *Loose) feed(dst, text []byte, final, all bool) ([]byte, *Hit) {
 	emit := floor // b[emit:] is not copied to dst yet
 	end := len(b)
 	for i := 0; i < len(b); {
-		if !l.run.dropping && len(l.run.al) == 0 {
+		if !l.run.dropping && !l.run.slow && len(l.run.al) == 0 {
 			// The fast path: characters that no tracked stretch continues and whose windows are
 			// in no live marker, with the run's state in registers.
 			if j := l.fast(b, i); j > i {
@@ -212,9 +215,10 @@ func (l *Loose) feed(dst, text []byte, final, all bool) ([]byte, *Hit) {
 }
 
 // fast reads b from i while its characters are ASCII marker characters, separators, bytes that
-// break a run, or 2- and 3-byte UTF-8 characters that separate or break (most of CJK), and no
-// window of the run can be a live marker's (the filters say no); it returns where it stopped (i
-// when b[i] needs the slow path: a window the filter passes, an escape, another character).
+// break a run, or 2- and 3-byte UTF-8 characters that separate or break (most of CJK), and the
+// run's 7-character windows probed (at even lengths, see winSet) are in no live marker; it
+// returns where it stopped (i when b[i] needs the slow path: a window that is a marker's, an
+// escape, another character). The run's state stays in registers.
 func (l *Loose) fast(b []byte, i int) int {
 	fk, rk, n := l.run.fk, l.run.rk, l.run.n
 	r := l.r
@@ -225,38 +229,42 @@ loop:
 	for j < len(b) {
 		c := b[j]
 		kd := asciiKind[c]
-		switch {
-		case kd-1 < 32:
+		if kd-1 < 32 {
 			x := uint64(kd - 1)
 			nfk := (fk<<5 | x) & winKeyMask
 			nrk := rk>>5 | x<<(winKeyBits-5)
-			if n+1 >= HoldMin {
-				h := mix(min(nfk, nrk))
+			if n&1 != 0 && n >= HoldMin-1 {
+				// The run becomes even and at least HoldMin long: probe its last 7 characters.
+				key := runSetKey(nfk, nrk)
+				h := key * hashMul
 				m := filterMask(h)
-				if fb[h>>fbs]&m == m || fd[h>>fds]&m == m {
-					break loop // a window may match: the slow path takes this character
+				if (fb[h>>fbs]&m == m || fd[h>>fds]&m == m) && r.hasWindow(key) {
+					break loop // the slow path takes this character
 				}
 			}
 			fk, rk, n = nfk, nrk, n+1
 			j++
-		case kd == kindSep:
+			continue
+		}
+		switch kd {
+		case kindSep:
 			j++
-		case kd == kindBreak:
+		case kindBreak:
 			fk, rk, n = 0, 0, 0
 			j++
-		case kd == kindWide:
+		case kindWide:
 			// Decode a valid 2- or 3-byte sequence inline (anything else: the slow path).
 			var ru rune
 			var size int
 			switch {
-			case c >= 0xC2 && c <= 0xDF && j+1 < len(b) && b[j+1]&0xC0 == 0x80:
-				ru, size = rune(c&0x1F)<<6|rune(b[j+1]&0x3F), 2
 			case c >= 0xE0 && c <= 0xEF && j+2 < len(b) && b[j+1]&0xC0 == 0x80 && b[j+2]&0xC0 == 0x80:
 				ru = rune(c&0x0F)<<12 | rune(b[j+1]&0x3F)<<6 | rune(b[j+2]&0x3F)
 				if ru < 0x800 || ru >= 0xD800 && ru <= 0xDFFF {
 					break loop // overlong or a surrogate: not a character
 				}
 				size = 3
+			case c >= 0xC2 && c <= 0xDF && j+1 < len(b) && b[j+1]&0xC0 == 0x80:
+				ru, size = rune(c&0x1F)<<6|rune(b[j+1]&0x3F), 2
 			default:
 				break loop
 			}
@@ -326,6 +334,7 @@ func (r *runState) push(x uint8) {
 func (l *Loose) step(x uint8) (drop bool, evidence int) {
 	r := &l.run
 	r.push(x)
+	r.slow = false
 	recs := l.r.recs
 	kept := r.al[:0]
 	for _, a := range r.al {
@@ -344,6 +353,9 @@ func (l *Loose) step(x uint8) (drop bool, evidence int) {
 	r.al = kept
 	if r.n >= HoldMin {
 		l.probe(r.fk, r.rk)
+	}
+	if r.n >= HoldMin-1 && l.r.hasWindow(runSetKey(r.fk, r.rk)) {
+		r.slow = true // the next character's window holds this 7-character one
 	}
 	evidence = -1
 	for i, a := range r.al {
@@ -367,7 +379,7 @@ func (l *Loose) step(x uint8) (drop bool, evidence int) {
 // backwards) spell, forwards or backwards (the sets hold each window under its canonical key).
 func (l *Loose) probe(fk, rk uint64) {
 	r := l.r
-	r.eachWindow(canonKey(fk, rk), func(rec int) {
+	r.eachWindowFiltered(runSetKey(fk, rk), func(rec int) {
 		m := &r.recs[rec]
 		for off := 0; off+HoldMin <= MarkerChars; off++ {
 			w := m.body[off : off+HoldMin]

@@ -16,48 +16,47 @@ type markerRec struct {
 	epoch  uint64
 }
 
-// winSet holds every HoldMin-character window of a range of live marker bodies, in classes
-// (foldClass), 5 bits a character, under its canonical key: the smaller of the window read
-// forwards and backwards (canonKey). A run of text is probed once per character with the
-// canonical key of its last HoldMin characters, which finds a marker spelled either way with half
-// the entries of storing both directions.
+// winSet holds every setLen-character window (setLen = HoldMin−1 = 7) of a range of live marker
+// bodies, in classes (foldClass), 5 bits a character, under its canonical key: the smaller of the
+// window read forwards and backwards (canonKey). A run of text is probed with the canonical key
+// of its last 7 characters at every other character (when the run's length is even): every run
+// of HoldMin = 8 characters holds a 7-character window that ends at an even length, so a probe
+// that misses there rules out both 8-character windows that contain it, and a hit sends the
+// next characters to the exact check (Loose.probe). The canonical key finds a marker spelled
+// either way with half the entries of storing both directions.
 //
 // Two levels, so that a probe that misses (nearly all of them) costs one cache line:
-//   - filter: a Bloom filter blocked to one 64-bit word per key (three bits set per window, ~10
-//     bits per window): 13 MB at 10^6 live markers, a false pass about once in 40 probes;
+//   - filter: a Bloom filter blocked to one 64-bit word per key (three bits set per window, 10 to
+//     20 bits per window): 16 MB at 10^6 live markers, a false pass about once in 50 probes;
 //   - slots: the exact set, open-addressed with linear probing from the start of a bucket of 8
-//     slots (one cache line), at most ~80 % full. A slot holds the window's 40 bits and, below
-//     them, 1 + the index of its marker in the ring's recs (24 bits, so at most 2^24−1 live
-//     markers); 0 is empty. 13 windows a marker: 10^6 live markers take ~130 MB.
+//     slots (one cache line), at most ~80 % full. A slot holds the window's 35 bits and, below
+//     them, 1 + the index of its marker in the ring's recs; 0 is empty. 14 windows a marker:
+//     10^6 live markers take ~140 MB.
 type winSet struct {
 	slots  []uint64
-	nb     uint64 // buckets of slotsPerBucket; slots has nb+1 buckets (the last one catches overflow)
+	nb     uint64 // buckets of slotsPerBucket; slots has two spare buckets (overflow at the end)
 	filter []uint64
 	fshift uint // 64 − log2(len(filter))
 }
 
 const (
-	winKeyBits     = 5 * HoldMin
-	winRecBits     = 64 - winKeyBits
-	winRecMax      = 1<<winRecBits - 1
+	setLen         = HoldMin - 1
+	winKeyBits     = 5 * HoldMin // a run's key: its last HoldMin characters
 	winKeyMask     = 1<<winKeyBits - 1
+	setKeyBits     = 5 * setLen
+	setKeyMask     = 1<<setKeyBits - 1
+	setRecBits     = 64 - setKeyBits
+	setRecMax      = 1<<setRecBits - 1
 	slotsPerBucket = 8
+	hashMul        = 0x9E3779B97F4A7C15
 )
 
-// windowsPerRec is how many keys a marker puts in a set: each window once (canonical).
-const windowsPerRec = MarkerChars - HoldMin + 1
+// windowsPerRec is how many keys a marker puts in a set: each 7-character window once.
+const windowsPerRec = MarkerChars - setLen + 1
 
-// mix spreads a window key over 64 bits (the finalizer of MurmurHash3).
-func mix(k uint64) uint64 {
-	k ^= k >> 33
-	k *= 0xff51afd7ed558ccd
-	k ^= k >> 33
-	return k
-}
-
-// filterMask is the word's three bits for a mixed key.
+// filterMask is the filter word's three bits for a hashed key (bits below the word index).
 func filterMask(h uint64) uint64 {
-	return 1<<(h&63) | 1<<(h>>6&63) | 1<<(h>>12&63)
+	return 1<<(h>>20&63) | 1<<(h>>26&63) | 1<<(h>>32&63)
 }
 
 func newWinSet(windows int) winSet {
@@ -74,20 +73,19 @@ func newWinSet(windows int) winSet {
 	}
 }
 
-// home is the first slot probed for a mixed key.
+// home is the first slot probed for a hashed key.
 func (t *winSet) home(h uint64) uint64 {
 	b, _ := bits.Mul64(h, t.nb)
 	return b * slotsPerBucket
 }
 
 func (t *winSet) insert(key uint64, rec int) {
-	h := mix(key)
+	h := key * hashMul
 	t.filter[h>>t.fshift] |= filterMask(h)
-	v := key<<winRecBits | uint64(rec+1)
+	v := key<<setRecBits | uint64(rec+1)
 	for i := t.home(h); ; i++ {
 		if i == uint64(len(t.slots)) {
-			// Past the spare bucket (never at ≤ 80 % load in practice): wrap.
-			i = 0
+			i = 0 // past the spare buckets (not at ≤ 80 % load in practice): wrap
 		}
 		if t.slots[i] == 0 {
 			t.slots[i] = v
@@ -98,12 +96,25 @@ func (t *winSet) insert(key uint64, rec int) {
 
 // mayHave is the filter: false means no window has key.
 func (t *winSet) mayHave(key uint64) bool {
-	if len(t.filter) == 0 {
-		return false
-	}
-	h := mix(key)
+	h := key * hashMul
 	m := filterMask(h)
-	return t.filter[h>>t.fshift]&m == m
+	return len(t.filter) > 0 && t.filter[h>>t.fshift]&m == m
+}
+
+// has says whether a window has key (the filter passed).
+func (t *winSet) has(key uint64) bool {
+	for i := t.home(key * hashMul); ; i++ {
+		if i == uint64(len(t.slots)) {
+			i = 0
+		}
+		s := t.slots[i]
+		if s == 0 {
+			return false
+		}
+		if s>>setRecBits == key {
+			return true
+		}
+	}
 }
 
 // each calls f with the index of every marker that has a window whose canonical key is key.
@@ -111,7 +122,7 @@ func (t *winSet) each(key uint64, f func(rec int)) {
 	if len(t.slots) == 0 {
 		return
 	}
-	for i := t.home(mix(key)); ; i++ {
+	for i := t.home(key * hashMul); ; i++ {
 		if i == uint64(len(t.slots)) {
 			i = 0
 		}
@@ -119,8 +130,8 @@ func (t *winSet) each(key uint64, f func(rec int)) {
 		if s == 0 {
 			return
 		}
-		if s>>winRecBits == key {
-			f(int(s&winRecMax) - 1)
+		if s>>setRecBits == key {
+			f(int(s&setRecMax) - 1)
 		}
 	}
 }
@@ -159,18 +170,27 @@ func reversedWindowKey(w []byte) uint64 {
 // canonKey is the key a window is stored under: the smaller of its two readings.
 func canonKey(fwd, rev uint64) uint64 { return min(fwd, rev) }
 
+// runSetKey is the canonical set key of the last 7 characters of a run whose last HoldMin
+// characters are fk (newest in the low bits) and rk (the same backwards).
+func runSetKey(fk, rk uint64) uint64 { return canonKey(fk&setKeyMask, rk>>5) }
+
+// setKeyOf is the canonical set key of 7 characters of a marker body.
+func setKeyOf(w []byte) uint64 {
+	var f, r uint64
+	for i := 0; i < setLen; i++ {
+		f = f<<5 | uint64(classIdx[w[i]])
+		r = r<<5 | uint64(classIdx[w[setLen-1-i]])
+	}
+	return canonKey(f, r)
+}
+
 // buildWinSet makes the set of the windows of recs[lo:hi] (indexes stay those of recs).
 func buildWinSet(recs []markerRec, lo, hi int) winSet {
 	t := newWinSet((hi - lo) * windowsPerRec)
 	for i := lo; i < hi; i++ {
-		t.insertRec(&recs[i], i)
+		for off := 0; off+setLen <= MarkerChars; off++ {
+			t.insert(setKeyOf(recs[i].body[off:off+setLen]), i)
+		}
 	}
 	return t
-}
-
-func (t *winSet) insertRec(r *markerRec, i int) {
-	for off := 0; off+HoldMin <= MarkerChars; off++ {
-		w := r.body[off : off+HoldMin]
-		t.insert(canonKey(bodyWindowKey(w), reversedWindowKey(w)), i)
-	}
 }
