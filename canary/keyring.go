@@ -200,11 +200,18 @@ func (k *Keyring) derive(names []string, firstIdx uint32, lo, hi uint64) []marke
 	return out
 }
 
-// eachWindow calls f with the index in r.recs of every marker that has a window whose canonical
-// key is key (a candidate: the caller checks which window and which way).
-func (r *ring) eachWindow(key uint64, f func(rec int)) {
-	r.base.each(key, f)
-	r.delta.each(key, f)
+// eachWindow calls f with every live marker (its index in r.recs) that has a 7-character window
+// whose canonical key is key, and the window's offset (the caller checks which way it reads).
+// found: the key is a window of some live marker.
+func (r *ring) eachWindow(key uint64, f func(rec, off int)) (found bool) {
+	g := func(rec, off int) { found = true; f(rec, off) }
+	if r.base.mayHave(key) {
+		r.base.each(key, g)
+	}
+	if r.delta.mayHave(key) {
+		r.delta.each(key, g)
+	}
+	return found
 }
 
 // hasWindow says whether any live marker has a 7-character window whose canonical key is key.
@@ -212,23 +219,13 @@ func (r *ring) hasWindow(key uint64) bool {
 	return r.base.mayHave(key) && r.base.has(key) || r.delta.mayHave(key) && r.delta.has(key)
 }
 
-// eachWindowFiltered is eachWindow behind the filters.
-func (r *ring) eachWindowFiltered(key uint64, f func(rec int)) {
-	if r.base.mayHave(key) {
-		r.base.each(key, f)
-	}
-	if r.delta.mayHave(key) {
-		r.delta.each(key, f)
-	}
-}
-
 // prefixed calls f with every live marker whose body begins with the 8 characters c (lowercase
 // base32): the prefix scanner's and Lookup's candidates, found by the window set.
 func (r *ring) prefixed(c []byte, f func(m *markerRec)) {
 	w := c[:FragmentMin]
-	r.eachWindowFiltered(setKeyOf(w), func(rec int) {
+	r.eachWindow(setKeyOf(w), func(rec, off int) {
 		m := &r.recs[rec]
-		if string(m.body[:FragmentMin]) == string(w) {
+		if off == 0 && string(m.body[:FragmentMin]) == string(w) {
 			f(m)
 		}
 	})

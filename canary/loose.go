@@ -224,6 +224,7 @@ func (l *Loose) fast(b []byte, i int) int {
 	r := l.r
 	fb, fbs := r.base.filter, r.base.fshift
 	fd, fds := r.delta.filter, r.delta.fshift
+	hasDelta := r.nbase < len(r.recs)
 	j := i
 loop:
 	for j < len(b) {
@@ -238,7 +239,7 @@ loop:
 				key := runSetKey(nfk, nrk)
 				h := key * hashMul
 				m := filterMask(h)
-				if (fb[h>>fbs]&m == m || fd[h>>fds]&m == m) && r.hasWindow(key) {
+				if (fb[h>>fbs]&m == m || hasDelta && fd[h>>fds]&m == m) && r.hasWindow(key) {
 					break loop // the slow path takes this character
 				}
 			}
@@ -333,6 +334,7 @@ func (r *runState) push(x uint8) {
 // HoldMin or more characters; evidence ≥ 0: the index in run.al of one of LooseMin or more.
 func (l *Loose) step(x uint8) (drop bool, evidence int) {
 	r := &l.run
+	wasSlow := r.slow
 	r.push(x)
 	r.slow = false
 	recs := l.r.recs
@@ -351,10 +353,9 @@ func (l *Loose) step(x uint8) (drop bool, evidence int) {
 		}
 	}
 	r.al = kept
-	if r.n >= HoldMin {
-		l.probe(r.fk, r.rk)
-	}
-	if r.n >= HoldMin-1 && l.r.hasWindow(runSetKey(r.fk, r.rk)) {
+	// The exact check where the 8 characters ending here may be a marker's window (see winSet:
+	// at even lengths, and after an even length whose 7-character window is a marker's).
+	if r.n >= HoldMin && (r.n&1 == 0 || wasSlow) && l.probe(r.fk, r.rk) && r.n&1 == 0 {
 		r.slow = true // the next character's window holds this 7-character one
 	}
 	evidence = -1
@@ -376,20 +377,20 @@ func (l *Loose) step(x uint8) (drop bool, evidence int) {
 }
 
 // probe adds the stretches of live markers that the run's last HoldMin characters (fk, and rk
-// backwards) spell, forwards or backwards (the sets hold each window under its canonical key).
-func (l *Loose) probe(fk, rk uint64) {
+// backwards) spell, forwards or backwards: the markers with a 7-character window equal to the
+// run's last 7 characters (either way), checked one character further. found: the last 7
+// characters are some live marker's window.
+func (l *Loose) probe(fk, rk uint64) (found bool) {
 	r := l.r
-	r.eachWindowFiltered(runSetKey(fk, rk), func(rec int) {
+	return r.eachWindow(runSetKey(fk, rk), func(rec, off int) {
 		m := &r.recs[rec]
-		for off := 0; off+HoldMin <= MarkerChars; off++ {
-			w := m.body[off : off+HoldMin]
-			if bodyWindowKey(w) == fk {
-				l.addAlign(rec, m, off, false)
-			}
-			if reversedWindowKey(w) == fk {
-				// Backwards, the run's newest character is body[off].
-				l.addAlign(rec, m, off, true)
-			}
+		// Forwards the run's last 8 are body[off−1 : off+7]; backwards its newest character is
+		// body[off] and its last 8 are body[off : off+8] read from the end.
+		if off >= 1 && bodyWindowKey(m.body[off-1:off-1+HoldMin]) == fk {
+			l.addAlign(rec, m, off-1, false)
+		}
+		if off+HoldMin <= MarkerChars && reversedWindowKey(m.body[off:off+HoldMin]) == fk {
+			l.addAlign(rec, m, off, true)
 		}
 	})
 }

@@ -29,9 +29,10 @@ type markerRec struct {
 //   - filter: a Bloom filter blocked to one 64-bit word per key (three bits set per window, 10 to
 //     20 bits per window): 16 MB at 10^6 live markers, a false pass about once in 50 probes;
 //   - slots: the exact set, open-addressed with linear probing from the start of a bucket of 8
-//     slots (one cache line), at most ~80 % full. A slot holds the window's 35 bits and, below
-//     them, 1 + the index of its marker in the ring's recs; 0 is empty. 14 windows a marker:
-//     10^6 live markers take ~140 MB.
+//     slots (one cache line), at most ~80 % full. A slot holds the window's 35 bits, its offset
+//     in the marker body (4 bits) and 1 + the index of its marker in the ring's recs (25 bits, so
+//     at most 2^25−1 live markers); 0 is empty. 14 windows a marker: 10^6 live markers take
+//     ~140 MB.
 type winSet struct {
 	slots  []uint64
 	nb     uint64 // buckets of slotsPerBucket; slots has two spare buckets (overflow at the end)
@@ -45,7 +46,8 @@ const (
 	winKeyMask     = 1<<winKeyBits - 1
 	setKeyBits     = 5 * setLen
 	setKeyMask     = 1<<setKeyBits - 1
-	setRecBits     = 64 - setKeyBits
+	setOffBits     = 4
+	setRecBits     = 64 - setKeyBits - setOffBits
 	setRecMax      = 1<<setRecBits - 1
 	slotsPerBucket = 8
 	hashMul        = 0x9E3779B97F4A7C15
@@ -79,10 +81,10 @@ func (t *winSet) home(h uint64) uint64 {
 	return b * slotsPerBucket
 }
 
-func (t *winSet) insert(key uint64, rec int) {
+func (t *winSet) insert(key uint64, rec, off int) {
 	h := key * hashMul
 	t.filter[h>>t.fshift] |= filterMask(h)
-	v := key<<setRecBits | uint64(rec+1)
+	v := key<<(setRecBits+setOffBits) | uint64(off)<<setRecBits | uint64(rec+1)
 	for i := t.home(h); ; i++ {
 		if i == uint64(len(t.slots)) {
 			i = 0 // past the spare buckets (not at ≤ 80 % load in practice): wrap
@@ -111,14 +113,15 @@ func (t *winSet) has(key uint64) bool {
 		if s == 0 {
 			return false
 		}
-		if s>>setRecBits == key {
+		if s>>(setRecBits+setOffBits) == key {
 			return true
 		}
 	}
 }
 
-// each calls f with the index of every marker that has a window whose canonical key is key.
-func (t *winSet) each(key uint64, f func(rec int)) {
+// each calls f with the index of every marker that has a window whose canonical key is key, and
+// the window's offset in its body.
+func (t *winSet) each(key uint64, f func(rec, off int)) {
 	if len(t.slots) == 0 {
 		return
 	}
@@ -130,8 +133,8 @@ func (t *winSet) each(key uint64, f func(rec int)) {
 		if s == 0 {
 			return
 		}
-		if s>>setRecBits == key {
-			f(int(s&setRecMax) - 1)
+		if s>>(setRecBits+setOffBits) == key {
+			f(int(s&setRecMax)-1, int(s>>setRecBits&(1<<setOffBits-1)))
 		}
 	}
 }
@@ -189,7 +192,7 @@ func buildWinSet(recs []markerRec, lo, hi int) winSet {
 	t := newWinSet((hi - lo) * windowsPerRec)
 	for i := lo; i < hi; i++ {
 		for off := 0; off+setLen <= MarkerChars; off++ {
-			t.insert(setKeyOf(recs[i].body[off:off+setLen]), i)
+			t.insert(setKeyOf(recs[i].body[off:off+setLen]), i, off)
 		}
 	}
 	return t
