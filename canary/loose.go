@@ -1,7 +1,6 @@
 package canary
 
 import (
-	"math/bits"
 	"unicode/utf8"
 )
 
@@ -66,9 +65,6 @@ type Loose struct {
 	me      uint32 // the requester's tenant index (noTenant when unknown)
 	r       *ring  // the keyring state of this Feed (and the run's stretches, by recsGen)
 	recsGen uint64
-	// the fast path's class array (see fast) and where each entry's character begins
-	cls [8 + fastChunk]byte
-	pos [8 + fastChunk]uint16
 }
 
 // noTenant is the tenant index of a requester the keyring does not know.
@@ -84,9 +80,6 @@ type runState struct {
 	// slow: the next character of the run goes to the exact check (the 7-character window that
 	// ends here is a live marker's, so the 8-character one ending there may be).
 	slow bool
-	// idx counts the characters of the field (a break may count too): windows are probed where
-	// it is even, so that of two neighbours in a run exactly one is (see winSet).
-	idx uint64
 }
 
 // align is a stretch of one live marker's body that the run's last n characters spell.
@@ -221,61 +214,46 @@ func (l *Loose) feed(dst, text []byte, final, all bool) ([]byte, *Hit) {
 	return dst, nil
 }
 
-// fastChunk is how many characters the fast path reads into its class array at a time.
-const fastChunk = 256
-
-// fastTab drives the fast path's first pass over ASCII: the byte's class, or 0xFF for a byte that
-// breaks a run, and fastAdv when it takes an entry of the class array (separators do not);
-// fastSlow for '&' and '\\' (escapes) and non-ASCII bytes.
-var fastTab = func() (t [256]uint16) {
-	for c := 0; c < 256; c++ {
-		switch kd := asciiKind[c]; {
-		case kd >= 1 && kd <= 32:
-			t[c] = uint16(kd-1) | fastAdv
-		case kd == kindSep:
-			t[c] = 0
-		case kd == kindBreak:
-			t[c] = 0xFF | fastAdv
-		default:
-			t[c] = fastSlow
-		}
-	}
-	return t
-}()
-
-const (
-	fastAdv  = 1 << 8
-	fastSlow = 1 << 9
-)
-
-// fast reads b from i, a chunk at a time, in two passes. The first reads the characters into
-// l.cls, one class a byte (0xFF for a character that breaks a run; separators are skipped): ASCII,
-// and 2- and 3-byte UTF-8 characters that break or separate (most of CJK). The second probes the
-// filter with the 7 classes ending at every entry whose idx is even (an 8-byte load, no chain
-// from one probe to the next); a window that holds a break is no marker's. It returns where it
-// stopped: at a character whose window is a live marker's (the exact check then takes it, with
-// the run's state as it was before it), or at a character it does not read (an escape, a
-// character that reads as marker characters), or at the end.
+// fast reads b from i while its characters are ASCII marker characters, separators, bytes that
+// break a run, or 2- and 3-byte UTF-8 characters that separate or break (most of CJK), and the
+// run's 7-character windows probed (at even lengths, see winSet) are in no live marker; it
+// returns where it stopped (i when b[i] needs the slow path: a window that is a marker's, an
+// escape, another character). The run's state stays in registers.
 func (l *Loose) fast(b []byte, i int) int {
+	fk, rk, n := l.run.fk, l.run.rk, l.run.n
 	r := l.r
 	fb, fbs := r.base.filter, r.base.fshift
 	fd, fds := r.delta.filter, r.delta.fshift
 	hasDelta := r.nbase < len(r.recs)
-	cls, pos := &l.cls, &l.pos
-	for i < len(b) {
-		l.run.tail(cls[:8])
-		k, j := 8, i
-		stop := false
-	read:
-		for k < len(cls) && j < len(b) && j-i < 0xFFFF-4 {
-			c := b[j]
-			e := fastTab[c]
-			if e&fastSlow == 0 {
-				cls[k], pos[k] = byte(e), uint16(j-i)
-				k += int(e >> 8)
-				j++
-				continue
+	j := i
+loop:
+	for j < len(b) {
+		c := b[j]
+		kd := asciiKind[c]
+		if kd-1 < 32 {
+			x := uint64(kd - 1)
+			nfk := (fk<<5 | x) & winKeyMask
+			nrk := rk>>5 | x<<(winKeyBits-5)
+			if n&1 != 0 && n >= HoldMin-1 {
+				// The run becomes even and at least HoldMin long: probe its last 7 characters.
+				key := runSetKey(nfk, nrk)
+				h := key * hashMul
+				m := filterMask(h)
+				if (fb[h>>fbs]&m == m || hasDelta && fd[h>>fds]&m == m) && r.hasWindow(key) {
+					break loop // the slow path takes this character
+				}
 			}
+			fk, rk, n = nfk, nrk, n+1
+			j++
+			continue
+		}
+		switch kd {
+		case kindSep:
+			j++
+		case kindBreak:
+			fk, rk, n = 0, 0, 0
+			j++
+		case kindWide:
 			// Decode a valid 2- or 3-byte sequence inline (anything else: the slow path).
 			var ru rune
 			var size int
@@ -283,78 +261,28 @@ func (l *Loose) fast(b []byte, i int) int {
 			case c >= 0xE0 && c <= 0xEF && j+2 < len(b) && b[j+1]&0xC0 == 0x80 && b[j+2]&0xC0 == 0x80:
 				ru = rune(c&0x0F)<<12 | rune(b[j+1]&0x3F)<<6 | rune(b[j+2]&0x3F)
 				if ru < 0x800 || ru >= 0xD800 && ru <= 0xDFFF {
-					stop = true // overlong or a surrogate: not a character
-					break read
+					break loop // overlong or a surrogate: not a character
 				}
 				size = 3
 			case c >= 0xC2 && c <= 0xDF && j+1 < len(b) && b[j+1]&0xC0 == 0x80:
 				ru, size = rune(c&0x1F)<<6|rune(b[j+1]&0x3F), 2
 			default:
-				stop = true
-				break read
+				break loop
 			}
 			switch bmpFold[ru] {
 			case 0:
-				cls[k], pos[k] = 0xFF, uint16(j-i)
-				k++
+				fk, rk, n = 0, 0, 0
 			case 1:
 			default:
-				stop = true // reads as marker characters
-				break read
+				break loop // reads as marker characters
 			}
 			j += size
-		}
-		// cls[8] has idx l.run.idx+1: probe where that is even.
-		p := 8 + int(l.run.idx&1^1)
-		for ; p < k; p += 2 {
-			v := uint64(cls[p-7]) | uint64(cls[p-6])<<8 | uint64(cls[p-5])<<16 | uint64(cls[p-4])<<24 |
-				uint64(cls[p-3])<<32 | uint64(cls[p-2])<<40 | uint64(cls[p-1])<<48 | uint64(cls[p])<<56
-			f := v >> 8
-			key := min(f, bits.ReverseBytes64(v)&(1<<56-1))
-			h := key * hashMul
-			m := filterMask(h)
-			if (fb[h>>fbs]&m == m || hasDelta && fd[h>>fds]&m == m) && r.hasWindow(key) {
-				l.run.settle(cls[:p])
-				return i + int(pos[p])
-			}
-		}
-		l.run.settle(cls[:k])
-		if stop {
-			return j
-		}
-		i = j
-	}
-	return i
-}
-
-// tail writes the run's last 8 characters into c (oldest first), 0xFF where the run is shorter.
-func (r *runState) tail(c []byte) {
-	for t := 0; t < HoldMin; t++ {
-		if t < r.n {
-			c[HoldMin-1-t] = byte(r.fk >> (5 * t) & 31)
-		} else {
-			c[HoldMin-1-t] = 0xFF
+		default:
+			break loop
 		}
 	}
-}
-
-// settle takes the run's state from the fast path's class array c (its first 8 entries are the
-// run's tail as tail wrote it): the last 8 characters, the run's length up to 8 (only whether it
-// reaches 7 or 8 matters beyond that), idx.
-func (r *runState) settle(c []byte) {
-	r.idx += uint64(len(c) - HoldMin)
-	n := 0
-	for n < HoldMin && c[len(c)-1-n] != 0xFF {
-		n++
-	}
-	r.n = n
-	var fk, rk uint64
-	for t := len(c) - n; t < len(c); t++ {
-		x := uint64(c[t])
-		fk = (fk<<5 | x) & winKeyMask
-		rk = rk>>5 | x<<(winKeyBits-5)
-	}
-	r.fk, r.rk = fk, rk
+	l.run.fk, l.run.rk, l.run.n = fk, rk, n
+	return j
 }
 
 // unit takes one character of the text (b[i:i+size]) that reads as marker characters.
@@ -400,7 +328,6 @@ func (r *runState) push(x uint8) {
 	r.fk = (r.fk<<5 | uint64(x)) & winKeyMask
 	r.rk = r.rk>>5 | uint64(x)<<(winKeyBits-5)
 	r.n++
-	r.idx++
 }
 
 // step adds one character (its class) to the run. drop: it belongs to a foreign stretch of
@@ -427,9 +354,8 @@ func (l *Loose) step(x uint8) (drop bool, evidence int) {
 	}
 	r.al = kept
 	// The exact check where the 8 characters ending here may be a marker's window (see winSet:
-	// at even idx, and after an even idx whose 7-character window is a marker's).
-	even := r.idx&1 == 0
-	if r.n >= HoldMin-1 && (even || wasSlow) && l.probe(r.fk, r.rk, r.n >= HoldMin) && even {
+	// at even lengths, and after an even length whose 7-character window is a marker's).
+	if r.n >= HoldMin && (r.n&1 == 0 || wasSlow) && l.probe(r.fk, r.rk) && r.n&1 == 0 {
 		r.slow = true // the next character's window holds this 7-character one
 	}
 	evidence = -1
@@ -454,12 +380,9 @@ func (l *Loose) step(x uint8) (drop bool, evidence int) {
 // backwards) spell, forwards or backwards: the markers with a 7-character window equal to the
 // run's last 7 characters (either way), checked one character further. found: the last 7
 // characters are some live marker's window.
-func (l *Loose) probe(fk, rk uint64, exact bool) (found bool) {
+func (l *Loose) probe(fk, rk uint64) (found bool) {
 	r := l.r
 	return r.eachWindow(runSetKey(fk, rk), func(rec, off int) {
-		if !exact {
-			return // the run is 7 long: only whether its window is a marker's
-		}
 		m := &r.recs[rec]
 		// Forwards the run's last 8 are body[off−1 : off+7]; backwards its newest character is
 		// body[off] and its last 8 are body[off : off+8] read from the end.

@@ -84,7 +84,7 @@ func (t *winSet) home(h uint64) uint64 {
 func (t *winSet) insert(key uint64, rec, off int) {
 	h := key * hashMul
 	t.filter[h>>t.fshift] |= filterMask(h)
-	v := pack35(key)<<(setRecBits+setOffBits) | uint64(off)<<setRecBits | uint64(rec+1)
+	v := key<<(setRecBits+setOffBits) | uint64(off)<<setRecBits | uint64(rec+1)
 	for i := t.home(h); ; i++ {
 		if i == uint64(len(t.slots)) {
 			i = 0 // past the spare buckets (not at ≤ 80 % load in practice): wrap
@@ -105,10 +105,6 @@ func (t *winSet) mayHave(key uint64) bool {
 
 // has says whether a window has key (the filter passed).
 func (t *winSet) has(key uint64) bool {
-	if key&notClasses != 0 {
-		return false // a byte that is no class (a break in the fast path's view)
-	}
-	pk := pack35(key)
 	for i := t.home(key * hashMul); ; i++ {
 		if i == uint64(len(t.slots)) {
 			i = 0
@@ -117,7 +113,7 @@ func (t *winSet) has(key uint64) bool {
 		if s == 0 {
 			return false
 		}
-		if s>>(setRecBits+setOffBits) == pk {
+		if s>>(setRecBits+setOffBits) == key {
 			return true
 		}
 	}
@@ -126,10 +122,9 @@ func (t *winSet) has(key uint64) bool {
 // each calls f with the index of every marker that has a window whose canonical key is key, and
 // the window's offset in its body.
 func (t *winSet) each(key uint64, f func(rec, off int)) {
-	if len(t.slots) == 0 || key&notClasses != 0 {
+	if len(t.slots) == 0 {
 		return
 	}
-	pk := pack35(key)
 	for i := t.home(key * hashMul); ; i++ {
 		if i == uint64(len(t.slots)) {
 			i = 0
@@ -138,7 +133,7 @@ func (t *winSet) each(key uint64, f func(rec, off int)) {
 		if s == 0 {
 			return
 		}
-		if s>>(setRecBits+setOffBits) == pk {
+		if s>>(setRecBits+setOffBits) == key {
 			f(int(s&setRecMax)-1, int(s>>setRecBits&(1<<setOffBits-1)))
 		}
 	}
@@ -178,40 +173,18 @@ func reversedWindowKey(w []byte) uint64 {
 // canonKey is the key a window is stored under: the smaller of its two readings.
 func canonKey(fwd, rev uint64) uint64 { return min(fwd, rev) }
 
-// A set key is 7 classes one byte each, the oldest character of the text in the lowest byte
-// (what the fast path loads from its class array), under the canonical choice of direction; the
-// slots keep them packed 5 bits a character (pack35).
-const notClasses = 0x00E0E0E0E0E0E0E0 // bits no class sets
-
-// pack35 packs a set key's 7 bytes 5 bits each.
-func pack35(key uint64) uint64 {
-	var p uint64
-	for i := 0; i < setLen; i++ {
-		p = p<<5 | key>>(8*i)&31
-	}
-	return p
-}
-
-// revBytes7 reverses the order of a set key's 7 bytes.
-func revBytes7(key uint64) uint64 { return bits.ReverseBytes64(key) >> 8 }
-
 // runSetKey is the canonical set key of the last 7 characters of a run whose last HoldMin
-// characters are fk (5 bits each, newest in the low bits).
-func runSetKey(fk, rk uint64) uint64 {
-	var k uint64
-	for i := 0; i < setLen; i++ {
-		k |= (fk >> (5 * (setLen - 1 - i)) & 31) << (8 * i)
-	}
-	return canonKey(k, revBytes7(k))
-}
+// characters are fk (newest in the low bits) and rk (the same backwards).
+func runSetKey(fk, rk uint64) uint64 { return canonKey(fk&setKeyMask, rk>>5) }
 
 // setKeyOf is the canonical set key of 7 characters of a marker body.
 func setKeyOf(w []byte) uint64 {
-	var k uint64
+	var f, r uint64
 	for i := 0; i < setLen; i++ {
-		k |= uint64(classIdx[w[i]]) << (8 * i)
+		f = f<<5 | uint64(classIdx[w[i]])
+		r = r<<5 | uint64(classIdx[w[setLen-1-i]])
 	}
-	return canonKey(k, revBytes7(k))
+	return canonKey(f, r)
 }
 
 // buildWinSet makes the set of the windows of recs[lo:hi] (indexes stay those of recs).
