@@ -232,7 +232,7 @@ loop:
 		kd := asciiKind[c]
 		if kd-1 < 32 {
 			x := uint64(kd - 1)
-			nfk := (fk<<5 | x) & winKeyMask
+			nfk := fk<<5 | x // masked where it is used: one step less in the chain
 			nrk := rk>>5 | x<<(winKeyBits-5)
 			if n&1 != 0 && n >= HoldMin-1 {
 				// The run becomes even and at least HoldMin long: probe its last 7 characters.
@@ -281,7 +281,7 @@ loop:
 			break loop
 		}
 	}
-	l.run.fk, l.run.rk, l.run.n = fk, rk, n
+	l.run.fk, l.run.rk, l.run.n = fk&winKeyMask, rk, n
 	return j
 }
 
