@@ -62,6 +62,9 @@ type Scanner struct {
 	hist    [contextSide]byte
 	nhist   int // bytes of hist in use: the last bytes emitted, for Hit.Context
 	cut     *Hit
+	// carry (FeedAll): the end of what was emitted so far that begins "KVG-" ("K", "KV", "KVG").
+	carry  [3]byte
+	ncarry int
 }
 
 // NewScanner returns a scanner for replies to tenant. echoes are the foreign markers found in
@@ -81,6 +84,78 @@ func (s *Scanner) Reset(tenant string, echoes []string) {
 	s.nhist = 0
 	s.cut = nil
 	s.buf = s.buf[:0]
+	s.ncarry = 0
+}
+
+// FeedAll is Feed for a value that is emitted whole, which a client joins to the values before
+// it (the joined reading of a reply's text values): nothing is held for the next value. A "K",
+// "KV" or "KVG" that ended what was emitted before is completed into "KVG-" by the start of
+// text as the client joins them: that part of text never goes out, and the run after it is
+// judged as after any "KVG-" (the requester's own marker stripped, a foreign one a leak, anything
+// else redacted). A run cut by the end of text continues into the next value (stripped there too).
+func (s *Scanner) FeedAll(dst, text []byte) ([]byte, Verdict) {
+	if s.cut != nil {
+		return dst, Verdict{Leak: s.cut}
+	}
+	start := len(dst)
+	var v Verdict
+	if s.swallow > 0 {
+		n := b32run(text, s.swallow)
+		if n < len(text) {
+			s.swallow = 0
+		} else {
+			s.swallow -= n
+		}
+		text = text[n:]
+	}
+	for s.ncarry > 0 && bytes.HasPrefix(text, prefixBytes[s.ncarry:]) {
+		rest := text[len(MarkerPrefix)-s.ncarry:]
+		r := b32run(rest, MarkerChars)
+		cl, owner, epoch := s.classify(rest[:r], true)
+		switch cl {
+		case classLeak:
+			h := s.hit(dst[start:], append(append([]byte{}, MarkerPrefix...), rest[:r]...), rest[r:], owner, epoch)
+			s.cut = &h
+			v.Leak = s.cut
+			return dst, v
+		case classOwn, classEcho:
+			if cl == classEcho {
+				v.Echoes = append(v.Echoes, s.hit(dst[start:], append(append([]byte{}, MarkerPrefix...), rest[:r]...), rest[r:], owner, epoch))
+			}
+			if r == len(rest) && r < MarkerChars {
+				s.swallow = MarkerChars - r // the run goes on in the next value
+			}
+			text = rest[r:] // the emitted chain stays: what follows is checked against it again
+		default:
+			// Only the reserved prefix goes (its part in text); the run stays for the folded
+			// detector. Redacted begins with '[': the chain before it can no longer join "KVG-".
+			dst = append(dst, Redacted...)
+			text = rest
+			s.ncarry = 0
+		}
+	}
+	dst = s.scan(dst, start, text, false, true, &v)
+	if v.Leak == nil {
+		s.remember(dst[start:])
+		s.keepCarry(dst[start:])
+	}
+	return dst, v
+}
+
+// keepCarry updates carry with out, just emitted.
+func (s *Scanner) keepCarry(out []byte) {
+	var tail [3]byte
+	n := 0
+	for i := len(out) - 1; i >= 0 && n < 3; i-- {
+		n++
+		tail[3-n] = out[i]
+	}
+	for i := s.ncarry - 1; i >= 0 && n < 3; i-- {
+		n++
+		tail[3-n] = s.carry[i]
+	}
+	s.ncarry = partialSuffix(tail[3-n:])
+	copy(s.carry[:], tail[3-s.ncarry:])
 }
 
 // Feed takes the new decoded text of one event and appends to dst the text that may be emitted
