@@ -26,8 +26,9 @@ type markerRec struct {
 // either way with half the entries of storing both directions.
 //
 // Two levels, so that a probe that misses (nearly all of them) costs one cache line:
-//   - filter: a Bloom filter blocked to one 64-bit word per key (three bits set per window, 10 to
-//     20 bits per window): 16 MB at 10^6 live markers, a false pass about once in 50 probes;
+//   - filter: a Bloom filter blocked to one 64-bit word per key (three bits set per window, 8 to
+//     16 bits per window): 16 MB at 10^6 live markers, a false pass about once in 30 probes
+//     (then the exact set answers);
 //   - slots: the exact set, open-addressed with linear probing from the start of a bucket of 8
 //     slots (one cache line), at most ~80 % full. A slot holds the window's 35 bits, its offset
 //     in the marker body (4 bits) and 1 + the index of its marker in the ring's recs (25 bits, so
@@ -64,7 +65,7 @@ func filterMask(h uint64) uint64 {
 func newWinSet(windows int) winSet {
 	nb := uint64(windows*5/4/slotsPerBucket + 1) // ≤ 80 % full
 	nf := 1
-	for nf*64 < windows*10 {
+	for nf*64 < windows*8 {
 		nf <<= 1
 	}
 	return winSet{
