@@ -137,13 +137,31 @@ func (s *Scanner) FeedAll(dst, text []byte) ([]byte, Verdict) {
 	dst = s.scan(dst, start, text, false, true, &v)
 	if v.Leak == nil {
 		s.remember(dst[start:])
-		s.keepCarry(dst[start:])
+		keepCarry(s, dst[start:])
 	}
 	return dst, v
 }
 
-// keepCarry updates carry with out, just emitted.
-func (s *Scanner) keepCarry(out []byte) {
+// Idle says FeedAll has nothing pending from earlier values: no chain that text could complete
+// into "KVG-", no run to drop the rest of. Then a text without "KVG-" passes FeedAll unchanged,
+// and Pass is enough.
+func (s *Scanner) Idle() bool { return s.ncarry == 0 && s.swallow == 0 && s.cut == nil }
+
+// Pass records text as emitted unchanged (FeedAll's result when Idle and text holds no "KVG-"),
+// reading only its end.
+func (s *Scanner) Pass(text string) {
+	if len(text) >= contextSide {
+		s.nhist = copy(s.hist[:], text[len(text)-contextSide:])
+	} else {
+		keep := min(contextSide-len(text), s.nhist)
+		copy(s.hist[:], s.hist[s.nhist-keep:s.nhist])
+		s.nhist = keep + copy(s.hist[keep:], text)
+	}
+	keepCarry(s, text)
+}
+
+// keepCarry updates s's carry with out, just emitted.
+func keepCarry[T string | []byte](s *Scanner, out T) {
 	var tail [3]byte
 	n := 0
 	for i := len(out) - 1; i >= 0 && n < 3; i-- {

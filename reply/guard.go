@@ -461,18 +461,22 @@ func (gd *Guard) joined(s string) (string, bool) {
 	if gd.joinStrict == nil {
 		gd.joinStrict = gd.sc.Keyring.NewScanner(gd.sc.Requester, gd.sc.Echoes)
 	}
-	if !gd.afford(2 * len(s)) {
-		return "", false
-	}
-	gd.joinIn = append(gd.joinIn[:0], s...)
-	out, v := gd.joinStrict.FeedAll(gd.buf[:0], gd.joinIn)
-	gd.buf = out[:0]
-	gd.note(v)
-	if v.Leak != nil {
-		return "", false
-	}
-	if string(out) != s {
-		s = string(out)
+	if js := gd.joinStrict; js.Idle() && !strings.Contains(s, canary.MarkerPrefix) {
+		js.Pass(s) // the usual case: nothing to join, no copy
+	} else {
+		if !gd.afford(2 * len(s)) {
+			return "", false
+		}
+		gd.joinIn = append(gd.joinIn[:0], s...)
+		out, v := js.FeedAll(gd.buf[:0], gd.joinIn)
+		gd.buf = out[:0]
+		gd.note(v)
+		if v.Leak != nil {
+			return "", false
+		}
+		if string(out) != s {
+			s = string(out)
+		}
 	}
 	if gd.sc.Text != nil {
 		if h := gd.sc.Text.Feed(s); h != nil {
