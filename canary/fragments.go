@@ -18,7 +18,8 @@ func (k *Keyring) FindMarkerFragments(text string) []string {
 		mask uint32
 	}
 	var order []found
-	l := &Loose{k: k, tenant: "\x00", collect: func(rec, lo, n int) {
+	l := &Loose{k: k, tenant: "\x00"}
+	l.collect = func(rec, lo, n int) {
 		span := uint32(1)<<uint(lo+n) - uint32(1)<<uint(lo)
 		for i := range order {
 			if order[i].rec == rec {
@@ -26,8 +27,8 @@ func (k *Keyring) FindMarkerFragments(text string) []string {
 				return
 			}
 		}
-		order = append(order, found{rec, k.recs[rec].body, span}) // under feed's read lock
-	}}
+		order = append(order, found{rec, l.r.recs[rec].body, span})
+	}
 	l.feed(nil, []byte(text), true, false)
 	if len(order) == 0 {
 		return nil

@@ -15,14 +15,6 @@ type Owner struct {
 	Epoch  uint64
 }
 
-// entry is one live marker, stored by the 40-bit key of its first FragmentMin characters. It holds
-// no pointers, so a million of them cost the garbage collector nothing to scan (~40 MB of map).
-type entry struct {
-	rest   [MarkerChars - FragmentMin]byte // characters 8..19 after "KVG-"
-	tenant uint32                          // index into Keyring.tenants
-	epoch  uint64
-}
-
 type curMarker struct {
 	epoch  uint64
 	marker string
@@ -33,38 +25,42 @@ type tenantState struct {
 	cur  atomic.Pointer[curMarker] // cache for Current: one HMAC per tenant per epoch
 }
 
+// ring is one immutable state of the keyring: the tenants, every live marker (recs) and the sets
+// of their windows. Readers load it once (Keyring.ring) and use it without locks; Refresh and
+// AddTenant build the next one off to the side and swap it in, so a scan never waits on them.
+//
+// recs[:nbase] are in base, recs[nbase:] (markers of tenants added since base was built) in
+// delta, a small set rebuilt with each addition until it grows past a fraction of base, when
+// both are merged. A later ring may append to recs past this ring's length (never within it).
+type ring struct {
+	tenants   []*tenantState
+	tenantIdx map[string]uint32
+	recs      []markerRec
+	nbase     int
+	base      winSet
+	delta     winSet
+	lo, hi    uint64 // live epochs, inclusive; valid when live
+	live      bool
+	// recsGen changes when markers move in recs (a refresh): a detector holding indexes into
+	// recs across Feeds drops them then.
+	recsGen uint64
+}
+
 // Keyring derives and recognizes markers. Epoch = unix time / epochLen. A marker is live (known to
 // Lookup and the scanners) while its epoch lies within the detect window before now, plus the
-// next epoch so that a replica whose clock runs slightly ahead is still recognized. Lookups are one
-// map access by the first 8 characters, whatever the number of live markers.
+// next epoch so that a replica whose clock runs slightly ahead is still recognized. Lookups are a
+// probe of a window set by the marker's first 8 characters, whatever the number of live markers.
 //
-// Concurrency: all methods are safe for concurrent use. Lookups take a read lock; Refresh and
-// AddTenant derive markers outside the lock and take the write lock only to insert and delete.
+// Concurrency: all methods are safe for concurrent use. Readers take no lock: they load the
+// current ring (an atomic pointer). Refresh and AddTenant (serialized by slow) derive markers and
+// build the next ring without holding anything a reader needs, then swap it in.
 type Keyring struct {
 	secret       []byte
 	epochLen     time.Duration
 	detectWindow time.Duration
 
 	slow sync.Mutex // serializes Refresh and AddTenant (the slow paths)
-
-	mu        sync.RWMutex
-	tenants   []*tenantState
-	tenantIdx map[string]uint32
-	byPrefix  map[uint64]entry
-	overflow  map[uint64][]entry // further entries whose first 8 characters collide (rare)
-	// recs: every live marker, and wins: every HoldMin-character window of their bodies (in
-	// classes) → its marker in recs. So the folded detector finds a run from any offset of any
-	// live marker, in either direction, with one probe of an open-addressed table. recs keeps
-	// markers of dropped epochs until the next rebuild (dead: tenant == deadRec).
-	recs []markerRec
-	wins winTable
-	// recsGen counts rebuilds that moved markers in recs: a detector holding indexes into recs
-	// across Feeds drops them when it changes.
-	recsGen   uint64
-	epochKeys map[uint64][]uint64 // epoch → keys inserted for it, so Refresh can drop it
-	lo, hi    uint64              // live epochs, inclusive; valid when live
-	live      bool
-	count     int
+	cur  atomic.Pointer[ring]
 }
 
 // NewKeyring builds a keyring for the given tenants and derives their live markers for the
@@ -80,23 +76,21 @@ func NewKeyring(secret []byte, epochLen, detectWindow time.Duration, tenants []s
 		secret:       append([]byte(nil), secret...),
 		epochLen:     epochLen,
 		detectWindow: detectWindow,
-		tenantIdx:    make(map[string]uint32),
-		byPrefix:     make(map[uint64]entry),
-		overflow:     make(map[uint64][]entry),
-		wins:         newWinTable(0),
-		epochKeys:    make(map[uint64][]uint64),
 	}
-	k.mu.Lock()
+	r := &ring{tenantIdx: make(map[string]uint32), base: newWinSet(0), delta: newWinSet(0)}
 	for _, t := range tenants {
-		if _, ok := k.tenantIdx[t]; !ok {
-			k.tenantIdx[t] = uint32(len(k.tenants))
-			k.tenants = append(k.tenants, &tenantState{name: t})
+		if _, ok := r.tenantIdx[t]; !ok {
+			r.tenantIdx[t] = uint32(len(r.tenants))
+			r.tenants = append(r.tenants, &tenantState{name: t})
 		}
 	}
-	k.mu.Unlock()
+	k.cur.Store(r)
 	k.Refresh(time.Now())
 	return k
 }
+
+// ring is the keyring's current state.
+func (k *Keyring) ring() *ring { return k.cur.Load() }
 
 // Epoch returns the epoch that contains t.
 func (k *Keyring) Epoch(t time.Time) uint64 {
@@ -112,18 +106,13 @@ func (k *Keyring) EpochLen() time.Duration     { return k.epochLen }
 func (k *Keyring) DetectWindow() time.Duration { return k.detectWindow }
 
 // LiveMarkers returns how many markers are live (for metrics and benchmarks).
-func (k *Keyring) LiveMarkers() int {
-	k.mu.RLock()
-	defer k.mu.RUnlock()
-	return k.count
-}
+func (k *Keyring) LiveMarkers() int { return len(k.ring().recs) }
 
 // Tenants returns the tenants the keyring knows.
 func (k *Keyring) Tenants() []string {
-	k.mu.RLock()
-	defer k.mu.RUnlock()
-	out := make([]string, len(k.tenants))
-	for i, t := range k.tenants {
+	r := k.ring()
+	out := make([]string, len(r.tenants))
+	for i, t := range r.tenants {
 		out[i] = t.name
 	}
 	return out
@@ -134,176 +123,112 @@ func (k *Keyring) Tenants() []string {
 func (k *Keyring) AddTenant(name string) {
 	k.slow.Lock()
 	defer k.slow.Unlock()
-	k.mu.RLock()
-	_, known := k.tenantIdx[name]
-	lo, hi, live := k.lo, k.hi, k.live
-	k.mu.RUnlock()
-	if known {
+	old := k.ring()
+	if _, known := old.tenantIdx[name]; known {
 		return
 	}
-	k.mu.Lock()
-	idx := uint32(len(k.tenants))
-	k.tenantIdx[name] = idx
-	k.tenants = append(k.tenants, &tenantState{name: name})
-	k.mu.Unlock()
-	if !live {
-		return
+	r := &ring{lo: old.lo, hi: old.hi, live: old.live, nbase: old.nbase, base: old.base, recsGen: old.recsGen}
+	r.tenants = append(old.tenants[:len(old.tenants):len(old.tenants)], &tenantState{name: name})
+	r.tenantIdx = make(map[string]uint32, len(old.tenantIdx)+1)
+	for n, i := range old.tenantIdx {
+		r.tenantIdx[n] = i
 	}
-	ents, keys := k.derive([]string{name}, idx, lo, hi)
-	k.mu.Lock()
-	k.insertLocked(ents, keys)
-	k.mu.Unlock()
+	idx := uint32(len(old.tenants))
+	r.tenantIdx[name] = idx
+	r.recs = old.recs
+	if old.live {
+		// Appending writes past old.recs' length only: readers of old never look there.
+		r.recs = append(r.recs, k.derive([]string{name}, idx, old.lo, old.hi)...)
+	}
+	if len(r.recs)-r.nbase > r.nbase/8+1024 {
+		r.nbase, r.base, r.delta = len(r.recs), buildWinSet(r.recs, 0, len(r.recs)), newWinSet(0)
+	} else {
+		r.delta = buildWinSet(r.recs, r.nbase, len(r.recs))
+	}
+	k.cur.Store(r)
 }
 
 // Refresh adds the markers of epochs that became live by now and drops those older than the
 // detect window. The gateway calls it from a ticker (at least once per epoch), not on the hot path.
+// The next ring is built beside the current one (at 10^6 live markers, about a second and its
+// memory twice over for that time) and swapped in.
 func (k *Keyring) Refresh(now time.Time) {
 	k.slow.Lock()
 	defer k.slow.Unlock()
 	cur := k.Epoch(now)
 	lo := k.Epoch(now.Add(-k.detectWindow))
 	hi := cur + 1
-
-	k.mu.RLock()
-	names := make([]string, len(k.tenants))
-	for i, t := range k.tenants {
+	old := k.ring()
+	if old.live && old.lo == lo && old.hi == hi {
+		return
+	}
+	names := make([]string, len(old.tenants))
+	for i, t := range old.tenants {
 		names[i] = t.name
 	}
-	olo, ohi, live := k.lo, k.hi, k.live
-	k.mu.RUnlock()
-
-	// Derive every epoch in [lo, hi] not already present, outside the lock.
-	var ents []entry
-	var keys []uint64
+	recs := make([]markerRec, 0, len(names)*int(hi-lo+1))
+	for _, m := range old.recs {
+		if m.epoch >= lo && m.epoch <= hi {
+			recs = append(recs, m)
+		}
+	}
 	for e := lo; e <= hi; e++ {
-		if live && e >= olo && e <= ohi {
+		if old.live && e >= old.lo && e <= old.hi {
 			continue
 		}
-		en, ke := k.derive(names, 0, e, e)
-		ents = append(ents, en...)
-		keys = append(keys, ke...)
+		recs = append(recs, k.derive(names, 0, e, e)...)
 	}
-
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.insertLocked(ents, keys)
-	if live {
-		dropped := false
-		for e := olo; e <= ohi; e++ {
-			if e < lo || e > hi {
-				k.dropEpochLocked(e)
-				dropped = true
-			}
-		}
-		if dropped {
-			k.rebuildWindowsLocked()
-		}
-	}
-	k.lo, k.hi, k.live = lo, hi, true
+	k.cur.Store(&ring{tenants: old.tenants, tenantIdx: old.tenantIdx, recs: recs, nbase: len(recs),
+		base: buildWinSet(recs, 0, len(recs)), delta: newWinSet(0), lo: lo, hi: hi, live: true, recsGen: old.recsGen + 1})
 }
 
 // derive computes the markers of names (tenant indexes starting at firstIdx) for epochs lo..hi.
-func (k *Keyring) derive(names []string, firstIdx uint32, lo, hi uint64) ([]entry, []uint64) {
+func (k *Keyring) derive(names []string, firstIdx uint32, lo, hi uint64) []markerRec {
 	mac := hmac.New(sha256.New, k.secret)
-	n := len(names) * int(hi-lo+1)
-	ents := make([]entry, 0, n)
-	keys := make([]uint64, 0, n)
+	out := make([]markerRec, 0, len(names)*int(hi-lo+1))
 	var m [MarkerLen]byte
 	for e := lo; e <= hi; e++ {
 		for i, name := range names {
 			markerInto(&m, mac, name, e)
-			c := m[len(MarkerPrefix):]
-			var en entry
-			copy(en.rest[:], c[FragmentMin:])
-			en.tenant = firstIdx + uint32(i)
-			en.epoch = e
-			ents = append(ents, en)
-			keys = append(keys, prefixKey(c))
+			var rec markerRec
+			copy(rec.body[:], m[len(MarkerPrefix):])
+			rec.tenant = firstIdx + uint32(i)
+			rec.epoch = e
+			out = append(out, rec)
 		}
 	}
-	return ents, keys
+	return out
 }
 
-func (k *Keyring) insertLocked(ents []entry, keys []uint64) {
-	for i, en := range ents {
-		key := keys[i]
-		if _, taken := k.byPrefix[key]; taken {
-			k.overflow[key] = append(k.overflow[key], en)
-		} else {
-			k.byPrefix[key] = en
-		}
-		k.epochKeys[en.epoch] = append(k.epochKeys[en.epoch], key)
-		k.count++
-		rec := markerRec{body: entryBody(key, &en), tenant: en.tenant, epoch: en.epoch}
-		k.recs = append(k.recs, rec)
-		if 2*len(k.recs)*windowsPerRec <= len(k.wins.slots) {
-			k.wins.insertRec(&k.recs[len(k.recs)-1], len(k.recs)-1)
-		}
+// eachWindow calls f with every live marker (its index in r.recs) that has a 7-character window
+// whose canonical key is key, and the window's offset (the caller checks which way it reads).
+// found: the key is a window of some live marker.
+func (r *ring) eachWindow(key uint64, f func(rec, off int)) (found bool) {
+	g := func(rec, off int) { found = true; f(rec, off) }
+	if r.base.mayHave(key) {
+		r.base.each(key, g)
 	}
-	if 2*len(k.recs)*windowsPerRec > len(k.wins.slots) {
-		k.rebuildWindowsLocked()
+	if r.delta.mayHave(key) {
+		r.delta.each(key, g)
 	}
+	return found
 }
 
-// deadRec marks a markerRec of a dropped epoch.
-const deadRec = ^uint32(0)
-
-// rebuildWindowsLocked drops dead markers from recs and builds the window table anew.
-func (k *Keyring) rebuildWindowsLocked() {
-	live := k.recs[:0]
-	for _, r := range k.recs {
-		if r.tenant != deadRec {
-			live = append(live, r)
-		}
-	}
-	clear(k.recs[len(live):])
-	k.recs = live
-	k.recsGen++
-	k.wins = buildWindows(k.recs)
+// hasWindow says whether any live marker has a 7-character window whose canonical key is key.
+func (r *ring) hasWindow(key uint64) bool {
+	return r.base.mayHave(key) && r.base.has(key) || r.delta.mayHave(key) && r.delta.has(key)
 }
 
-// entryBody rebuilds the 20 characters of the marker stored as en under prefix key key.
-func entryBody(key uint64, en *entry) (body [MarkerChars]byte) {
-	for i := FragmentMin - 1; i >= 0; i-- {
-		body[i] = b32alphabet[key&31]
-		key >>= 5
-	}
-	copy(body[FragmentMin:], en.rest[:])
-	return body
-}
-
-func (k *Keyring) dropEpochLocked(e uint64) {
-	for _, key := range k.epochKeys[e] {
-		ov := k.overflow[key]
-		kept := ov[:0]
-		for _, en := range ov {
-			if en.epoch != e {
-				kept = append(kept, en)
-			} else {
-				k.count--
-			}
+// prefixed calls f with every live marker whose body begins with the 8 characters c (lowercase
+// base32): the prefix scanner's and Lookup's candidates, found by the window set.
+func (r *ring) prefixed(c []byte, f func(m *markerRec)) {
+	w := c[:FragmentMin]
+	r.eachWindow(setKeyOf(w), func(rec, off int) {
+		m := &r.recs[rec]
+		if off == 0 && string(m.body[:FragmentMin]) == string(w) {
+			f(m)
 		}
-		if main, ok := k.byPrefix[key]; ok && main.epoch == e {
-			k.count--
-			if len(kept) > 0 {
-				k.byPrefix[key] = kept[0]
-				kept = kept[1:]
-			} else {
-				delete(k.byPrefix, key)
-			}
-		}
-		if len(kept) == 0 {
-			delete(k.overflow, key)
-		} else {
-			k.overflow[key] = kept
-		}
-	}
-	delete(k.epochKeys, e)
-	for i := range k.recs {
-		if k.recs[i].epoch == e {
-			k.recs[i].tenant = deadRec
-		}
-	}
+	})
 }
 
 // Current returns tenant's marker for the epoch of now, adding the tenant if it is unknown (so
@@ -311,23 +236,18 @@ func (k *Keyring) dropEpochLocked(e uint64) {
 // was not called in time, it refreshes first.
 func (k *Keyring) Current(tenant string, now time.Time) (marker string, epoch uint64) {
 	epoch = k.Epoch(now)
-	k.mu.RLock()
-	idx, known := k.tenantIdx[tenant]
-	stale := !k.live || epoch > k.hi
-	var ts *tenantState
-	if known {
-		ts = k.tenants[idx]
-	}
-	k.mu.RUnlock()
-	if stale {
+	r := k.ring()
+	if !r.live || epoch > r.hi {
 		k.Refresh(now)
+		r = k.ring()
 	}
+	idx, known := r.tenantIdx[tenant]
 	if !known {
 		k.AddTenant(tenant)
-		k.mu.RLock()
-		ts = k.tenants[k.tenantIdx[tenant]]
-		k.mu.RUnlock()
+		r = k.ring()
+		idx = r.tenantIdx[tenant]
 	}
+	ts := r.tenants[idx]
 	if c := ts.cur.Load(); c != nil && c.epoch == epoch {
 		return c.marker, epoch
 	}
@@ -347,24 +267,15 @@ func (k *Keyring) Lookup(marker string) (Owner, bool) {
 			return Owner{}, false
 		}
 	}
-	var key uint64
-	for i := 0; i < FragmentMin; i++ {
-		key = key<<5 | uint64(b32val[c[i]])
-	}
-	rest := c[FragmentMin:]
-	k.mu.RLock()
-	defer k.mu.RUnlock()
-	if en, ok := k.byPrefix[key]; ok {
-		if string(en.rest[:]) == rest {
-			return Owner{Tenant: k.tenants[en.tenant].name, Epoch: en.epoch}, true
+	r := k.ring()
+	var o Owner
+	found := false
+	r.prefixed([]byte(c), func(m *markerRec) {
+		if !found && string(m.body[:]) == c {
+			o, found = Owner{Tenant: r.tenants[m.tenant].name, Epoch: m.epoch}, true
 		}
-		for _, en := range k.overflow[key] {
-			if string(en.rest[:]) == rest {
-				return Owner{Tenant: k.tenants[en.tenant].name, Epoch: en.epoch}, true
-			}
-		}
-	}
-	return Owner{}, false
+	})
+	return o, found
 }
 
 // FindMarkers returns the live complete markers present in text, each once, in order of first

@@ -5,6 +5,7 @@ package canary
 // BenchmarkScannerSideBySide measures today's scanner against it in one run.
 
 import (
+	"sync"
 	"unicode"
 	"unicode/utf8"
 )
@@ -20,9 +21,19 @@ func legacyWindowKey(w []byte) uint64 {
 // newLegacyLoose builds main's window maps from k's markers.
 func newLegacyLoose(k *Keyring, tenant string) *legacyLoose {
 	l := &legacyLoose{k: k, tenant: tenant, windows: map[uint64]uint64{}, winOverflow: map[uint64][]uint64{}}
-	k.mu.RLock()
-	defer k.mu.RUnlock()
-	for _, r := range k.recs {
+	r0 := k.ring()
+	l.tenants = r0.tenants
+	l.byPrefix, l.overflow = map[uint64]legacyEntry{}, map[uint64][]legacyEntry{}
+	for _, r := range r0.recs {
+		// main's keyring held every live marker by its first 8 characters.
+		var en legacyEntry
+		copy(en.rest[:], r.body[FragmentMin:])
+		en.tenant, en.epoch = r.tenant, r.epoch
+		if _, taken := l.byPrefix[prefixKey(r.body[:])]; taken {
+			l.overflow[prefixKey(r.body[:])] = append(l.overflow[prefixKey(r.body[:])], en)
+		} else {
+			l.byPrefix[prefixKey(r.body[:])] = en
+		}
 		pk := prefixKey(r.body[:])
 		for off := 0; off+LooseMin <= MarkerChars; off++ {
 			w := legacyWindowKey(r.body[off : off+LooseMin])
@@ -60,9 +71,30 @@ type legacyLoose struct {
 	run  []byte
 	cut  *Hit
 	hist []byte // the last bytes emitted, for Hit.Context
-	// the window maps main's Keyring held
+	// the window maps and prefix maps main's Keyring held, behind its read lock
 	windows     map[uint64]uint64
 	winOverflow map[uint64][]uint64
+	mu          sync.RWMutex
+	tenants     []*tenantState
+	byPrefix    map[uint64]legacyEntry
+	overflow    map[uint64][]legacyEntry
+}
+
+// legacyEntry is main's keyring entry: a live marker stored by its first 8 characters.
+type legacyEntry struct {
+	rest   [MarkerChars - FragmentMin]byte
+	tenant uint32
+	epoch  uint64
+}
+
+// legacyEntryBody rebuilds the 20 characters of the marker stored as en under prefix key key.
+func legacyEntryBody(key uint64, en *legacyEntry) (body [MarkerChars]byte) {
+	for i := FragmentMin - 1; i >= 0; i-- {
+		body[i] = b32alphabet[key&31]
+		key >>= 5
+	}
+	copy(body[FragmentMin:], en.rest[:])
+	return body
 }
 
 // Reset prepares l for a new field, keeping its buffers.
@@ -121,7 +153,7 @@ const (
 // classify says whom the folded characters run (FragmentMin ≤ len ≤ MarkerChars) belong to.
 func (l *legacyLoose) classify(run []byte) (legacyClass, string, uint64) {
 	key := prefixKey(run)
-	k := l.k
+	k := l
 	k.mu.RLock()
 	defer k.mu.RUnlock()
 	first, ok := k.byPrefix[key]
@@ -129,7 +161,7 @@ func (l *legacyLoose) classify(run []byte) (legacyClass, string, uint64) {
 		return legacyNone, "", 0
 	}
 	best, victim, epoch := legacyNone, "", uint64(0)
-	check := func(e *entry) {
+	check := func(e *legacyEntry) {
 		if string(e.rest[:len(run)-FragmentMin]) != string(run[FragmentMin:]) {
 			return
 		}
@@ -154,7 +186,7 @@ func (l *legacyLoose) classify(run []byte) (legacyClass, string, uint64) {
 // against the marker's body (foreign wins a tie, as in classify).
 func (l *legacyLoose) classifyWindow(win []byte) (legacyClass, string, uint64) {
 	key := legacyWindowKey(win)
-	k := l.k
+	k := l
 	k.mu.RLock()
 	defer k.mu.RUnlock()
 	first, ok := l.windows[key]
@@ -162,8 +194,8 @@ func (l *legacyLoose) classifyWindow(win []byte) (legacyClass, string, uint64) {
 		return legacyNone, "", 0
 	}
 	best, victim, epoch := legacyNone, "", uint64(0)
-	check := func(pk uint64, e *entry) {
-		body := entryBody(pk, e)
+	check := func(pk uint64, e *legacyEntry) {
+		body := legacyEntryBody(pk, e)
 		if !legacyHasWindow(body[:], win) {
 			return
 		}

@@ -41,8 +41,9 @@ import (
 // 2.4×10^-6 per position at 10^5 markers (a few thousand 8-character runs per GB, each replaced
 // by "[redacted]"): the price of never letting 8 characters through.
 //
-// Windows are looked up in one open-addressed table of HoldMin-character windows (Keyring.wins),
-// so the cost per character does not depend on the number of live markers.
+// Windows are looked up in sets of HoldMin-character windows (winSet: a one-word Bloom filter,
+// then a bucketed open-addressed table), so the cost per character does not depend on the number
+// of live markers.
 const LooseMin = 12
 
 // Loose is the folded-text detector of one reply field. It is not safe for concurrent use.
@@ -61,16 +62,24 @@ type Loose struct {
 	// collect, when set, is told every run of HoldMin or more characters of a live marker (the
 	// prompt scan of FindMarkerFragments); nothing is ever dropped or cut then.
 	collect func(rec int, lo, n int)
-	me      uint32 // the requester's tenant index (deadRec when unknown)
-	gen     uint64 // the keyring's recsGen the run's stretches refer to
+	me      uint32 // the requester's tenant index (noTenant when unknown)
+	r       *ring  // the keyring state of this Feed (and the run's stretches, by recsGen)
+	recsGen uint64
 }
+
+// noTenant is the tenant index of a requester the keyring does not know.
+const noTenant = ^uint32(0)
 
 // runState is the current run of marker characters and the marker stretches it agrees with.
 type runState struct {
-	fk       uint64 // the last HoldMin characters' classes
+	fk       uint64 // the last HoldMin characters' classes, the newest in the low bits
+	rk       uint64 // the same backwards: the newest in the high bits
 	n        int    // characters in the run
 	al       []align
 	dropping bool // the run's characters are being withheld (Redacted was emitted)
+	// slow: the next character of the run goes to the exact check (the 7-character window that
+	// ends here is a live marker's, so the 8-character one ending there may be).
+	slow bool
 }
 
 // align is a stretch of one live marker's body that the run's last n characters spell.
@@ -97,7 +106,7 @@ func (l *Loose) Reset(tenant string, echoes []string) {
 }
 
 func (r *runState) reset() {
-	r.fk, r.n, r.al, r.dropping = 0, 0, r.al[:0], false
+	r.fk, r.rk, r.n, r.al, r.dropping, r.slow = 0, 0, 0, r.al[:0], false, false
 }
 
 // Feed takes the next text of the field and appends to dst what may be emitted now: the text,
@@ -129,35 +138,32 @@ func (l *Loose) feed(dst, text []byte, final, all bool) ([]byte, *Hit) {
 		floor = len(l.carry)
 		l.carry = l.carry[:0]
 	}
-	k := l.k
-	k.mu.RLock()
-	defer k.mu.RUnlock()
-	l.me = deadRec
-	if i, ok := k.tenantIdx[l.tenant]; ok {
+	r := l.k.ring()
+	l.r = r
+	l.me = noTenant
+	if i, ok := r.tenantIdx[l.tenant]; ok {
 		l.me = i
 	}
-	if l.gen != k.recsGen {
-		// Markers moved in the keyring: the stretches being tracked are found again by the
-		// next probe of the run's last characters (a withheld run stays withheld).
+	if l.recsGen != r.recsGen {
+		// Markers moved in the keyring (a refresh): the stretches being tracked are found again
+		// by the next probe of the run's last characters (a withheld run stays withheld).
 		l.run.al = l.run.al[:0]
-		l.gen = k.recsGen
+		l.recsGen = r.recsGen
 	}
 	start := len(dst)
 	emit := floor // b[emit:] is not copied to dst yet
 	end := len(b)
 	for i := 0; i < len(b); {
+		if !l.run.dropping && !l.run.slow && len(l.run.al) == 0 {
+			// The fast path: characters that no tracked stretch continues and whose windows are
+			// in no live marker, with the run's state in registers.
+			if j := l.fast(b, i); j > i {
+				i = j
+				continue
+			}
+		}
 		kd := asciiKind[b[i]]
 		if kd >= 1 && kd <= 32 {
-			// The fast path: ASCII marker characters and separators that no tracked stretch
-			// continues and whose windows are in no live marker (one probe of the table each),
-			// with the run's state in registers.
-			if !l.run.dropping && len(l.run.al) == 0 {
-				j := l.fastASCII(b, i)
-				if j > i {
-					i = j
-					continue
-				}
-			}
 			var h *Hit
 			if dst, emit, h = l.unit(dst, b, emit, i, 1, b32alphabet[kd-1:kd]); h != nil {
 				return l.stop(dst, h)
@@ -208,41 +214,74 @@ func (l *Loose) feed(dst, text []byte, final, all bool) ([]byte, *Hit) {
 	return dst, nil
 }
 
-// fastASCII reads b from i while its bytes are ASCII marker characters, separators or
-// run-breaking bytes and no window matches; it returns where it stopped (i when b[i] needs the
-// slow path).
-func (l *Loose) fastASCII(b []byte, i int) int {
-	fk, n := l.run.fk, l.run.n
-	slots, shift := l.k.wins.slots, l.k.wins.shift
-	mask := uint64(len(slots) - 1)
+// fast reads b from i while its characters are ASCII marker characters, separators, bytes that
+// break a run, or 2- and 3-byte UTF-8 characters that separate or break (most of CJK), and the
+// run's 7-character windows probed (at even lengths, see winSet) are in no live marker; it
+// returns where it stopped (i when b[i] needs the slow path: a window that is a marker's, an
+// escape, another character). The run's state stays in registers.
+func (l *Loose) fast(b []byte, i int) int {
+	fk, rk, n := l.run.fk, l.run.rk, l.run.n
+	r := l.r
+	fb, fbs := r.base.filter, r.base.fshift
+	fd, fds := r.delta.filter, r.delta.fshift
+	hasDelta := r.nbase < len(r.recs)
 	j := i
 loop:
 	for j < len(b) {
-		kd := asciiKind[b[j]]
-		switch {
-		case kd-1 < 32:
-			nfk := (fk<<5 | uint64(kd-1)) & winKeyMask
-			if n+1 >= HoldMin {
-				for h := (nfk * 0x9E3779B97F4A7C15) >> shift; ; h = (h + 1) & mask {
-					s := slots[h]
-					if s == 0 {
-						break
-					}
-					if s>>winRecBits == nfk {
-						break loop // a window matches: the slow path takes this character
-					}
+		c := b[j]
+		kd := asciiKind[c]
+		if kd-1 < 32 {
+			x := uint64(kd - 1)
+			nfk := fk<<5 | x // masked where it is used: one step less in the chain
+			nrk := rk>>5 | x<<(winKeyBits-5)
+			if n&1 != 0 && n >= HoldMin-1 {
+				// The run becomes even and at least HoldMin long: probe its last 7 characters.
+				key := runSetKey(nfk, nrk)
+				h := key * hashMul
+				m := filterMask(h)
+				if (fb[h>>fbs]&m == m || hasDelta && fd[h>>fds]&m == m) && r.hasWindow(key) {
+					break loop // the slow path takes this character
 				}
 			}
-			fk, n = nfk, n+1
-		case kd == kindSep:
-		case kd == kindBreak:
-			fk, n = 0, 0
+			fk, rk, n = nfk, nrk, n+1
+			j++
+			continue
+		}
+		switch kd {
+		case kindSep:
+			j++
+		case kindBreak:
+			fk, rk, n = 0, 0, 0
+			j++
+		case kindWide:
+			// Decode a valid 2- or 3-byte sequence inline (anything else: the slow path).
+			var ru rune
+			var size int
+			switch {
+			case c >= 0xE0 && c <= 0xEF && j+2 < len(b) && b[j+1]&0xC0 == 0x80 && b[j+2]&0xC0 == 0x80:
+				ru = rune(c&0x0F)<<12 | rune(b[j+1]&0x3F)<<6 | rune(b[j+2]&0x3F)
+				if ru < 0x800 || ru >= 0xD800 && ru <= 0xDFFF {
+					break loop // overlong or a surrogate: not a character
+				}
+				size = 3
+			case c >= 0xC2 && c <= 0xDF && j+1 < len(b) && b[j+1]&0xC0 == 0x80:
+				ru, size = rune(c&0x1F)<<6|rune(b[j+1]&0x3F), 2
+			default:
+				break loop
+			}
+			switch bmpFold[ru] {
+			case 0:
+				fk, rk, n = 0, 0, 0
+			case 1:
+			default:
+				break loop // reads as marker characters
+			}
+			j += size
 		default:
 			break loop
 		}
-		j++
 	}
-	l.run.fk, l.run.n = fk, n
+	l.run.fk, l.run.rk, l.run.n = fk&winKeyMask, rk, n
 	return j
 }
 
@@ -287,6 +326,7 @@ func (l *Loose) unit(dst, b []byte, emit, i, size int, reading string) ([]byte, 
 // push adds a character to the run when no window can be complete yet.
 func (r *runState) push(x uint8) {
 	r.fk = (r.fk<<5 | uint64(x)) & winKeyMask
+	r.rk = r.rk>>5 | uint64(x)<<(winKeyBits-5)
 	r.n++
 }
 
@@ -294,8 +334,10 @@ func (r *runState) push(x uint8) {
 // HoldMin or more characters; evidence ≥ 0: the index in run.al of one of LooseMin or more.
 func (l *Loose) step(x uint8) (drop bool, evidence int) {
 	r := &l.run
+	wasSlow := r.slow
 	r.push(x)
-	recs := l.k.recs
+	r.slow = false
+	recs := l.r.recs
 	kept := r.al[:0]
 	for _, a := range r.al {
 		body := &recs[a.rec].body
@@ -311,8 +353,10 @@ func (l *Loose) step(x uint8) (drop bool, evidence int) {
 		}
 	}
 	r.al = kept
-	if r.n >= HoldMin {
-		l.probe(r.fk)
+	// The exact check where the 8 characters ending here may be a marker's window (see winSet:
+	// at even lengths, and after an even length whose 7-character window is a marker's).
+	if r.n >= HoldMin && (r.n&1 == 0 || wasSlow) && l.probe(r.fk, r.rk) && r.n&1 == 0 {
+		r.slow = true // the next character's window holds this 7-character one
 	}
 	evidence = -1
 	for i, a := range r.al {
@@ -332,27 +376,21 @@ func (l *Loose) step(x uint8) (drop bool, evidence int) {
 	return drop, evidence
 }
 
-// probe adds the stretches of live markers that the run's last HoldMin characters (key) spell,
-// forwards or backwards (the table holds both).
-func (l *Loose) probe(key uint64) {
-	k := l.k
-	if !k.wins.has(key) {
-		return
-	}
-	k.wins.each(key, func(rec int) {
-		m := &k.recs[rec]
-		if m.tenant == deadRec {
-			return
+// probe adds the stretches of live markers that the run's last HoldMin characters (fk, and rk
+// backwards) spell, forwards or backwards: the markers with a 7-character window equal to the
+// run's last 7 characters (either way), checked one character further. found: the last 7
+// characters are some live marker's window.
+func (l *Loose) probe(fk, rk uint64) (found bool) {
+	r := l.r
+	return r.eachWindow(runSetKey(fk, rk), func(rec, off int) {
+		m := &r.recs[rec]
+		// Forwards the run's last 8 are body[off−1 : off+7]; backwards its newest character is
+		// body[off] and its last 8 are body[off : off+8] read from the end.
+		if off >= 1 && bodyWindowKey(m.body[off-1:off-1+HoldMin]) == fk {
+			l.addAlign(rec, m, off-1, false)
 		}
-		for off := 0; off+HoldMin <= MarkerChars; off++ {
-			w := m.body[off : off+HoldMin]
-			if bodyWindowKey(w) == key {
-				l.addAlign(rec, m, off, false)
-			}
-			if reversedWindowKey(w) == key {
-				// Backwards, the run's newest character is body[off].
-				l.addAlign(rec, m, off, true)
-			}
+		if off+HoldMin <= MarkerChars && reversedWindowKey(m.body[off:off+HoldMin]) == fk {
+			l.addAlign(rec, m, off, true)
 		}
 	})
 }
@@ -412,8 +450,8 @@ func echoedMask(echoes []string, body *[MarkerChars]byte) uint32 {
 // evidence builds the hit for the stretch run.al[i] and cuts.
 func (l *Loose) evidence(before []byte, i int) *Hit {
 	a := l.run.al[i]
-	m := &l.k.recs[a.rec]
-	h := l.hit(before, m.body[a.lo:a.lo+a.n], l.k.tenants[m.tenant].name, m.epoch)
+	m := &l.r.recs[a.rec]
+	h := l.hit(before, m.body[a.lo:a.lo+a.n], l.r.tenants[m.tenant].name, m.epoch)
 	return &h
 }
 

@@ -62,6 +62,9 @@ type Scanner struct {
 	hist    [contextSide]byte
 	nhist   int // bytes of hist in use: the last bytes emitted, for Hit.Context
 	cut     *Hit
+	// carry (FeedAll): the end of what was emitted so far that begins "KVG-" ("K", "KV", "KVG").
+	carry  [3]byte
+	ncarry int
 }
 
 // NewScanner returns a scanner for replies to tenant. echoes are the foreign markers found in
@@ -81,6 +84,96 @@ func (s *Scanner) Reset(tenant string, echoes []string) {
 	s.nhist = 0
 	s.cut = nil
 	s.buf = s.buf[:0]
+	s.ncarry = 0
+}
+
+// FeedAll is Feed for a value that is emitted whole, which a client joins to the values before
+// it (the joined reading of a reply's text values): nothing is held for the next value. A "K",
+// "KV" or "KVG" that ended what was emitted before is completed into "KVG-" by the start of
+// text as the client joins them: that part of text never goes out, and the run after it is
+// judged as after any "KVG-" (the requester's own marker stripped, a foreign one a leak, anything
+// else redacted). A run cut by the end of text continues into the next value (stripped there too).
+func (s *Scanner) FeedAll(dst, text []byte) ([]byte, Verdict) {
+	if s.cut != nil {
+		return dst, Verdict{Leak: s.cut}
+	}
+	start := len(dst)
+	var v Verdict
+	if s.swallow > 0 {
+		n := b32run(text, s.swallow)
+		if n < len(text) {
+			s.swallow = 0
+		} else {
+			s.swallow -= n
+		}
+		text = text[n:]
+	}
+	for s.ncarry > 0 && bytes.HasPrefix(text, prefixBytes[s.ncarry:]) {
+		rest := text[len(MarkerPrefix)-s.ncarry:]
+		r := b32run(rest, MarkerChars)
+		cl, owner, epoch := s.classify(rest[:r], true)
+		switch cl {
+		case classLeak:
+			h := s.hit(dst[start:], append(append([]byte{}, MarkerPrefix...), rest[:r]...), rest[r:], owner, epoch)
+			s.cut = &h
+			v.Leak = s.cut
+			return dst, v
+		case classOwn, classEcho:
+			if cl == classEcho {
+				v.Echoes = append(v.Echoes, s.hit(dst[start:], append(append([]byte{}, MarkerPrefix...), rest[:r]...), rest[r:], owner, epoch))
+			}
+			if r == len(rest) && r < MarkerChars {
+				s.swallow = MarkerChars - r // the run goes on in the next value
+			}
+			text = rest[r:] // the emitted chain stays: what follows is checked against it again
+		default:
+			// Only the reserved prefix goes (its part in text); the run stays for the folded
+			// detector. Redacted begins with '[': the chain before it can no longer join "KVG-".
+			dst = append(dst, Redacted...)
+			text = rest
+			s.ncarry = 0
+		}
+	}
+	dst = s.scan(dst, start, text, false, true, &v)
+	if v.Leak == nil {
+		s.remember(dst[start:])
+		keepCarry(s, dst[start:])
+	}
+	return dst, v
+}
+
+// Idle says FeedAll has nothing pending from earlier values: no chain that text could complete
+// into "KVG-", no run to drop the rest of. Then a text without "KVG-" passes FeedAll unchanged,
+// and Pass is enough.
+func (s *Scanner) Idle() bool { return s.ncarry == 0 && s.swallow == 0 && s.cut == nil }
+
+// Pass records text as emitted unchanged (FeedAll's result when Idle and text holds no "KVG-"),
+// reading only its end.
+func (s *Scanner) Pass(text string) {
+	if len(text) >= contextSide {
+		s.nhist = copy(s.hist[:], text[len(text)-contextSide:])
+	} else {
+		keep := min(contextSide-len(text), s.nhist)
+		copy(s.hist[:], s.hist[s.nhist-keep:s.nhist])
+		s.nhist = keep + copy(s.hist[keep:], text)
+	}
+	keepCarry(s, text)
+}
+
+// keepCarry updates s's carry with out, just emitted.
+func keepCarry[T string | []byte](s *Scanner, out T) {
+	var tail [3]byte
+	n := 0
+	for i := len(out) - 1; i >= 0 && n < 3; i-- {
+		n++
+		tail[3-n] = out[i]
+	}
+	for i := s.ncarry - 1; i >= 0 && n < 3; i-- {
+		n++
+		tail[3-n] = s.carry[i]
+	}
+	s.ncarry = partialSuffix(tail[3-n:])
+	copy(s.carry[:], tail[3-s.ncarry:])
 }
 
 // Feed takes the new decoded text of one event and appends to dst the text that may be emitted
@@ -293,22 +386,37 @@ func (s *Scanner) classify(run []byte, terminated bool) (class, string, uint64) 
 		}
 		return classWait, "", 0
 	}
-	key := prefixKey(run)
-	k := s.k
-	k.mu.RLock()
-	defer k.mu.RUnlock()
-	first, ok := k.byPrefix[key]
-	if !ok {
-		return classRedact, "", 0
-	}
-	more := k.overflow[key]
-	fc := s.classOf(run, &first)
-	mixed := false
-	for i := range more {
-		if s.classOf(run, &more[i]) != fc {
+	r := s.k.ring()
+	// One pass over the live markers that begin with run's first 8 characters: the class of the
+	// first, whether classes differ, the candidate agreeing longest (first wins a tie), and the
+	// one agreeing longest with leak before echo before own on a tie.
+	var (
+		n         int
+		fc        class
+		mixed     bool
+		best      *markerRec
+		bestLen   int
+		pick      *markerRec
+		pickLen   int
+		pickClass class
+	)
+	r.prefixed(run, func(m *markerRec) {
+		c, l := s.classOf(r, run, m), commonLen(run, m)
+		if n == 0 {
+			fc = c
+		} else if c != fc {
 			mixed = true
-			break
 		}
+		n++
+		if best == nil || l > bestLen {
+			best, bestLen = m, l
+		}
+		if pick == nil || l > pickLen || (l == pickLen && c > pickClass) {
+			pick, pickLen, pickClass = m, l, c
+		}
+	})
+	if n == 0 {
+		return classRedact, "", 0
 	}
 	if fc == classEcho && !mixed && !terminated {
 		// An echo reaches only as far as the requester sent it: wait for the whole run, so a
@@ -316,53 +424,35 @@ func (s *Scanner) classify(run []byte, terminated bool) (class, string, uint64) 
 		return classWait, "", 0
 	}
 	if !mixed {
-		// Report the candidate that agrees with the run the longest (the exact one when complete).
-		best, bestLen := &first, commonLen(run, &first)
-		for i := range more {
-			if n := commonLen(run, &more[i]); n > bestLen {
-				best, bestLen = &more[i], n
-			}
-		}
-		return fc, k.tenants[best.tenant].name, best.epoch
+		return fc, r.tenants[best.tenant].name, best.epoch
 	}
 	if !terminated {
 		return classWait, "", 0
 	}
-	best, bestLen, bestClass := &first, commonLen(run, &first), fc
-	for i := range more {
-		e := &more[i]
-		n, c := commonLen(run, e), s.classOf(run, e)
-		if n > bestLen || (n == bestLen && c > bestClass) {
-			best, bestLen, bestClass = e, n, c
-		}
-	}
-	return bestClass, k.tenants[best.tenant].name, best.epoch
+	return pickClass, r.tenants[pick.tenant].name, pick.epoch
 }
 
-// classOf says what a candidate entry (whose first 8 characters equal run's) means for this
+// classOf says what a candidate marker (whose first 8 characters equal run's) means for this
 // scanner's tenant. Own first: the requester's own marker can be in its echo set too.
-func (s *Scanner) classOf(run []byte, e *entry) class {
-	if s.k.tenants[e.tenant].name == s.tenant {
+func (s *Scanner) classOf(r *ring, run []byte, m *markerRec) class {
+	if r.tenants[m.tenant].name == s.tenant {
 		return classOwn
 	}
 	if len(s.echoes) > 0 {
 		// An echo only as far as the requester sent the marker itself: "KVG-" and run must lie
 		// within what a descriptor holds (FindMarkerFragments).
-		var body [MarkerChars]byte
-		copy(body[:], run[:FragmentMin])
-		copy(body[FragmentMin:], e.rest[:])
 		span := uint32(1)<<uint(len(run)) - 1
-		if echoedMask(s.echoes, &body)&span == span {
+		if echoedMask(s.echoes, &m.body)&span == span {
 			return classEcho
 		}
 	}
 	return classLeak
 }
 
-// commonLen is how many characters of run agree with the candidate e.
-func commonLen(run []byte, e *entry) int {
+// commonLen is how many characters of run agree with the candidate m.
+func commonLen(run []byte, m *markerRec) int {
 	n := FragmentMin
-	for n < len(run) && run[n] == e.rest[n-FragmentMin] {
+	for n < len(run) && run[n] == m.body[n] {
 		n++
 	}
 	return n

@@ -366,11 +366,16 @@ func TestScannerPrefixCollision(t *testing.T) {
 	w := newWorld(t, "alice", "bob")
 	own := w.cur["alice"]
 	k := w.k
-	k.mu.Lock()
-	fake := entry{tenant: k.tenantIdx["bob"], epoch: 7}
-	copy(fake.rest[:], "zzzzzzzzzzzz")
-	k.insertLocked([]entry{fake}, []uint64{prefixKey([]byte(own[4:]))})
-	k.mu.Unlock()
+	k.slow.Lock()
+	old := k.ring()
+	fake := markerRec{tenant: old.tenantIdx["bob"], epoch: 7}
+	copy(fake.body[:], own[4:12])
+	copy(fake.body[FragmentMin:], "zzzzzzzzzzzz")
+	next := *old
+	next.recs = append(old.recs[:len(old.recs):len(old.recs)], fake)
+	next.nbase, next.base, next.delta = len(next.recs), buildWinSet(next.recs, 0, len(next.recs)), newWinSet(0)
+	k.cur.Store(&next)
+	k.slow.Unlock()
 	fakeMarker := own[:12] + "zzzzzzzzzzzz"
 	if o, ok := k.Lookup(fakeMarker); !ok || o.Tenant != "bob" || o.Epoch != 7 {
 		t.Fatalf("planted entry not found: %+v %v", o, ok)

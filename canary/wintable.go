@@ -9,45 +9,87 @@ import "math/bits"
 // characters of another tenant's marker ever reach a client.
 const HoldMin = 8
 
-// markerRec is one live marker in the order the window table refers to it.
+// markerRec is one live marker in the order the window sets refer to it.
 type markerRec struct {
 	body   [MarkerChars]byte // the 20 characters after "KVG-"
 	tenant uint32
 	epoch  uint64
 }
 
-// winTable is an open-addressed set of every HoldMin-character window of every live marker body,
-// forwards and backwards, in classes (foldClass), 5 bits a character: a slot holds the window's
-// 40 bits and, below them, 1 + the index of its marker in recs (24 bits, so at most 2^24−1 live
-// markers). Storing both directions lets the detector probe once per character. Linear probing,
-// at most half full; 0 is an empty slot. A million live markers take 26 million windows in 2^26
-// slots (512 MB); 10^5 take 64 MB.
-type winTable struct {
-	slots []uint64
-	shift uint // 64 − log2(len(slots))
+// winSet holds every setLen-character window (setLen = HoldMin−1 = 7) of a range of live marker
+// bodies, in classes (foldClass), 5 bits a character, under its canonical key: the smaller of the
+// window read forwards and backwards (canonKey). A run of text is probed with the canonical key
+// of its last 7 characters at every other character (when the run's length is even): every run
+// of HoldMin = 8 characters holds a 7-character window that ends at an even length, so a probe
+// that misses there rules out both 8-character windows that contain it, and a hit sends the
+// next characters to the exact check (Loose.probe). The canonical key finds a marker spelled
+// either way with half the entries of storing both directions.
+//
+// Two levels, so that a probe that misses (nearly all of them) costs one cache line:
+//   - filter: a Bloom filter blocked to one 64-bit word per key (three bits set per window, 8 to
+//     16 bits per window): 16 MB at 10^6 live markers, a false pass about once in 30 probes
+//     (then the exact set answers);
+//   - slots: the exact set, open-addressed with linear probing from the start of a bucket of 8
+//     slots (one cache line), at most ~80 % full. A slot holds the window's 35 bits, its offset
+//     in the marker body (4 bits) and 1 + the index of its marker in the ring's recs (25 bits, so
+//     at most 2^25−1 live markers); 0 is empty. 14 windows a marker: 10^6 live markers take
+//     ~140 MB.
+type winSet struct {
+	slots  []uint64
+	nb     uint64 // buckets of slotsPerBucket; slots has two spare buckets (overflow at the end)
+	filter []uint64
+	fshift uint // 64 − log2(len(filter))
 }
 
 const (
-	winKeyBits = 5 * HoldMin
-	winRecBits = 64 - winKeyBits
-	winRecMax  = 1<<winRecBits - 1
-	winKeyMask = 1<<winKeyBits - 1
+	setLen         = HoldMin - 1
+	winKeyBits     = 5 * HoldMin // a run's key: its last HoldMin characters
+	winKeyMask     = 1<<winKeyBits - 1
+	setKeyBits     = 5 * setLen
+	setKeyMask     = 1<<setKeyBits - 1
+	setOffBits     = 4
+	setRecBits     = 64 - setKeyBits - setOffBits
+	setRecMax      = 1<<setRecBits - 1
+	slotsPerBucket = 8
+	hashMul        = 0x9E3779B97F4A7C15
 )
 
-func newWinTable(windows int) winTable {
-	n := 1024
-	for n < 2*windows {
-		n <<= 1
-	}
-	return winTable{slots: make([]uint64, n), shift: uint(64 - bits.TrailingZeros(uint(n)))}
+// windowsPerRec is how many keys a marker puts in a set: each 7-character window once.
+const windowsPerRec = MarkerChars - setLen + 1
+
+// filterMask is the filter word's three bits for a hashed key (bits below the word index).
+func filterMask(h uint64) uint64 {
+	return 1<<(h>>20&63) | 1<<(h>>26&63) | 1<<(h>>32&63)
 }
 
-func (t *winTable) home(key uint64) uint64 { return (key * 0x9E3779B97F4A7C15) >> t.shift }
+func newWinSet(windows int) winSet {
+	nb := uint64(windows*5/4/slotsPerBucket + 1) // ≤ 80 % full
+	nf := 1
+	for nf*64 < windows*8 {
+		nf <<= 1
+	}
+	return winSet{
+		slots:  make([]uint64, (nb+2)*slotsPerBucket),
+		nb:     nb,
+		filter: make([]uint64, nf),
+		fshift: uint(64 - bits.TrailingZeros(uint(nf))),
+	}
+}
 
-func (t *winTable) insert(key uint64, rec int) {
-	v := key<<winRecBits | uint64(rec+1)
-	mask := uint64(len(t.slots) - 1)
-	for i := t.home(key); ; i = (i + 1) & mask {
+// home is the first slot probed for a hashed key.
+func (t *winSet) home(h uint64) uint64 {
+	b, _ := bits.Mul64(h, t.nb)
+	return b * slotsPerBucket
+}
+
+func (t *winSet) insert(key uint64, rec, off int) {
+	h := key * hashMul
+	t.filter[h>>t.fshift] |= filterMask(h)
+	v := key<<(setRecBits+setOffBits) | uint64(off)<<setRecBits | uint64(rec+1)
+	for i := t.home(h); ; i++ {
+		if i == uint64(len(t.slots)) {
+			i = 0 // past the spare buckets (not at ≤ 80 % load in practice): wrap
+		}
 		if t.slots[i] == 0 {
 			t.slots[i] = v
 			return
@@ -55,30 +97,45 @@ func (t *winTable) insert(key uint64, rec int) {
 	}
 }
 
-// has says whether any window has key (the first probe answers most misses).
-func (t *winTable) has(key uint64) bool {
-	mask := uint64(len(t.slots) - 1)
-	for i := t.home(key); ; i = (i + 1) & mask {
+// mayHave is the filter: false means no window has key.
+func (t *winSet) mayHave(key uint64) bool {
+	h := key * hashMul
+	m := filterMask(h)
+	return len(t.filter) > 0 && t.filter[h>>t.fshift]&m == m
+}
+
+// has says whether a window has key (the filter passed).
+func (t *winSet) has(key uint64) bool {
+	for i := t.home(key * hashMul); ; i++ {
+		if i == uint64(len(t.slots)) {
+			i = 0
+		}
 		s := t.slots[i]
 		if s == 0 {
 			return false
 		}
-		if s>>winRecBits == key {
+		if s>>(setRecBits+setOffBits) == key {
 			return true
 		}
 	}
 }
 
-// each calls f with the index of every marker that has a window equal to key.
-func (t *winTable) each(key uint64, f func(rec int)) {
-	mask := uint64(len(t.slots) - 1)
-	for i := t.home(key); ; i = (i + 1) & mask {
+// each calls f with the index of every marker that has a window whose canonical key is key, and
+// the window's offset in its body.
+func (t *winSet) each(key uint64, f func(rec, off int)) {
+	if len(t.slots) == 0 {
+		return
+	}
+	for i := t.home(key * hashMul); ; i++ {
+		if i == uint64(len(t.slots)) {
+			i = 0
+		}
 		s := t.slots[i]
 		if s == 0 {
 			return
 		}
-		if s>>winRecBits == key {
-			f(int(s&winRecMax) - 1)
+		if s>>(setRecBits+setOffBits) == key {
+			f(int(s&setRecMax)-1, int(s>>setRecBits&(1<<setOffBits-1)))
 		}
 	}
 }
@@ -95,9 +152,6 @@ var classIdx = func() (t [256]int8) {
 	return t
 }()
 
-// windowsPerRec is how many keys a marker puts in the table: each window, both ways.
-const windowsPerRec = 2 * (MarkerChars - HoldMin + 1)
-
 // bodyWindowKey packs HoldMin characters of a marker body, in classes.
 func bodyWindowKey(w []byte) uint64 {
 	var k uint64
@@ -105,22 +159,6 @@ func bodyWindowKey(w []byte) uint64 {
 		k = k<<5 | uint64(classIdx[c])
 	}
 	return k
-}
-
-// buildWindows makes the table of recs' windows.
-func buildWindows(recs []markerRec) winTable {
-	t := newWinTable(len(recs) * windowsPerRec)
-	for i := range recs {
-		t.insertRec(&recs[i], i)
-	}
-	return t
-}
-
-func (t *winTable) insertRec(r *markerRec, i int) {
-	for off := 0; off+HoldMin <= MarkerChars; off++ {
-		t.insert(bodyWindowKey(r.body[off:off+HoldMin]), i)
-		t.insert(reversedWindowKey(r.body[off:off+HoldMin]), i)
-	}
 }
 
 // reversedWindowKey packs HoldMin characters of a marker body backwards: what text spelling
@@ -131,4 +169,32 @@ func reversedWindowKey(w []byte) uint64 {
 		k = k<<5 | uint64(classIdx[w[i]])
 	}
 	return k
+}
+
+// canonKey is the key a window is stored under: the smaller of its two readings.
+func canonKey(fwd, rev uint64) uint64 { return min(fwd, rev) }
+
+// runSetKey is the canonical set key of the last 7 characters of a run whose last HoldMin
+// characters are fk (newest in the low bits) and rk (the same backwards).
+func runSetKey(fk, rk uint64) uint64 { return canonKey(fk&setKeyMask, rk>>5) }
+
+// setKeyOf is the canonical set key of 7 characters of a marker body.
+func setKeyOf(w []byte) uint64 {
+	var f, r uint64
+	for i := 0; i < setLen; i++ {
+		f = f<<5 | uint64(classIdx[w[i]])
+		r = r<<5 | uint64(classIdx[w[setLen-1-i]])
+	}
+	return canonKey(f, r)
+}
+
+// buildWinSet makes the set of the windows of recs[lo:hi] (indexes stay those of recs).
+func buildWinSet(recs []markerRec, lo, hi int) winSet {
+	t := newWinSet((hi - lo) * windowsPerRec)
+	for i := lo; i < hi; i++ {
+		for off := 0; off+setLen <= MarkerChars; off++ {
+			t.insert(setKeyOf(recs[i].body[off:off+setLen]), i, off)
+		}
+	}
+	return t
 }

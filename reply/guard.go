@@ -59,7 +59,10 @@ type Guard struct {
 	// non-negative JSON integer): refused as unusable, not a leak.
 	malformed bool
 	// joinLoose reads every text value in emission order (joined); joinIn is its input piece;
-	// joinCharged says its buffers were charged.
+	// joinCharged says its buffers were charged. joinStrict is the prefix scanner of the same
+	// joined reading: a "K" at the end of one value and "VG-" at the start of the next are one
+	// "KVG-" to the client.
+	joinStrict  *canary.Scanner
 	joinLoose   *canary.Loose
 	joinIn      []byte
 	joinCharged bool
@@ -450,8 +453,31 @@ func (gd *Guard) scanField(s, path string, seq bool) (string, bool) {
 // the later value, since the earlier one was already emitted. A long value is read a piece at a
 // time through buffers of one piece, charged once.
 //
-// The prompt-text detector (Scope.Text) reads the same values first, as they stand.
+// Before that, the joined prefix scanner: where the end of what was emitted and the start of s
+// join into "KVG-", s loses its part of it, and the run after it is judged (the requester's own
+// marker stripped, as in one value). The prompt-text detector (Scope.Text) reads the values as
+// they stand.
 func (gd *Guard) joined(s string) (string, bool) {
+	if gd.joinStrict == nil {
+		gd.joinStrict = gd.sc.Keyring.NewScanner(gd.sc.Requester, gd.sc.Echoes)
+	}
+	if js := gd.joinStrict; js.Idle() && !strings.Contains(s, canary.MarkerPrefix) {
+		js.Pass(s) // the usual case: nothing to join, no copy
+	} else {
+		if !gd.afford(2 * len(s)) {
+			return "", false
+		}
+		gd.joinIn = append(gd.joinIn[:0], s...)
+		out, v := js.FeedAll(gd.buf[:0], gd.joinIn)
+		gd.buf = out[:0]
+		gd.note(v)
+		if v.Leak != nil {
+			return "", false
+		}
+		if string(out) != s {
+			s = string(out)
+		}
+	}
 	if gd.sc.Text != nil {
 		if h := gd.sc.Text.Feed(s); h != nil {
 			gd.noteLeak(h)

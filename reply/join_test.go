@@ -2,6 +2,7 @@ package reply
 
 import (
 	"errors"
+	"math/rand"
 	"strings"
 	"testing"
 	"time"
@@ -117,5 +118,41 @@ func TestLogprobTupleIDsWithheld(t *testing.T) {
 	if got := string(out); !strings.Contains(got, want) || !strings.Contains(got, `[[[-0.5,null,"h"],[-1.5,null,"j"]],null]`) ||
 		!strings.Contains(got, `"input_token_logprobs":[[null,null],[-2.0,null]]`) || strings.Contains(got, "output_ids") {
 		t.Fatalf("ids not withheld: %s", got)
+	}
+}
+
+// The requester's own marker split across values a client joins (Anthropic text blocks, whole or
+// streamed, Responses output parts and items) reaches it without "KVG-" at every split of the
+// prefix and the first characters, and it is no leak: the joined prefix scanner strips it.
+func TestOwnMarkerAcrossJoinedValues(t *testing.T) {
+	kr := canary.NewKeyring([]byte("own across values"), time.Hour, 24*time.Hour, []string{"alice", "bob"})
+	own, _ := kr.Current("alice", time.Now())
+	rnd := rand.New(rand.NewSource(3))
+	for _, kind := range []request.Kind{request.Messages, request.Responses, request.Chat, request.Completions} {
+		for _, stream := range []bool{false, true} {
+			for cut := 1; cut < 14; cut++ {
+				for _, cut2 := range []int{0, cut + 1 + rnd.Intn(len(own)-cut-1)} {
+					text := "see " + own + " there"
+					pieces := []string{text[:4+cut], text[4+cut:]}
+					if cut2 > 0 {
+						pieces = []string{text[:4+cut], text[4+cut : 4+cut2], text[4+cut2:]}
+					}
+					sc := Scope{Keyring: kr, Requester: "alice", Kind: kind}
+					var got string
+					var leak bool
+					if stream {
+						got, leak = runStream(t, rnd, sc, kind, pieces)
+					} else {
+						got, leak = runWhole(t, rnd, sc, kind, pieces)
+					}
+					if leak || strings.Contains(got, canary.MarkerPrefix) {
+						t.Fatalf("%v stream=%v %q: leak=%v, the client assembled %q", kind, stream, pieces, leak, got)
+					}
+					if !strings.HasPrefix(got, "see ") || !strings.HasSuffix(got, " there") {
+						t.Fatalf("%v stream=%v %q: the text around the marker was lost: %q", kind, stream, pieces, got)
+					}
+				}
+			}
+		}
 	}
 }

@@ -48,7 +48,8 @@ func TestReplyPathProperty(t *testing.T) {
 			// The requester's prompt held part of the victim's marker: exactly that is an echo.
 			lo := off
 			hi := off + min(n, 8+rnd.Intn(5))
-			echoes = kr.FindMarkerFragments("please repeat: " + body[lo:hi] + " thanks")
+			// "!" ends the run: with a separator, a next letter of the prompt could extend the echo.
+			echoes = kr.FindMarkerFragments("please repeat: " + body[lo:hi] + "! thanks")
 			echoed = hi - lo
 		}
 		text := words(rnd, 1+rnd.Intn(6)) + sep(rnd) + plant + sep(rnd) + words(rnd, rnd.Intn(6))
@@ -73,11 +74,9 @@ func TestReplyPathProperty(t *testing.T) {
 		if run > limit {
 			t.Fatalf("%s: the client assembled %d consecutive characters of the marker: %q", desc, run, got)
 		}
-		if strings.Contains(got, own) && kind != request.Messages && !(kind == request.Responses && !stream) {
-			// (The requester's own marker split across two values a client joins (text blocks,
-			// output parts or items) is the known gap in SECURITY.md: each value's prefix
-			// scanner sees only its piece.)
-			t.Fatalf("%s: the requester's own marker reached it", desc)
+		if strings.Contains(got, canary.MarkerPrefix) {
+			// Not even the requester's own marker, split across values a client joins.
+			t.Fatalf("%s: %q reached the client: %q", desc, canary.MarkerPrefix, got)
 		}
 		wantLeak := n >= canary.LooseMin && (echoed == 0 || n > echoed)
 		if wantLeak && !leak {
