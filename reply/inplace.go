@@ -1,0 +1,265 @@
+package reply
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"unsafe"
+
+	"github.com/kvgate/kvgate/internal/sse"
+	"github.com/kvgate/kvgate/request"
+)
+
+// The streamed event's fast path: an event whose bytes are canonical (canon.go) and whose shape
+// needs nothing of the slow path is scanned in place, string by string, by the same scanners
+// per field path, and the engine's own bytes go to the client; a string the scanners changed
+// (held or withheld text, a stripped own marker) is written anew in its place, so the client
+// decodes exactly the values the scanners emitted. Nothing is allocated per event once the
+// stream's buffers (below) have grown.
+//
+// Buffers, all owned by one Stream and used only on its goroutine: canon (the event's tokens),
+// path (the field path being read), unesc (a string's decoded escapes), reps and repBuf (the
+// strings written anew, for the event being emitted). The guard's own buffers (buf, buf2,
+// joinIn, joinBuf, oneIn, oneBuf) hold its scanners' output only until its next call.
+
+// fastState is a stream's buffers for the fast path.
+type fastState struct {
+	canon  canonReader
+	path   []byte
+	unesc  []byte
+	reps   []fastRep
+	repBuf []byte
+}
+
+// fastRep is a string token whose scanned text differs from the engine's: repBuf[from:to] is
+// its JSON form (quotes included).
+type fastRep struct {
+	tok      int32
+	from, to int
+}
+
+// fastEligible says the event read into c needs nothing the slow path does besides scanning
+// strings: a top-level object; no usage section (settlement reads it from the decoded value); no
+// key that is scanned, withheld or changes how its value is scanned (keys that are not plain,
+// token ids, logprobs and byte arrays); not an event that closes a block (held text is released
+// before it); not /generate (cumulative text).
+func fastEligible(c *canonReader, gd *Guard, name string) bool {
+	if len(c.toks) == 0 || c.toks[0].kind != '{' {
+		return false
+	}
+	if gd != nil && gd.sc.Kind == request.Generate {
+		return false
+	}
+	if name != "" && (blockEnd[name] || !inert(name)) {
+		return false
+	}
+	for i := 1; i < len(c.toks); i++ {
+		k := c.toks[i]
+		if k.kind != 'k' {
+			continue
+		}
+		key := c.b[k.s:k.e]
+		ks := unsafe.String(unsafe.SliceData(key), len(key)) // read only
+		v := c.toks[i+1]
+		switch {
+		case !inert(ks):
+			return false
+		case replyIDFields[ks] || tupleIDFields(ks):
+			return false
+		case bytes.Contains(key, []byte("logprobs")) && !(v.kind == 'l' && c.b[v.s] == 'n'):
+			return false // a sequence: its items are scanned each on their own (walk's seq)
+		case string(key) == "bytes" && v.kind == '[':
+			return false
+		}
+	}
+	for _, sec := range [...]string{"usage", "response", "message", "meta_info"} {
+		if v := c.member(0, sec); v >= 0 && !(sec == "usage" && c.toks[v].kind == 'l' && c.b[c.toks[v].s] == 'n') {
+			return false
+		}
+	}
+	if t := c.member(0, "type"); t >= 0 && c.toks[t].kind == 's' {
+		if c.toks[t].esc || blockEnd[string(c.b[c.toks[t].s:c.toks[t].e])] {
+			return false
+		}
+	}
+	return true
+}
+
+// member is the token of obj's member name (obj an object's token), -1 when absent.
+func (c *canonReader) member(obj int32, name string) int32 {
+	for i := obj + 1; c.toks[i].kind == 'k'; i = c.next(i + 1) {
+		if k := c.toks[i]; string(c.b[k.s:k.e]) == name {
+			return i + 1
+		}
+	}
+	return -1
+}
+
+// next is the token after the value at v.
+func (c *canonReader) next(v int32) int32 {
+	if k := c.toks[v].kind; k == '{' || k == '[' {
+		return c.toks[v].end + 1
+	}
+	return v + 1
+}
+
+func (c *canonReader) nonEmptyString(v int32) bool {
+	return v >= 0 && c.toks[v].kind == 's' && c.toks[v].e > c.toks[v].s
+}
+
+func (c *canonReader) isObject(v int32) bool { return v >= 0 && c.toks[v].kind == '{' }
+
+// carriesText is backends.CarriesText read in place (an event carries generated text: what a
+// stream without usage is charged by); TestCarriesTextInPlace holds the two equal.
+func (c *canonReader) carriesText() bool {
+	if t := c.member(0, "type"); t >= 0 && c.toks[t].kind == 's' && c.toks[t].e > c.toks[t].s {
+		// (An escaped type takes the slow path: fastEligible.)
+		typ := string(c.b[c.toks[t].s:c.toks[t].e])
+		switch {
+		case typ == "content_block_delta":
+			d := c.member(0, "delta")
+			return c.isObject(d) && (c.nonEmptyString(c.member(d, "text")) || c.nonEmptyString(c.member(d, "thinking")) ||
+				c.nonEmptyString(c.member(d, "partial_json")))
+		case strings.HasPrefix(typ, "response.") && strings.HasSuffix(typ, ".delta"):
+			return c.nonEmptyString(c.member(0, "delta"))
+		}
+		return false
+	}
+	if cs := c.member(0, "choices"); cs >= 0 && c.toks[cs].kind == '[' {
+		for el := cs + 1; el < c.toks[cs].end; el = c.next(el) {
+			if !c.isObject(el) {
+				continue
+			}
+			if c.nonEmptyString(c.member(el, "text")) {
+				return true
+			}
+			d := c.member(el, "delta")
+			if !c.isObject(d) {
+				continue
+			}
+			if c.nonEmptyString(c.member(d, "content")) || c.nonEmptyString(c.member(d, "reasoning_content")) {
+				return true
+			}
+			if tc := c.member(d, "tool_calls"); tc >= 0 && c.toks[tc].kind == '[' && c.toks[tc].end > tc+1 {
+				return true
+			}
+		}
+		return false
+	}
+	return c.nonEmptyString(c.member(0, "text"))
+}
+
+// emitFast takes the fast path for ev when it may; false: nothing was done (no scanner was fed),
+// the slow path takes the event.
+func (e *Stream) emitFast(ev sse.Event) bool {
+	if e.o.OnEvent != nil && e.o.OnPassed == nil {
+		return false
+	}
+	f := &e.fast
+	c := &f.canon
+	gd := e.o.Guard
+	if !c.read(ev.Data) || !fastEligible(c, gd, ev.Name) {
+		return false
+	}
+	if e.o.OnPassed != nil {
+		e.o.OnPassed(c.carriesText())
+	}
+	f.reps, f.repBuf, f.path = f.reps[:0], f.repBuf[:0], f.path[:0]
+	if gd != nil {
+		if idx := c.member(0, "index"); idx >= 0 && gd.sc.Kind == request.Messages {
+			if n := c.b[c.toks[idx].s:c.toks[idx].e]; string(n) != string(gd.lastBlock) {
+				gd.lastBlock = json.Number(n) // where held text of a content block goes back
+			}
+		}
+		if !e.scanFast(gd, 0) {
+			if gd.malformed && gd.leak == nil {
+				e.Fail("upstream_bad_event", ErrMalformed)
+				return true
+			}
+			e.cut()
+			return true
+		}
+	}
+	if ev.Name != "" {
+		e.out = append(append(append(e.out, "event: "...), ev.Name...), '\n')
+	}
+	e.out = append(e.out, "data: "...)
+	at := int32(0) // the engine's bytes up to here are out
+	for _, r := range f.reps {
+		t := c.toks[r.tok]
+		e.out = append(e.out, ev.Data[at:t.s-1]...) // up to the opening quote
+		e.out = append(e.out, f.repBuf[r.from:r.to]...)
+		at = t.e + 1 // after the closing quote
+	}
+	e.out = append(append(e.out, ev.Data[at:]...), "\n\n"...)
+	e.events++
+	return true
+}
+
+// scanFast feeds every string of the value at token v to the guard under its field path (as
+// walk names paths in a stream) and notes the ones whose scanned text differs; false: the reply
+// is cut.
+func (e *Stream) scanFast(gd *Guard, v int32) bool {
+	f := &e.fast
+	c := &f.canon
+	switch t := c.toks[v]; t.kind {
+	case 's':
+		text := c.text(t, f.unesc[:0])
+		if t.esc {
+			f.unesc = text[:0]
+		}
+		out, ok := gd.scanFieldView(text, f.path)
+		if !ok {
+			return false
+		}
+		if !bytes.Equal(out, text) {
+			from := len(f.repBuf)
+			f.repBuf = appendString(f.repBuf, unsafe.String(unsafe.SliceData(out), len(out)))
+			f.reps = append(f.reps, fastRep{tok: v, from: from, to: len(f.repBuf)})
+		}
+	case '{':
+		n := len(f.path)
+		for i := v + 1; c.toks[i].kind == 'k'; i = c.next(i + 1) {
+			k := c.toks[i]
+			f.path = append(append(f.path[:n], '.'), c.b[k.s:k.e]...)
+			if !e.scanFast(gd, i+1) {
+				return false
+			}
+		}
+		f.path = f.path[:n]
+	case '[':
+		n := len(f.path)
+		for el := v + 1; el < t.end; el = c.next(el) {
+			f.path = append(f.path[:n], '.')
+			if et := c.toks[el]; et.kind == '{' && et.idx >= 0 {
+				idx := c.toks[et.idx]
+				f.path = append(append(f.path, 'i'), c.b[idx.s:idx.e]...)
+			} else {
+				f.path = append(f.path, '*')
+			}
+			if !e.scanFast(gd, el) {
+				return false
+			}
+		}
+		f.path = f.path[:n]
+	}
+	return true
+}
+
+// scanFieldView is scanField for a streamed string (not in a sequence) on bytes it only reads:
+// the result is s itself when the scanners changed nothing, else a view valid until the guard's
+// next call. path may be a view of a reused buffer (field copies it when it keeps it).
+func (gd *Guard) scanFieldView(s, path []byte) ([]byte, bool) {
+	key := unsafe.String(unsafe.SliceData(path), len(path))
+	if mainText(lastSeg(key)) {
+		return gd.feedView(key, s, true)
+	}
+	if _, ok := gd.feedView(key, s, false); !ok {
+		return nil, false
+	}
+	out, ok := gd.scanValue(unsafe.String(unsafe.SliceData(s), len(s)), false)
+	if !ok {
+		return nil, false
+	}
+	return unsafe.Slice(unsafe.StringData(out), len(out)), true
+}
