@@ -192,7 +192,7 @@ func (c *canonReader) key() bool {
 		return false
 	}
 	c.i++
-	if indexKeys[string(name)] {
+	if isIndexKey(name) {
 		c.space()
 		s := c.i
 		if c.i >= len(c.b) || !c.num() || !canonicalIndexBytes(c.b[s:c.i]) {
@@ -206,6 +206,19 @@ func (c *canonReader) key() bool {
 		c.toks = c.toks[:len(c.toks)-1]
 	}
 	return true
+}
+
+// isIndexKey is indexKeys[name] without hashing.
+func isIndexKey(name []byte) bool {
+	switch len(name) {
+	case 5:
+		return string(name) == "index"
+	case 12:
+		return string(name) == "output_index"
+	case 13:
+		return string(name) == "content_index"
+	}
+	return false
 }
 
 // canonicalIndexBytes is canonicalIndex on a number's bytes.

@@ -29,7 +29,14 @@ type fastState struct {
 	unesc  []byte
 	reps   []fastRep
 	repBuf []byte
+	// cleanKeys are keys that are not plain (finish_reason) whose scan changed nothing and found
+	// nothing: a key's scan has no state, so the verdict stands for the rest of the stream.
+	cleanKeys map[string]bool
 }
+
+// replyIDField is the one key of replyIDFields (TestFastPathRefusesWithheldKeys holds them
+// equal), compared without hashing.
+const replyIDField = "output_ids"
 
 // fastRep is a string token whose scanned text differs from the engine's: repBuf[from:to] is
 // its JSON form (quotes included).
@@ -39,10 +46,10 @@ type fastRep struct {
 }
 
 // fastEligible says the event read into c needs nothing the slow path does besides scanning
-// strings: a top-level object; no usage section (settlement reads it from the decoded value); no
-// key that is scanned, withheld or changes how its value is scanned (keys that are not plain,
-// token ids, logprobs and byte arrays); not an event that closes a block (held text is released
-// before it); not /generate (cumulative text).
+// strings and keys: a top-level object; no usage section (settlement reads it from the decoded
+// value); no key that is withheld or changes how its value is scanned (token ids, logprobs and
+// byte arrays); not an event that closes a block (held text is released before it); not
+// /generate (cumulative text).
 func fastEligible(c *canonReader, gd *Guard, name string) bool {
 	if len(c.toks) == 0 || c.toks[0].kind != '{' {
 		return false
@@ -55,31 +62,34 @@ func fastEligible(c *canonReader, gd *Guard, name string) bool {
 	}
 	for i := 1; i < len(c.toks); i++ {
 		k := c.toks[i]
-		if k.kind != 'k' {
+		if k.kind != 'k' || k.e-k.s < 5 { // (every key below is longer)
 			continue
 		}
 		key := c.b[k.s:k.e]
 		ks := unsafe.String(unsafe.SliceData(key), len(key)) // read only
 		v := c.toks[i+1]
 		switch {
-		case !inert(ks):
+		case ks == replyIDField || tupleIDFields(ks):
 			return false
-		case replyIDFields[ks] || tupleIDFields(ks):
-			return false
-		case bytes.Contains(key, []byte("logprobs")) && !(v.kind == 'l' && c.b[v.s] == 'n'):
+		case strings.Contains(ks, "logprobs") && !(v.kind == 'l' && c.b[v.s] == 'n'):
 			return false // a sequence: its items are scanned each on their own (walk's seq)
-		case string(key) == "bytes" && v.kind == '[':
+		case ks == "bytes" && v.kind == '[':
 			return false
 		}
 	}
-	for _, sec := range [...]string{"usage", "response", "message", "meta_info"} {
-		if v := c.member(0, sec); v >= 0 && !(sec == "usage" && c.toks[v].kind == 'l' && c.b[c.toks[v].s] == 'n') {
+	for i := int32(1); c.toks[i].kind == 'k'; i = c.next(i + 1) { // the top-level members
+		k, v := c.toks[i], c.toks[i+1]
+		switch string(c.b[k.s:k.e]) {
+		case "usage":
+			if !(v.kind == 'l' && c.b[v.s] == 'n') {
+				return false
+			}
+		case "response", "message", "meta_info":
 			return false
-		}
-	}
-	if t := c.member(0, "type"); t >= 0 && c.toks[t].kind == 's' {
-		if c.toks[t].esc || blockEnd[string(c.b[c.toks[t].s:c.toks[t].e])] {
-			return false
+		case "type":
+			if v.kind == 's' && (v.esc || blockEnd[string(c.b[v.s:v.e])]) {
+				return false
+			}
 		}
 	}
 	return true
@@ -161,9 +171,25 @@ func (e *Stream) emitFast(ev sse.Event) bool {
 	if !c.read(ev.Data) || !fastEligible(c, gd, ev.Name) {
 		return false
 	}
-	if e.o.OnPassed != nil {
-		e.o.OnPassed(c.carriesText())
+	if gd != nil {
+		// Keys first, before anything is fed: a key the scanner would change (a stray "KVG-", a
+		// stripped own marker) sends the event down the slow path, which replaces it in its
+		// object; a key's scan has no state, and one found clean is not scanned again in this
+		// stream.
+		for i := 1; i < len(c.toks); i++ {
+			if k := c.toks[i]; k.kind == 'k' {
+				switch ok, same := e.scanKey(gd, c.b[k.s:k.e]); {
+				case !ok:
+					e.passed(c)
+					e.cut()
+					return true
+				case !same:
+					return false
+				}
+			}
+		}
 	}
+	e.passed(c)
 	f.reps, f.repBuf, f.path = f.reps[:0], f.repBuf[:0], f.path[:0]
 	if gd != nil {
 		if idx := c.member(0, "index"); idx >= 0 && gd.sc.Kind == request.Messages {
@@ -194,6 +220,35 @@ func (e *Stream) emitFast(ev sse.Event) bool {
 	e.out = append(append(e.out, ev.Data[at:]...), "\n\n"...)
 	e.events++
 	return true
+}
+
+func (e *Stream) passed(c *canonReader) {
+	if e.o.OnPassed != nil {
+		e.o.OnPassed(c.carriesText())
+	}
+}
+
+// scanKey scans an object key as walk does (a plain key needs no scanner); same: the scan left
+// it as it is.
+func (e *Stream) scanKey(gd *Guard, key []byte) (ok, same bool) {
+	ks := unsafe.String(unsafe.SliceData(key), len(key)) // read only
+	if inert(ks) || e.fast.cleanKeys[ks] {
+		return true, true
+	}
+	out, ok := gd.scanString(ks)
+	if !ok {
+		return false, false
+	}
+	if out != ks {
+		return true, false
+	}
+	if e.fast.cleanKeys == nil {
+		e.fast.cleanKeys = map[string]bool{}
+	}
+	if len(e.fast.cleanKeys) < 256 {
+		e.fast.cleanKeys[string(key)] = true
+	}
+	return true, true
 }
 
 // scanFast feeds every string of the value at token v to the guard under its field path (as
