@@ -18,7 +18,9 @@ var ErrMalformed = errors.New("reply index is not a non-negative JSON integer")
 
 // Body is a whole reply as the client will get it: transcoded to UTF-8, decoded as one JSON
 // value, scanned by gd (nil: canaries off; engine errors too: they may quote the prompt they
-// refused), and re-serialised from the scanned value. A body that is not JSON is still scanned as
+// refused), and re-serialised from the scanned value, or passed on as the engine wrote it when
+// those bytes are canonical (canon.go) and the scan changed nothing (out is then body, or the
+// part of it after a BOM). A body that is not JSON is still scanned as
 // text, so a marker in it is recorded, but it is never passed on. Each step is charged to c
 // before it allocates. Errors: ErrBudget when c refuses; ErrLeak with the hit; any other error
 // means the body is not usable JSON.
@@ -48,10 +50,19 @@ func Body(gd *Guard, contentType, body []byte, c *Charge) (out []byte, v any, le
 		}
 		return nil, nil, nil, err
 	}
-	text = nil // the decoded value holds copies of everything it needs
+	// Bytes every reader decodes to exactly the value decoded here (canon.go) are passed on as
+	// they are when the scan changed nothing: no re-serialisation. They are the caller's (already
+	// charged) buffer.
+	var cr canonReader
+	canonical := cr.read(text)
+	cr = canonReader{}
+	if !canonical {
+		text = nil // the decoded value holds copies of everything it needs
+	}
+	changed := false
 	if gd != nil {
 		var ok bool
-		if v, ok = gd.body(v); !ok {
+		if v, changed, ok = gd.body(v); !ok {
 			if gd.overBudget {
 				return nil, nil, nil, ErrBudget
 			}
@@ -60,6 +71,9 @@ func Body(gd *Guard, contentType, body []byte, c *Charge) (out []byte, v any, le
 			}
 			return nil, nil, gd.leak, ErrLeak
 		}
+	}
+	if canonical && !changed {
+		return text, v, nil, nil
 	}
 	n := JSONLen(v)
 	if !c.Spend(int64(n)) {

@@ -1,6 +1,7 @@
 package reply
 
 import (
+	"bytes"
 	"strings"
 	"unicode/utf8"
 )
@@ -38,6 +39,9 @@ type canonReader struct {
 	open  []int32 // positions of open containers
 	keys  []int32 // key tokens of the open objects, innermost last
 	kbase []int32 // for each open object, where its keys start in keys
+	// special are the key tokens fastEligible looks at (token ids, logprobs, byte arrays), noted
+	// as they are read so it need not look at every key
+	special []int32
 }
 
 // maxCanonKeys bounds the keys of one object read in place: duplicates are found by comparing
@@ -50,7 +54,7 @@ func (c *canonReader) read(b []byte) bool {
 		return false
 	}
 	c.b, c.i = b, 0
-	c.toks, c.open, c.keys, c.kbase = c.toks[:0], c.open[:0], c.keys[:0], c.kbase[:0]
+	c.toks, c.open, c.keys, c.kbase, c.special = c.toks[:0], c.open[:0], c.keys[:0], c.kbase[:0], c.special[:0]
 	if !c.value() {
 		return false
 	}
@@ -187,6 +191,10 @@ func (c *canonReader) key() bool {
 		}
 	}
 	c.keys = append(c.keys, int32(kt))
+	if len(name) >= 5 && (string(name) == "bytes" || len(name) >= 8 && bytes.Contains(name, []byte("logprobs")) ||
+		string(name) == replyIDField) {
+		c.special = append(c.special, int32(kt))
+	}
 	c.space()
 	if c.i >= len(c.b) || c.b[c.i] != ':' {
 		return false

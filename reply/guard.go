@@ -609,15 +609,15 @@ func decodeOne(b []byte) (any, error) {
 	return v, err
 }
 
-// body scans a whole decoded reply in place; false means a foreign marker was found.
-func (gd *Guard) body(v any) (any, bool) {
-	changed := false
+// body scans a whole decoded reply in place; false means a foreign marker was found. changed:
+// the scan changed the value (the engine's bytes cannot be passed on).
+func (gd *Guard) body(v any) (out any, changed, ok bool) {
 	gd.whole = true
-	v, ok := gd.walk(v, "", false, &changed)
+	v, ok = gd.walk(v, "", false, &changed)
 	if !ok || gd.flushHeld() {
-		return nil, false
+		return nil, false, false
 	}
-	return v, true
+	return v, changed, true
 }
 
 // flushHeld settles every scanner at the end of a whole body; true means a leak.

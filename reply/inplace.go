@@ -60,11 +60,8 @@ func fastEligible(c *canonReader, gd *Guard, name string) bool {
 	if name != "" && (blockEnd[name] || !inert(name)) {
 		return false
 	}
-	for i := 1; i < len(c.toks); i++ {
+	for _, i := range c.special { // (canonReader.key notes every key that may matter here)
 		k := c.toks[i]
-		if k.kind != 'k' || k.e-k.s < 5 { // (every key below is longer)
-			continue
-		}
 		key := c.b[k.s:k.e]
 		ks := unsafe.String(unsafe.SliceData(key), len(key)) // read only
 		v := c.toks[i+1]
