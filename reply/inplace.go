@@ -159,7 +159,7 @@ func (c *canonReader) carriesText() bool {
 // emitFast takes the fast path for ev when it may; false: nothing was done (no scanner was fed),
 // the slow path takes the event.
 func (e *Stream) emitFast(ev sse.Event) bool {
-	if e.o.OnEvent != nil && e.o.OnPassed == nil {
+	if e.noFast || e.o.OnEvent != nil && e.o.OnPassed == nil {
 		return false
 	}
 	f := &e.fast

@@ -20,6 +20,7 @@ type Stream struct {
 	sent   int // out[:sent] was consumed
 	events int // events queued
 	fast   fastState
+	noFast bool // tests: every event takes the slow path
 	// ended: the stream was ended early (a leak, or an event that was refused); nothing more of
 	// the engine's bytes is read or sent.
 	ended bool
