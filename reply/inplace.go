@@ -29,9 +29,9 @@ type fastState struct {
 	unesc  []byte
 	reps   []fastRep
 	repBuf []byte
-	// cleanKeys are keys that are not plain (finish_reason) whose scan changed nothing and found
-	// nothing: a key's scan has no state, so the verdict stands for the rest of the stream.
-	cleanKeys map[string]bool
+	// clean are keys and values that are not plain (finish_reason, chat.completion.chunk) whose
+	// stateless scan changed nothing and found nothing (scanClean), at most 256 of 256 bytes.
+	clean map[string]bool
 }
 
 // replyIDField is the one key of replyIDFields (TestFastPathRefusesWithheldKeys holds them
@@ -175,7 +175,7 @@ func (e *Stream) emitFast(ev sse.Event) bool {
 		// stream.
 		for i := 1; i < len(c.toks); i++ {
 			if k := c.toks[i]; k.kind == 'k' {
-				switch ok, same := e.scanKey(gd, c.b[k.s:k.e]); {
+				switch _, ok, same := e.scanClean(gd, c.b[k.s:k.e]); {
 				case !ok:
 					e.passed(c)
 					e.cut()
@@ -225,27 +225,29 @@ func (e *Stream) passed(c *canonReader) {
 	}
 }
 
-// scanKey scans an object key as walk does (a plain key needs no scanner); same: the scan left
-// it as it is.
-func (e *Stream) scanKey(gd *Guard, key []byte) (ok, same bool) {
-	ks := unsafe.String(unsafe.SliceData(key), len(key)) // read only
-	if inert(ks) || e.fast.cleanKeys[ks] {
-		return true, true
+// scanClean is the stateless scan of one whole value (scanString: a key, or a string that is not
+// text a client joins): ok false on a leak; same: the scan left it as it is. A text found clean
+// is not scanned again in this stream: the scan has no state, and its verdict depends only on the
+// text (an echo or own marker in it would have changed it).
+func (e *Stream) scanClean(gd *Guard, b []byte) (out string, ok, same bool) {
+	s := unsafe.String(unsafe.SliceData(b), len(b)) // read only
+	if inert(s) || e.fast.clean[s] {
+		return s, true, true
 	}
-	out, ok := gd.scanString(ks)
+	out, ok = gd.scanString(s)
 	if !ok {
-		return false, false
+		return "", false, false
 	}
-	if out != ks {
-		return true, false
+	if out != s {
+		return out, true, false
 	}
-	if e.fast.cleanKeys == nil {
-		e.fast.cleanKeys = map[string]bool{}
+	if e.fast.clean == nil {
+		e.fast.clean = map[string]bool{}
 	}
-	if len(e.fast.cleanKeys) < 256 {
-		e.fast.cleanKeys[string(key)] = true
+	if len(e.fast.clean) < 256 && len(b) <= 256 {
+		e.fast.clean[string(b)] = true
 	}
-	return true, true
+	return s, true, true
 }
 
 // scanFast feeds every string of the value at token v to the guard under its field path (as
@@ -260,7 +262,7 @@ func (e *Stream) scanFast(gd *Guard, v int32) bool {
 		if t.esc {
 			f.unesc = text[:0]
 		}
-		out, ok := gd.scanFieldView(text, f.path)
+		out, ok := e.scanFieldView(gd, text, f.path)
 		if !ok {
 			return false
 		}
@@ -301,17 +303,21 @@ func (e *Stream) scanFast(gd *Guard, v int32) bool {
 // scanFieldView is scanField for a streamed string (not in a sequence) on bytes it only reads:
 // the result is s itself when the scanners changed nothing, else a view valid until the guard's
 // next call. path may be a view of a reused buffer (field copies it when it keeps it).
-func (gd *Guard) scanFieldView(s, path []byte) ([]byte, bool) {
+func (e *Stream) scanFieldView(gd *Guard, s, path []byte) ([]byte, bool) {
 	key := unsafe.String(unsafe.SliceData(path), len(path))
 	if mainText(lastSeg(key)) {
 		return gd.feedView(key, s, true)
 	}
+	// Detected across events by the field's scanners; cleaned on its own (scanValue).
 	if _, ok := gd.feedView(key, s, false); !ok {
 		return nil, false
 	}
-	out, ok := gd.scanValue(unsafe.String(unsafe.SliceData(s), len(s)), false)
+	out, ok, same := e.scanClean(gd, s)
 	if !ok {
 		return nil, false
+	}
+	if same {
+		return s, true
 	}
 	return unsafe.Slice(unsafe.StringData(out), len(out)), true
 }
