@@ -39,9 +39,13 @@ type canonReader struct {
 	open  []int32 // positions of open containers
 	keys  []int32 // key tokens of the open objects, innermost last
 	kbase []int32 // for each open object, where its keys start in keys
+	// kseen is, for each open object, a set of its keys' (length, last byte) classes: a key is
+	// compared with the earlier ones only when its class was seen
+	kseen []uint64
 	// special are the key tokens fastEligible looks at (token ids, logprobs, byte arrays), noted
 	// as they are read so it need not look at every key
 	special []int32
+	top     topMembers // set by fastEligible
 }
 
 // maxCanonKeys bounds the keys of one object read in place: duplicates are found by comparing
@@ -54,7 +58,7 @@ func (c *canonReader) read(b []byte) bool {
 		return false
 	}
 	c.b, c.i = b, 0
-	c.toks, c.open, c.keys, c.kbase, c.special = c.toks[:0], c.open[:0], c.keys[:0], c.kbase[:0], c.special[:0]
+	c.toks, c.open, c.keys, c.kbase, c.kseen, c.special = c.toks[:0], c.open[:0], c.keys[:0], c.kbase[:0], c.kseen[:0], c.special[:0]
 	if !c.value() {
 		return false
 	}
@@ -92,6 +96,7 @@ func (c *canonReader) value() bool {
 			c.space()
 			if ch == '{' {
 				c.kbase = append(c.kbase, int32(len(c.keys)))
+				c.kseen = append(c.kseen, 0)
 				if c.i < len(c.b) && c.b[c.i] == '}' {
 					c.close('}')
 					break
@@ -163,6 +168,7 @@ func (c *canonReader) close(ch byte) {
 	if ch == '}' {
 		c.keys = c.keys[:c.kbase[len(c.kbase)-1]]
 		c.kbase = c.kbase[:len(c.kbase)-1]
+		c.kseen = c.kseen[:len(c.kseen)-1]
 	}
 	c.toks[at].end = int32(len(c.toks))
 	c.toks = append(c.toks, rawTok{kind: ch, s: int32(c.i), e: int32(c.i + 1)})
@@ -185,9 +191,18 @@ func (c *canonReader) key() bool {
 	if len(c.keys)-int(base) >= maxCanonKeys {
 		return false
 	}
-	for _, p := range c.keys[base:] {
-		if o := c.toks[p]; string(c.b[o.s:o.e]) == string(name) {
-			return false
+	last := byte(0)
+	if len(name) > 0 {
+		last = name[len(name)-1]
+	}
+	class := uint64(1) << ((uint(len(name))*7 ^ uint(last)) & 63)
+	if seen := &c.kseen[len(c.kseen)-1]; *seen&class == 0 {
+		*seen |= class
+	} else {
+		for _, p := range c.keys[base:] {
+			if o := c.toks[p]; string(c.b[o.s:o.e]) == string(name) {
+				return false
+			}
 		}
 	}
 	c.keys = append(c.keys, int32(kt))

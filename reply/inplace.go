@@ -74,9 +74,18 @@ func fastEligible(c *canonReader, gd *Guard, name string) bool {
 			return false
 		}
 	}
+	c.top = topMembers{-1, -1, -1, -1, -1}
 	for i := int32(1); c.toks[i].kind == 'k'; i = c.next(i + 1) { // the top-level members
 		k, v := c.toks[i], c.toks[i+1]
 		switch string(c.b[k.s:k.e]) {
+		case "index":
+			c.top.index = i + 1
+		case "choices":
+			c.top.choices = i + 1
+		case "delta":
+			c.top.delta = i + 1
+		case "text":
+			c.top.text = i + 1
 		case "usage":
 			if !(v.kind == 'l' && c.b[v.s] == 'n') {
 				return false
@@ -87,6 +96,7 @@ func fastEligible(c *canonReader, gd *Guard, name string) bool {
 			if v.kind == 's' && (v.esc || blockEnd[string(c.b[v.s:v.e])]) {
 				return false
 			}
+			c.top.typ = i + 1
 		}
 	}
 	return true
@@ -117,22 +127,23 @@ func (c *canonReader) nonEmptyString(v int32) bool {
 func (c *canonReader) isObject(v int32) bool { return v >= 0 && c.toks[v].kind == '{' }
 
 // carriesText is backends.CarriesText read in place (an event carries generated text: what a
-// stream without usage is charged by); TestCarriesTextInPlace holds the two equal.
+// stream without usage is charged by), after fastEligible; TestCarriesTextInPlace holds the two
+// equal.
 func (c *canonReader) carriesText() bool {
-	if t := c.member(0, "type"); t >= 0 && c.toks[t].kind == 's' && c.toks[t].e > c.toks[t].s {
+	if t := c.top.typ; t >= 0 && c.toks[t].kind == 's' && c.toks[t].e > c.toks[t].s {
 		// (An escaped type takes the slow path: fastEligible.)
 		typ := string(c.b[c.toks[t].s:c.toks[t].e])
 		switch {
 		case typ == "content_block_delta":
-			d := c.member(0, "delta")
+			d := c.top.delta
 			return c.isObject(d) && (c.nonEmptyString(c.member(d, "text")) || c.nonEmptyString(c.member(d, "thinking")) ||
 				c.nonEmptyString(c.member(d, "partial_json")))
 		case strings.HasPrefix(typ, "response.") && strings.HasSuffix(typ, ".delta"):
-			return c.nonEmptyString(c.member(0, "delta"))
+			return c.nonEmptyString(c.top.delta)
 		}
 		return false
 	}
-	if cs := c.member(0, "choices"); cs >= 0 && c.toks[cs].kind == '[' {
+	if cs := c.top.choices; cs >= 0 && c.toks[cs].kind == '[' {
 		for el := cs + 1; el < c.toks[cs].end; el = c.next(el) {
 			if !c.isObject(el) {
 				continue
@@ -153,8 +164,12 @@ func (c *canonReader) carriesText() bool {
 		}
 		return false
 	}
-	return c.nonEmptyString(c.member(0, "text"))
+	return c.nonEmptyString(c.top.text)
 }
+
+// topMembers are the value tokens of the top-level object's members the fast path reads
+// (fastEligible notes them; -1: absent).
+type topMembers struct{ index, choices, delta, text, typ int32 }
 
 // emitFast takes the fast path for ev when it may; false: nothing was done (no scanner was fed),
 // the slow path takes the event.
@@ -189,7 +204,7 @@ func (e *Stream) emitFast(ev sse.Event) bool {
 	e.passed(c)
 	f.reps, f.repBuf, f.path = f.reps[:0], f.repBuf[:0], f.path[:0]
 	if gd != nil {
-		if idx := c.member(0, "index"); idx >= 0 && gd.sc.Kind == request.Messages {
+		if idx := c.top.index; idx >= 0 && gd.sc.Kind == request.Messages {
 			if n := c.b[c.toks[idx].s:c.toks[idx].e]; string(n) != string(gd.lastBlock) {
 				gd.lastBlock = json.Number(n) // where held text of a content block goes back
 			}

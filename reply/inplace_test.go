@@ -268,8 +268,8 @@ func TestCarriesTextInPlace(t *testing.T) {
 		`{"type":"","text":"x"}`, `{"type":1,"text":"x"}`, `{"text":"x"}`, `{"text":""}`, `{"ping":true}`,
 	} {
 		var c canonReader
-		if !c.read([]byte(ev)) {
-			t.Fatalf("%s: not canonical", ev)
+		if !c.read([]byte(ev)) || !fastEligible(&c, nil, "") {
+			t.Fatalf("%s: not canonical, or not eligible", ev)
 		}
 		v, _, _ := DecodeStrict([]byte(ev))
 		if got, want := c.carriesText(), backends.CarriesText(v); got != want {
