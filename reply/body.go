@@ -25,6 +25,17 @@ var ErrMalformed = errors.New("reply index is not a non-negative JSON integer")
 // before it allocates. Errors: ErrBudget when c refuses; ErrLeak with the hit; any other error
 // means the body is not usable JSON.
 func Body(gd *Guard, contentType, body []byte, c *Charge) (out []byte, v any, leak *Hit, err error) {
+	return readBody(gd, contentType, body, c, false)
+}
+
+// BodyUsage is Body for a caller that reads only usage from v (backends.ReadUsage,
+// backends.PromptCount): a canonical body that is one object is scanned in place without being
+// decoded (inplace.go), and v is that object with only the members usage is read from.
+func BodyUsage(gd *Guard, contentType, body []byte, c *Charge) (out []byte, v any, leak *Hit, err error) {
+	return readBody(gd, contentType, body, c, true)
+}
+
+func readBody(gd *Guard, contentType, body []byte, c *Charge, usageOnly bool) (out []byte, v any, leak *Hit, err error) {
 	if gd != nil {
 		gd.spend = c.Spend
 	}
@@ -34,6 +45,11 @@ func Body(gd *Guard, contentType, body []byte, c *Charge) (out []byte, v any, le
 	}
 	text, err := ToUTF8(body, cs)
 	body = nil
+	if err == nil && usageOnly {
+		if out, v, leak, err, taken := bodyInPlace(gd, text, c); taken {
+			return out, v, leak, err
+		}
+	}
 	var shadowed []any
 	if err == nil {
 		v, shadowed, err = DecodeStrictSpending(text, c.Spend)

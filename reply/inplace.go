@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"strings"
+	"sync"
 	"unsafe"
 
 	"github.com/kvgate/kvgate/internal/sse"
@@ -60,19 +61,8 @@ func fastEligible(c *canonReader, gd *Guard, name string) bool {
 	if name != "" && (blockEnd[name] || !inert(name)) {
 		return false
 	}
-	for _, i := range c.special { // (canonReader.key notes every key that may matter here)
-		k := c.toks[i]
-		key := c.b[k.s:k.e]
-		ks := unsafe.String(unsafe.SliceData(key), len(key)) // read only
-		v := c.toks[i+1]
-		switch {
-		case ks == replyIDField || tupleIDFields(ks):
-			return false
-		case strings.Contains(ks, "logprobs") && !(v.kind == 'l' && c.b[v.s] == 'n'):
-			return false // a sequence: its items are scanned each on their own (walk's seq)
-		case ks == "bytes" && v.kind == '[':
-			return false
-		}
+	if !plainKeys(c) {
+		return false
 	}
 	c.top = topMembers{-1, -1, -1, -1, -1}
 	for i := int32(1); c.toks[i].kind == 'k'; i = c.next(i + 1) { // the top-level members
@@ -97,6 +87,26 @@ func fastEligible(c *canonReader, gd *Guard, name string) bool {
 				return false
 			}
 			c.top.typ = i + 1
+		}
+	}
+	return true
+}
+
+// plainKeys: no key that is withheld or changes how its value is scanned (token ids, logprobs
+// and byte arrays, walk's special cases).
+func plainKeys(c *canonReader) bool {
+	for _, i := range c.special { // (canonReader.key notes every key that may matter here)
+		k := c.toks[i]
+		key := c.b[k.s:k.e]
+		ks := unsafe.String(unsafe.SliceData(key), len(key)) // read only
+		v := c.toks[i+1]
+		switch {
+		case ks == replyIDField || tupleIDFields(ks):
+			return false
+		case strings.Contains(ks, "logprobs") && !(v.kind == 'l' && c.b[v.s] == 'n'):
+			return false // a sequence: its items are scanned each on their own (walk's seq)
+		case ks == "bytes" && v.kind == '[':
+			return false
 		}
 	}
 	return true
@@ -335,4 +345,134 @@ func (e *Stream) scanFieldView(gd *Guard, s, path []byte) ([]byte, bool) {
 		return s, true
 	}
 	return unsafe.Slice(unsafe.StringData(out), len(out)), true
+}
+
+// The whole reply's fast path (BodyUsage): a canonical body is scanned in place as walk scans a
+// whole body (each string as one value, under its nearest key), and its bytes go to the client,
+// changed strings written anew in their place; only the members usage is read from are decoded.
+
+// canonPool holds the token buffers of whole replies: a Body takes one for the length of its
+// scan and puts it back before it returns (nothing of it is kept: the output is the caller's
+// text, or a new slice).
+var canonPool = sync.Pool{New: func() any { return new(fastState) }}
+
+// usageMembers are the top-level members backends' usage reader looks at (section, and a batch
+// item's index): the only ones BodyUsage decodes.
+var usageMembers = [...]string{"usage", "response", "message", "meta_info", "index"}
+
+// bodyInPlace is Body's work on canonical UTF-8 text; taken false: nothing was scanned, the
+// caller decodes. v is the top-level object with only its usageMembers.
+func bodyInPlace(gd *Guard, text []byte, c *Charge) (out []byte, v any, leak *Hit, err error, taken bool) {
+	f := canonPool.Get().(*fastState)
+	defer func() {
+		f.canon.b = nil
+		if cap(f.canon.toks) <= 4096 {
+			canonPool.Put(f)
+		}
+	}()
+	cr := &f.canon
+	if !cr.read(text) || cr.toks[0].kind != '{' || !plainKeys(cr) {
+		return nil, nil, nil, nil, false
+	}
+	f.reps, f.repBuf = f.reps[:0], f.repBuf[:0]
+	if gd != nil {
+		gd.whole = true
+		for i := 1; i < len(cr.toks); i++ { // keys first (stateless), as the stream does
+			if k := cr.toks[i]; k.kind == 'k' {
+				ks := unsafe.String(unsafe.SliceData(cr.b[k.s:k.e]), int(k.e-k.s))
+				if inert(ks) {
+					continue
+				}
+				clean, ok := gd.scanString(ks)
+				if !ok {
+					return bodyRefusal(gd)
+				}
+				if clean != ks {
+					return nil, nil, nil, nil, false // the decoding path replaces the key
+				}
+			}
+		}
+		if !f.scanWhole(gd, 0, nil) || gd.flushHeld() {
+			return bodyRefusal(gd)
+		}
+	}
+	m := map[string]any{}
+	for _, name := range usageMembers {
+		if at := cr.member(0, name); at >= 0 {
+			t := cr.toks[at]
+			end := t.e
+			if t.kind == '{' || t.kind == '[' {
+				end = cr.toks[t.end].e
+			}
+			if t.kind == 's' {
+				t.s, end = t.s-1, t.e+1 // the quotes
+			}
+			mv, _, derr := DecodeStrict(text[t.s:end])
+			if derr != nil {
+				return nil, nil, nil, nil, false // cannot be: the bytes are canonical
+			}
+			m[name] = mv
+		}
+	}
+	if len(f.reps) == 0 {
+		return text, m, nil, nil, true
+	}
+	n := len(text) + len(f.repBuf)
+	if !c.Spend(int64(n)) {
+		return nil, nil, nil, ErrBudget, true
+	}
+	out = make([]byte, 0, n)
+	at := int32(0)
+	for _, r := range f.reps {
+		t := cr.toks[r.tok]
+		out = append(append(out, text[at:t.s-1]...), f.repBuf[r.from:r.to]...)
+		at = t.e + 1
+	}
+	return append(out, text[at:]...), m, nil, nil, true
+}
+
+// bodyRefusal is Body's answer once the guard refused: over budget, or a leak.
+func bodyRefusal(gd *Guard) ([]byte, any, *Hit, error, bool) {
+	if gd.overBudget {
+		return nil, nil, nil, ErrBudget, true
+	}
+	return nil, nil, gd.leak, ErrLeak, true
+}
+
+// scanWhole scans every string of the value at token v as one whole value under its nearest key
+// (walk's naming in a whole body: field), noting the ones the scan changed; false: refused.
+func (f *fastState) scanWhole(gd *Guard, v int32, field []byte) bool {
+	c := &f.canon
+	switch t := c.toks[v]; t.kind {
+	case 's':
+		text := c.text(t, f.unesc[:0])
+		if t.esc {
+			f.unesc = text[:0]
+		}
+		s := unsafe.String(unsafe.SliceData(text), len(text))
+		fs := unsafe.String(unsafe.SliceData(field), len(field))
+		out, ok := gd.scanValue(s, mainText(lastSeg(fs)))
+		if !ok {
+			return false
+		}
+		if out != s {
+			from := len(f.repBuf)
+			f.repBuf = appendString(f.repBuf, out)
+			f.reps = append(f.reps, fastRep{tok: v, from: from, to: len(f.repBuf)})
+		}
+	case '{':
+		for i := v + 1; c.toks[i].kind == 'k'; i = c.next(i + 1) {
+			k := c.toks[i]
+			if !f.scanWhole(gd, i+1, c.b[k.s:k.e]) {
+				return false
+			}
+		}
+	case '[':
+		for el := v + 1; el < t.end; el = c.next(el) {
+			if !f.scanWhole(gd, el, field) {
+				return false
+			}
+		}
+	}
+	return true
 }

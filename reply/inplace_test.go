@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/request"
 )
 
@@ -161,24 +162,28 @@ func TestPassThroughOnlyWhenCanonical(t *testing.T) {
 		{"invalid UTF-8", "{\"choices\":[{\"index\":0,\"message\":{\"content\":\"\xff\"}}]}", false},
 		{"token ids", `{"text":"a","output_ids":[1,2]}`, false},
 	} {
-		b := NewBudget(1 << 20)
-		ch := b.NewCharge()
-		out, _, _, err := Body(NewGuard(sc), []byte("application/json"), []byte(c.body), ch)
-		ch.Done()
-		if err != nil {
-			t.Fatalf("body %s: %v", c.name, err)
-		}
-		if passed := string(out) == c.body; passed != c.pass {
-			t.Fatalf("body %s: passed as it is = %v: %q", c.name, passed, out)
+		for _, f := range []func(*Guard, []byte, []byte, *Charge) ([]byte, any, *Hit, error){Body, BodyUsage} {
+			b := NewBudget(1 << 20)
+			ch := b.NewCharge()
+			out, _, _, err := f(NewGuard(sc), []byte("application/json"), []byte(c.body), ch)
+			ch.Done()
+			if err != nil {
+				t.Fatalf("body %s: %v", c.name, err)
+			}
+			if passed := string(out) == c.body; passed != c.pass {
+				t.Fatalf("body %s: passed as it is = %v: %q", c.name, passed, out)
+			}
 		}
 	}
 	for _, body := range []string{`{"a":1,"a":2}`, `{"choices":[{"index":-0,"message":{"content":"a"}}]}`} {
-		b := NewBudget(1 << 20)
-		ch := b.NewCharge()
-		if _, _, _, err := Body(NewGuard(sc), nil, []byte(body), ch); err == nil || errors.Is(err, ErrLeak) {
-			t.Fatalf("body %s: %v, want a refusal", body, err)
+		for _, f := range []func(*Guard, []byte, []byte, *Charge) ([]byte, any, *Hit, error){Body, BodyUsage} {
+			b := NewBudget(1 << 20)
+			ch := b.NewCharge()
+			if _, _, _, err := f(NewGuard(sc), nil, []byte(body), ch); err == nil || errors.Is(err, ErrLeak) {
+				t.Fatalf("body %s: %v, want a refusal", body, err)
+			}
+			ch.Done()
 		}
-		ch.Done()
 	}
 }
 
@@ -299,4 +304,78 @@ func TestFastPathRefusesWithheldKeys(t *testing.T) {
 	if b, _ := json.Marshal(map[string]any{"usage": map[string]any{"prompt_tokens": 1}}); !c.read(b) || fastEligible(&c, gd, "") {
 		t.Errorf("a usage section: eligible")
 	}
+}
+
+// A whole reply scanned in place (BodyUsage) reaches the same verdict as the decoding path
+// (Body), the client decodes the same value from either output, and usage reads the same.
+func TestBodyInPlaceMatchesDecoding(t *testing.T) {
+	sc, victim := testScope(t, request.Chat)
+	own, _ := sc.Keyring.Current("alice", time.Now())
+	rnd := rand.New(rand.NewSource(11))
+	words := []string{"the", "KV", "cache", "KVG-", "K", own[:9], own[9:], victim[4:12], victim[12:20], "é", `\n`, `\"`, `\u00e9`, "ok"}
+	text := func() string {
+		s := ""
+		for range 1 + rnd.Intn(5) {
+			s += words[rnd.Intn(len(words))]
+		}
+		return s
+	}
+	passed, leaks := 0, 0
+	for iter := 0; iter < 600; iter++ {
+		var body string
+		switch rnd.Intn(4) {
+		case 0:
+			body = `{"id":"r","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"` + text() + `","reasoning_content":"` + text() + `"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`
+		case 1:
+			body = `{"type":"message","role":"assistant","content":[{"type":"text","text":"` + text() + `"},{"type":"text","text":"` + text() + `"}],"usage":{"input_tokens":4,"output_tokens":7}}`
+		case 2:
+			body = `{"object":"response","output":[{"type":"message","content":[{"type":"output_text","text":"` + text() + `"}]}],"usage":{"input_tokens":1,"output_tokens":2}}`
+		default:
+			body = `{"text":"` + text() + `","meta_info":{"id":"x","prompt_tokens":9,"completion_tokens":4},"index":0}`
+		}
+		run := func(inPlace bool) (out []byte, v any, err error) {
+			b := NewBudget(1 << 20)
+			ch := b.NewCharge()
+			defer ch.Done()
+			f := Body
+			if inPlace {
+				f = BodyUsage
+			}
+			out, v, _, err = f(NewGuard(sc), []byte("application/json"), []byte(body), ch)
+			return append([]byte(nil), out...), v, err
+		}
+		ao, av, ae := run(true)
+		bo, bv, be := run(false)
+		if !errors.Is(ae, be) && (ae == nil) != (be == nil) {
+			t.Fatalf("%s: in place %v, decoding %v", body, ae, be)
+		}
+		if be != nil {
+			if errors.Is(be, ErrLeak) {
+				leaks++
+			}
+			continue
+		}
+		a, _, _ := DecodeStrict(ao)
+		b, _, _ := DecodeStrict(bo)
+		if strings.Contains(body, victim[4:12]) || strings.Contains(body, victim[12:20]) {
+			// What the joined reading withholds depends on the order it reads the values in
+			// (the decoding path reads a map's in Go's random order): each output is held to
+			// the bound instead.
+			if n := canary.LongestRun(string(ao), victim); n > canary.HoldMin-1 {
+				t.Fatalf("%s: %d characters of the marker passed in place: %s", body, n, ao)
+			}
+		} else if !reflect.DeepEqual(a, b) {
+			t.Fatalf("%s:\nin place %s\ndecoding %s", body, ao, bo)
+		}
+		if ra, rb := backends.ReadUsage(av), backends.ReadUsage(bv); !reflect.DeepEqual(ra, rb) {
+			t.Fatalf("%s: usage in place %v, decoding %v", body, ra, rb)
+		}
+		if string(ao) == body {
+			passed++
+		}
+	}
+	if passed == 0 || leaks == 0 {
+		t.Fatalf("%d bodies passed as they came, %d leaks", passed, leaks)
+	}
+	t.Logf("%d of 600 bodies passed as they came, %d leaks", passed, leaks)
 }
