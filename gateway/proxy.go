@@ -407,8 +407,10 @@ func (x *exchange) upstreamError(ctx *fasthttp.RequestCtx, code string, detail e
 // (upstream.max_buffered_bytes); a reply that does not fit gets 503 (x.errMsg
 // "reply_over_budget"), and the caller aborts its engine request.
 func (x *exchange) writeEngineReply(ctx *fasthttp.RequestCtx, code int, contentType []byte, body []byte, b *backends.Backend, c *reply.Charge, gd *reply.Guard) bool {
-	out, v, leak, err := reply.BodyUsage(gd, contentType, body, c) // v: for usage only
-	body = nil                                                     // the body is garbage from here unless out is it (passed on as it came)
+	// v holds only what usage is read from; out may be body itself (passed on as it came),
+	// otherwise the body is garbage from here: nothing may keep it alive.
+	out, v, leak, err := reply.BodyUsage(gd, contentType, body, c)
+	body = nil
 	if code >= 200 && code <= 299 {
 		x.noteUsage(v) // kvgate limits: the reply as decoded (nil when it is refused)
 	}
