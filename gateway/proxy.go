@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+	"unsafe"
 
 	json "github.com/goccy/go-json"
 	"github.com/valyala/fasthttp"
@@ -382,7 +383,11 @@ func (x *exchange) scanHeaders(l *backends.Leg, gd *reply.Guard) *canary.Hit {
 		return nil
 	}
 	var leak *canary.Hit
-	l.VisitHeaders(func(k, v []byte) { leak = gd.ScanText(string(k) + ": " + string(v)) })
+	var line []byte // one buffer for every header line: ScanText only reads it
+	l.VisitHeaders(func(k, v []byte) {
+		line = append(append(append(line[:0], k...), ": "...), v...)
+		leak = gd.ScanText(unsafe.String(unsafe.SliceData(line), len(line)))
+	})
 	return leak
 }
 
