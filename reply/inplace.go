@@ -190,6 +190,11 @@ func (e *Stream) emitFast(ev sse.Event) bool {
 	f := &e.fast
 	c := &f.canon
 	gd := e.o.Guard
+	// A line end in the data (several data lines, joined) is JSON whitespace that would break
+	// the client's framing if passed on: such an event is written anew.
+	if bytes.IndexByte(ev.Data, '\n') >= 0 || bytes.IndexByte(ev.Data, '\r') >= 0 {
+		return false
+	}
 	if !c.read(ev.Data) || !fastEligible(c, gd, ev.Name) {
 		return false
 	}
