@@ -223,9 +223,29 @@ func (x *exchange) noteEvent(data any) {
 	h.produced, h.streamed = true, true
 	before := h.tally.TextEvents
 	h.tally.Add(data, true)
-	if h.tally.TextEvents == before {
+	if h.tally.TextEvents != before {
+		x.noteTextLocked(h)
+	}
+}
+
+// notePassed notes a streamed event the reply package passed on without decoding it (no usage
+// in it): produced, and a token if it carried text.
+func (x *exchange) notePassed(carriesText bool) {
+	h := x.limit
+	if h == nil {
 		return
 	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.produced, h.streamed = true, true
+	if carriesText {
+		h.tally.TextEvents++
+		x.noteTextLocked(h)
+	}
+}
+
+// noteTextLocked times a text event (first token, inter-token latency); h.mu is held.
+func (x *exchange) noteTextLocked(h *limitHold) {
 	now := max(time.Since(x.start), 1)
 	if h.lastText == 0 {
 		x.firstToken.Store(int64(now))

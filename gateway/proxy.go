@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+	"unsafe"
 
 	json "github.com/goccy/go-json"
 	"github.com/valyala/fasthttp"
@@ -382,7 +383,11 @@ func (x *exchange) scanHeaders(l *backends.Leg, gd *reply.Guard) *canary.Hit {
 		return nil
 	}
 	var leak *canary.Hit
-	l.VisitHeaders(func(k, v []byte) { leak = gd.ScanText(string(k) + ": " + string(v)) })
+	var line []byte // one buffer for every header line: ScanText only reads it
+	l.VisitHeaders(func(k, v []byte) {
+		line = append(append(append(line[:0], k...), ": "...), v...)
+		leak = gd.ScanText(unsafe.String(unsafe.SliceData(line), len(line)))
+	})
 	return leak
 }
 
@@ -407,8 +412,10 @@ func (x *exchange) upstreamError(ctx *fasthttp.RequestCtx, code string, detail e
 // (upstream.max_buffered_bytes); a reply that does not fit gets 503 (x.errMsg
 // "reply_over_budget"), and the caller aborts its engine request.
 func (x *exchange) writeEngineReply(ctx *fasthttp.RequestCtx, code int, contentType []byte, body []byte, b *backends.Backend, c *reply.Charge, gd *reply.Guard) bool {
-	out, v, leak, err := reply.Body(gd, contentType, body, c)
-	body = nil // the body is garbage from here: nothing may keep it alive
+	// v holds only what usage is read from; out may be body itself (passed on as it came),
+	// otherwise the body is garbage from here: nothing may keep it alive.
+	out, v, leak, err := reply.BodyUsage(gd, contentType, body, c)
+	body = nil
 	if code >= 200 && code <= 299 {
 		x.noteUsage(v) // kvgate limits: the reply as decoded (nil when it is refused)
 	}

@@ -20,8 +20,9 @@ import (
 func (x *exchange) newEventRelay(gd *reply.Guard, onLeak func()) *reply.Stream {
 	return reply.NewStream(reply.StreamOptions{
 		Guard: gd, MaxEventBytes: x.g.cfg.Upstream.MaxEventBytes, HideUsage: x.hideUsage,
-		OnEvent: x.noteEvent, // kvgate limits: usage as decoded
-		OnLeak:  onLeak,
+		OnEvent:  x.noteEvent,  // kvgate limits: usage as decoded
+		OnPassed: x.notePassed, // events passed on undecoded carry no usage
+		OnLeak:   onLeak,
 		OnFail: func(code string, err error) {
 			x.errMsg = code
 			x.g.log.Warn("engine stream ended by the gateway", zap.String("request_id", x.rid), zap.String("upstream", x.upstream),

@@ -28,7 +28,7 @@ func BenchmarkNormaliseBody(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		c := x.g.replies.NewCharge()
-		if _, _, _, err := reply.Body(x.newGuard(), nil, benchReply, c); err != nil {
+		if _, _, _, err := reply.BodyUsage(x.newGuard(), nil, benchReply, c); err != nil { // as writeEngineReply
 			b.Fatal(err)
 		}
 		c.Done()

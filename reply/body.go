@@ -18,11 +18,24 @@ var ErrMalformed = errors.New("reply index is not a non-negative JSON integer")
 
 // Body is a whole reply as the client will get it: transcoded to UTF-8, decoded as one JSON
 // value, scanned by gd (nil: canaries off; engine errors too: they may quote the prompt they
-// refused), and re-serialised from the scanned value. A body that is not JSON is still scanned as
+// refused), and re-serialised from the scanned value, or passed on as the engine wrote it when
+// those bytes are canonical (canon.go) and the scan changed nothing (out is then body, or the
+// part of it after a BOM). A body that is not JSON is still scanned as
 // text, so a marker in it is recorded, but it is never passed on. Each step is charged to c
 // before it allocates. Errors: ErrBudget when c refuses; ErrLeak with the hit; any other error
 // means the body is not usable JSON.
 func Body(gd *Guard, contentType, body []byte, c *Charge) (out []byte, v any, leak *Hit, err error) {
+	return readBody(gd, contentType, body, c, false)
+}
+
+// BodyUsage is Body for a caller that reads only usage from v (backends.ReadUsage,
+// backends.PromptCount): a canonical body that is one object is scanned in place without being
+// decoded (inplace.go), and v is that object with only the members usage is read from.
+func BodyUsage(gd *Guard, contentType, body []byte, c *Charge) (out []byte, v any, leak *Hit, err error) {
+	return readBody(gd, contentType, body, c, true)
+}
+
+func readBody(gd *Guard, contentType, body []byte, c *Charge, usageOnly bool) (out []byte, v any, leak *Hit, err error) {
 	if gd != nil {
 		gd.spend = c.Spend
 	}
@@ -32,6 +45,11 @@ func Body(gd *Guard, contentType, body []byte, c *Charge) (out []byte, v any, le
 	}
 	text, err := ToUTF8(body, cs)
 	body = nil
+	if err == nil && usageOnly {
+		if out, v, leak, err, taken := bodyInPlace(gd, text, c); taken {
+			return out, v, leak, err
+		}
+	}
 	var shadowed []any
 	if err == nil {
 		v, shadowed, err = DecodeStrictSpending(text, c.Spend)
@@ -48,10 +66,19 @@ func Body(gd *Guard, contentType, body []byte, c *Charge) (out []byte, v any, le
 		}
 		return nil, nil, nil, err
 	}
-	text = nil // the decoded value holds copies of everything it needs
+	// Bytes every reader decodes to exactly the value decoded here (canon.go) are passed on as
+	// they are when the scan changed nothing: no re-serialisation. They are the caller's (already
+	// charged) buffer.
+	var cr canonReader
+	canonical := cr.read(text)
+	cr = canonReader{}
+	if !canonical {
+		text = nil // the decoded value holds copies of everything it needs
+	}
+	changed := false
 	if gd != nil {
 		var ok bool
-		if v, ok = gd.body(v); !ok {
+		if v, changed, ok = gd.body(v); !ok {
 			if gd.overBudget {
 				return nil, nil, nil, ErrBudget
 			}
@@ -60,6 +87,9 @@ func Body(gd *Guard, contentType, body []byte, c *Charge) (out []byte, v any, le
 			}
 			return nil, nil, gd.leak, ErrLeak
 		}
+	}
+	if canonical && !changed {
+		return text, v, nil, nil
 	}
 	n := JSONLen(v)
 	if !c.Spend(int64(n)) {

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/request"
@@ -65,6 +66,7 @@ type Guard struct {
 	joinStrict  *canary.Scanner
 	joinLoose   *canary.Loose
 	joinIn      []byte
+	joinBuf     []byte // the joined reading's output (its own: callers pass views of buf)
 	joinCharged bool
 }
 
@@ -88,6 +90,7 @@ func NewGuard(sc Scope) *Guard {
 func (gd *Guard) field(key string) *fieldScan {
 	f := gd.fields[key]
 	if f == nil {
+		key = strings.Clone(key) // the caller's key may be a view of a reused buffer
 		k := gd.sc.Keyring
 		f = &fieldScan{loose: k.NewLoose(gd.sc.Requester, gd.sc.Echoes), strict: k.NewScanner(gd.sc.Requester, gd.sc.Echoes)}
 		gd.fields[key] = f
@@ -111,16 +114,23 @@ func (gd *Guard) Leak() *Hit { return gd.leak }
 // feed scans one piece of streamed text; it returns what may be emitted now. join: the field
 // is text a client joins with the reply's other text values (Guard.joined).
 func (gd *Guard) feed(key, text string, join bool) (string, bool) {
+	out, ok := gd.feedView(key, []byte(text), join)
+	return string(out), ok
+}
+
+// feedView is feed on bytes, allocating nothing once the guard's buffers have grown: text is
+// only read, and what it returns is a view of gd.buf2, valid until the guard's next call.
+func (gd *Guard) feedView(key string, text []byte, join bool) ([]byte, bool) {
 	// In a whole reply (logprobs items): the text's copy, two scanners' output, the string.
 	if !gd.afford(4 * len(text)) {
-		return "", false
+		return nil, false
 	}
 	f := gd.field(key)
-	mid, v := f.strict.Feed(gd.buf[:0], []byte(text))
+	mid, v := f.strict.Feed(gd.buf[:0], text)
 	gd.buf = mid[:0]
 	gd.note(v)
 	if v.Leak != nil {
-		return "", false
+		return nil, false
 	}
 	return gd.looseStage(f, mid, join)
 }
@@ -129,21 +139,21 @@ func (gd *Guard) feed(key, text string, join bool) (string, bool) {
 // client joins) and the field's folded detector. The joined reading goes first, on the text as
 // the field's scanners have it, so a run across values is seen whole before the field's own
 // detector withholds part of it.
-func (gd *Guard) looseStage(f *fieldScan, mid []byte, join bool) (string, bool) {
+func (gd *Guard) looseStage(f *fieldScan, mid []byte, join bool) ([]byte, bool) {
 	if join {
-		j, ok := gd.joined(string(mid))
+		j, ok := gd.joinedView(mid)
 		if !ok {
-			return "", false
+			return nil, false
 		}
-		mid = append(mid[:0], j...)
+		mid = j // mid itself, or the joined reading's own buffer
 	}
 	out, h := f.loose.Feed(gd.buf2[:0], mid)
 	gd.buf2 = out[:0]
 	if h != nil {
 		gd.noteLeak(h)
-		return "", false
+		return nil, false
 	}
-	return string(out), true
+	return out, true
 }
 
 func (gd *Guard) note(v canary.Verdict) {
@@ -458,6 +468,20 @@ func (gd *Guard) scanField(s, path string, seq bool) (string, bool) {
 // marker stripped, as in one value). The prompt-text detector (Scope.Text) reads the values as
 // they stand.
 func (gd *Guard) joined(s string) (string, bool) {
+	out, ok := gd.joinedView(unsafe.Slice(unsafe.StringData(s), len(s)))
+	if !ok {
+		return "", false
+	}
+	if len(out) == len(s) && (len(s) == 0 || unsafe.SliceData(out) == unsafe.StringData(s)) {
+		return s, true
+	}
+	return string(out), true
+}
+
+// joinedView is joined on bytes it only reads: it returns b itself when the joined reading
+// withheld nothing (no copy), else the reading's output. b must not be the guard's joinBuf.
+func (gd *Guard) joinedView(b []byte) ([]byte, bool) {
+	s := unsafe.String(unsafe.SliceData(b), len(b)) // read only, never kept
 	if gd.joinStrict == nil {
 		gd.joinStrict = gd.sc.Keyring.NewScanner(gd.sc.Requester, gd.sc.Echoes)
 	}
@@ -465,28 +489,29 @@ func (gd *Guard) joined(s string) (string, bool) {
 		js.Pass(s) // the usual case: nothing to join, no copy
 	} else {
 		if !gd.afford(2 * len(s)) {
-			return "", false
+			return nil, false
 		}
 		gd.joinIn = append(gd.joinIn[:0], s...)
-		out, v := js.FeedAll(gd.buf[:0], gd.joinIn)
-		gd.buf = out[:0]
+		// Its own output (rare: a "KVG-" or a pending prefix): b may be a view of gd.buf.
+		out, v := js.FeedAll(nil, gd.joinIn)
 		gd.note(v)
 		if v.Leak != nil {
-			return "", false
+			return nil, false
 		}
 		if string(out) != s {
-			s = string(out)
+			b = out
+			s = unsafe.String(unsafe.SliceData(b), len(b))
 		}
 	}
 	if gd.sc.Text != nil {
 		if h := gd.sc.Text.Feed(s); h != nil {
 			gd.noteLeak(h)
-			return "", false
+			return nil, false
 		}
 	}
 	if !gd.joinCharged && len(s) >= 64<<10 {
 		if !gd.afford(3 * scanPiece) {
-			return "", false
+			return nil, false
 		}
 		gd.joinCharged = true
 	}
@@ -502,22 +527,22 @@ func (gd *Guard) joined(s string) (string, bool) {
 		}
 		gd.joinIn = append(gd.joinIn[:0], s[i:j]...)
 		// FeedAll: the value's last escape is read as it stands; the run carries on.
-		mid, h := gd.joinLoose.FeedAll(gd.buf[:0], gd.joinIn)
-		gd.buf = mid[:0]
+		mid, h := gd.joinLoose.FeedAll(gd.joinBuf[:0], gd.joinIn)
+		gd.joinBuf = mid[:0]
 		if h != nil {
 			gd.noteLeak(h)
-			return "", false
+			return nil, false
 		}
 		changed, done = gd.keepChanges(changed, s, done, mid)
 		i = j
 	}
 	if gd.overBudget {
-		return "", false
+		return nil, false
 	}
 	if changed != nil {
-		return string(changed), true
+		return changed, true
 	}
-	return s, true
+	return b, true
 }
 
 // indexKeys are the fields by which clients merge pieces of a reply (choices, tool calls,
@@ -611,15 +636,15 @@ func decodeOne(b []byte) (any, error) {
 	return v, err
 }
 
-// body scans a whole decoded reply in place; false means a foreign marker was found.
-func (gd *Guard) body(v any) (any, bool) {
-	changed := false
+// body scans a whole decoded reply in place; false means a foreign marker was found. changed:
+// the scan changed the value (the engine's bytes cannot be passed on).
+func (gd *Guard) body(v any) (out any, changed, ok bool) {
 	gd.whole = true
-	v, ok := gd.walk(v, "", false, &changed)
+	v, ok = gd.walk(v, "", false, &changed)
 	if !ok || gd.flushHeld() {
-		return nil, false
+		return nil, false, false
 	}
-	return v, true
+	return v, changed, true
 }
 
 // flushHeld settles every scanner at the end of a whole body; true means a leak.

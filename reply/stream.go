@@ -14,8 +14,13 @@ import (
 type Stream struct {
 	o      StreamOptions
 	parser *sse.Parser
-	out    []byte // events ready for the client
-	events int    // events queued
+	// out: events ready for the client. Pending hands it out; once it is all consumed the next
+	// event reuses its storage from the start (no allocation per event).
+	out    []byte
+	sent   int // out[:sent] was consumed
+	events int // events queued
+	fast   fastState
+	noFast bool // tests: every event takes the slow path
 	// ended: the stream was ended early (a leak, or an event that was refused); nothing more of
 	// the engine's bytes is read or sent.
 	ended bool
@@ -30,6 +35,10 @@ type StreamOptions struct {
 	HideUsage bool
 	// OnEvent sees every event's decoded value (nil: produced, but refused), for usage.
 	OnEvent func(v any)
+	// OnPassed sees, instead of OnEvent, every event passed on without being decoded (the fast
+	// path, inplace.go): such an event holds no usage section; carriesText is
+	// backends.CarriesText of it. With OnEvent set and OnPassed nil, every event is decoded.
+	OnPassed func(carriesText bool)
 	// OnLeak records the incident and aborts the engines.
 	OnLeak func()
 	// OnFail logs why the stream was ended (the client gets FailEvent).
@@ -91,17 +100,22 @@ func (e *Stream) Fail(code string, err error) {
 // queued.
 func (e *Stream) Abort(tail []byte) {
 	e.ended = true
-	e.out = tail
+	e.out, e.sent = tail, 0
 }
 
 // Ended says nothing more of the engine's stream will be sent.
 func (e *Stream) Ended() bool { return e.ended }
 
-// Pending is what is ready for the client; Consume drops the first n bytes of it.
-func (e *Stream) Pending() []byte { return e.out }
+// Pending is what is ready for the client; Consume drops the first n bytes of it. The bytes
+// are the stream's: valid until the next Write, End or Fail (copy what must outlive them).
+func (e *Stream) Pending() []byte { return e.out[e.sent:] }
 
 // Consume drops n bytes of Pending, once they are written.
-func (e *Stream) Consume(n int) { e.out = e.out[n:] }
+func (e *Stream) Consume(n int) {
+	if e.sent += n; e.sent == len(e.out) {
+		e.out, e.sent = e.out[:0], 0
+	}
+}
 
 // Leak is the foreign marker the stream was cut on, or nil.
 func (e *Stream) Leak() *Hit {
@@ -130,6 +144,9 @@ func (e *Stream) emit(ev sse.Event) {
 			e.out = append(e.out, "data: [DONE]\n\n"...)
 			e.events++
 		}
+		return
+	}
+	if e.emitFast(ev) {
 		return
 	}
 	v, shadowed, err := DecodeStrict(ev.Data)
@@ -173,7 +190,7 @@ func (e *Stream) emit(ev sse.Event) {
 	if name != "" {
 		e.out = append(append(append(e.out, "event: "...), name...), '\n')
 	}
-	e.out = append(append(append(e.out, "data: "...), CanonicalJSON(v)...), "\n\n"...)
+	e.out = append(AppendJSON(append(e.out, "data: "...), v), "\n\n"...)
 	e.events++
 }
 

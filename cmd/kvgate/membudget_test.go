@@ -165,7 +165,9 @@ upstream: {max_buffered_bytes: %d, max_reply_bytes: %d}
 			r := result{code: code, h: h, n: len(b), err: err}
 			if len(b) < 4096 {
 				r.body = b
-			} else if !strings.Contains(string(b[len(b)-300:]), `"usage"`) || !strings.Contains(string(b[:300]), `"finish_reason":"stop"`) {
+			} else if ends := string(b[:300]) + string(b[len(b)-300:]); !strings.Contains(ends, `"usage"`) || !strings.Contains(ends, `"finish_reason":"stop"`) {
+				// (whole: its first and last members are there, in the engine's order when its
+				// bytes were passed on, else in the canonical one)
 				r.body = b[:200]
 				r.code = -code // a truncated or malformed reply
 			}

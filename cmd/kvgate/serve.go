@@ -17,7 +17,7 @@ import (
 	"github.com/kvgate/kvgate/gateway"
 )
 
-const serveUsage = `usage: kvgate serve [--config PATH]
+const serveUsage = `usage: kvgate serve [--config PATH] [--pprof-listen ADDR]
 
 Runs the gateway. Settings come from the YAML file, then KVGATE_* environment variables
 (KVGATE_ and the setting's path: KVGATE_STATE_REDIS_URL, KVGATE_CANARY_SECRET, or with _FILE
@@ -71,12 +71,19 @@ func printUsage(w io.Writer, fs *flag.FlagSet, usage string) {
 
 func runServe(args []string) int {
 	fs := newFlags("serve")
+	fs.String("pprof-listen", "", "serve Go's profiles (net/http/pprof, /debug/pprof/) on this address, e.g. 127.0.0.1:6060; off when empty. They expose the process's internals: loopback only (make bench profiles the gateway with it)")
 	if code, done := parseFlags(fs, serveUsage, args); done {
 		return code
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "kvgate serve: unexpected argument %q\n", fs.Arg(0))
 		return 2
+	}
+	if addr := fs.Lookup("pprof-listen").Value.String(); addr != "" {
+		if err := servePprof(addr); err != nil {
+			fmt.Fprintln(os.Stderr, "kvgate serve: --pprof-listen:", err)
+			return 2
+		}
 	}
 	cfg, err := config.Load(fs.Lookup("config").Value.String(), os.Environ())
 	if err != nil {

@@ -10,7 +10,8 @@ import (
 )
 
 // Event is one dispatched event. Data is the joined data lines; an event with no data line is
-// never dispatched (as in the standard).
+// never dispatched (as in the standard). Data is the parser's buffer: valid until the parser's
+// next Write, Next or End (copy what must outlive that).
 type Event struct {
 	Name string // the "event" field; empty means "message"
 	ID   string
@@ -26,6 +27,8 @@ var ErrTooLarge = errors.New("sse: event larger than the limit")
 type Parser struct {
 	max     int
 	buf     []byte // bytes not yet split into lines
+	store   []byte // buf's array from its start: reused once buf is consumed (no allocation per Write)
+	name    string // the last event name, reused while names repeat (no allocation per event)
 	scanned int    // bytes of buf already searched for a line end
 	started bool   // past the optional BOM
 	lastCR  bool   // the previous line ended with CR: a following LF belongs to it
@@ -38,8 +41,18 @@ type Parser struct {
 // NewParser returns a parser whose events (and lines) may not exceed max bytes.
 func NewParser(max int) *Parser { return &Parser{max: max} }
 
-// Write appends stream bytes.
-func (p *Parser) Write(b []byte) { p.buf = append(p.buf, b...) }
+// Write appends stream bytes. What is left of earlier Writes moves to the front of the parser's
+// buffer first, so a stream reuses one buffer.
+func (p *Parser) Write(b []byte) {
+	if len(p.buf) == 0 || len(p.buf)+len(b) <= cap(p.store) && len(p.buf) <= cap(p.store)/2 {
+		p.buf = append(p.store[:0], p.buf...) // (copy moves overlapping bytes correctly)
+	}
+	old := cap(p.buf)
+	p.buf = append(p.buf, b...)
+	if cap(p.buf) != old {
+		p.store = p.buf[:0] // a new array: buf starts at its base
+	}
+}
 
 // Buffered is how many bytes wait for a line end.
 func (p *Parser) Buffered() int { return len(p.buf) }
@@ -61,7 +74,7 @@ func (p *Parser) Next() (ev Event, ok bool, err error) {
 			}
 			p.lastCR = false
 		}
-		i := bytes.IndexAny(p.buf[p.scanned:], "\r\n")
+		i := lineEnd(p.buf[p.scanned:])
 		if i < 0 {
 			p.scanned = len(p.buf)
 			if p.size+len(p.buf) > p.max {
@@ -90,16 +103,28 @@ func (p *Parser) Next() (ev Event, ok bool, err error) {
 		if dispatch {
 			ev := p.ev
 			ev.Data = p.data
-			p.ev, p.data, p.hasData, p.size = Event{}, nil, false, 0
+			p.ev, p.data, p.hasData, p.size = Event{}, p.data[:0], false, 0
 			return ev, true, nil
 		}
 	}
 }
 
+// lineEnd is bytes.IndexAny(b, "\r\n") by two byte searches (each vectorised), CR being rare.
+func lineEnd(b []byte) int {
+	i := bytes.IndexByte(b, '\n')
+	if i < 0 {
+		return bytes.IndexByte(b, '\r')
+	}
+	if j := bytes.IndexByte(b[:i], '\r'); j >= 0 {
+		return j
+	}
+	return i
+}
+
 // compact keeps buf from growing by the bytes already consumed.
 func (p *Parser) compact() {
 	if cap(p.buf) > 4096 && len(p.buf) < cap(p.buf)/4 {
-		p.buf = append([]byte(nil), p.buf...)
+		p.buf = append(p.store[:0], p.buf...)
 	}
 }
 
@@ -130,7 +155,10 @@ func (p *Parser) line(line []byte) bool {
 		p.data = append(p.data, value...)
 		p.hasData = true
 	case "event":
-		p.ev.Name = string(value)
+		if string(value) != p.name {
+			p.name = string(value)
+		}
+		p.ev.Name = p.name
 	case "id":
 		if bytes.IndexByte(value, 0) < 0 {
 			p.ev.ID = string(value)

@@ -23,6 +23,7 @@ func parseAll(t *testing.T, s string, n, max int) ([]Event, error) {
 			if !ok {
 				break
 			}
+			ev.Data = append([]byte(nil), ev.Data...) // the parser reuses its buffer
 			out = append(out, ev)
 		}
 	}

@@ -75,7 +75,7 @@ func TestSmokeRunWritesTheReport(t *testing.T) {
 	p.CountRounds, p.CountMin = 1, time.Millisecond
 	countOutDir = t.TempDir()
 	out := filepath.Join(t.TempDir(), "latest.json")
-	if code := run(context.Background(), p, config{kvgate: bin, lab: lab, nginx: findNginx(""), redis: "redis://127.0.0.1:6379/15", out: out, canary: true, limits: true}); code != 0 {
+	if code := run(context.Background(), p, config{kvgate: bin, lab: lab, nginx: findNginx(""), redis: "redis://127.0.0.1:6379/15", out: out, canary: true, limits: true, profile: true}); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
 	raw, err := os.ReadFile(out)
@@ -133,8 +133,14 @@ func TestSmokeRunWritesTheReport(t *testing.T) {
 	if _, ok := r.Targets[tMemory]["memory"]; !ok {
 		t.Error("kvgate_memory: no memory figure")
 	}
-	if len(r.Ratios) != 2 || r.Ratios["kvgate_vs_bare"] == nil {
+	if _, ok := r.Ratios["redis_vs_memory"]; len(r.Ratios) != 3 || r.Ratios["kvgate_vs_bare"] == nil || !ok {
 		t.Errorf("ratios %v", r.Ratios)
+	}
+	// The CPU profile of the gateway under the throughput load, and its top functions.
+	if f, _ := r.Targets[tMemory]["cpu_profile"].(string); f == "" {
+		t.Error("kvgate_memory: no cpu_profile")
+	} else if top, err := os.ReadFile(strings.TrimSuffix(f, ".pprof") + "-top.txt"); err != nil || !strings.Contains(string(top), "flat%") {
+		t.Errorf("profile summary of %s: %v %.200q", f, err, top)
 	}
 	for _, k := range []string{"cores", "cpu_model", "go_version", "kernel"} {
 		if _, ok := r.Machine[k]; !ok {

@@ -102,6 +102,7 @@ func main() {
 	roundDur := flag.Duration("round", 0, "override the duration of a throughput round")
 	canaryOn := flag.Bool("kvgate-canary", true, "kvgate targets inject and scan canaries (the full pipeline)")
 	limitsOn := flag.Bool("kvgate-limits", true, "kvgate targets check and charge tenant rpm/tpm limits (set far above the load)")
+	profile := flag.Bool("profile", true, "CPU profiles of each kvgate target under the throughput load (one more round, not counted), next to -out")
 	phases := flag.String("phases", "count,throughput,rate,sweep,stream,memory,micro", "the phases to run (a partial run, while working on one)")
 	flag.Parse()
 	p := fullParams()
@@ -142,13 +143,13 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	code := run(ctx, p, config{kvgate: *kvgate, lab: *lab, nginx: findNginx(*nginx), redis: *redisURL, out: *out, micro: *micro,
-		canary: *canaryOn, limits: *limitsOn})
+		canary: *canaryOn, limits: *limitsOn, profile: *profile})
 	os.Exit(code)
 }
 
 type config struct {
 	kvgate, lab, nginx, redis, out string
-	micro, canary, limits          bool
+	micro, canary, limits, profile bool
 }
 
 func run(ctx context.Context, p params, c config) int {

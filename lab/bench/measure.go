@@ -35,9 +35,10 @@ const fdSpare = 256
 // zero-latency simulator (set A: throughput, rate) and the one with a fixed latency (set B:
 // sweep, streams).
 type target struct {
-	name string
-	addr [2]string
-	skip string // why it is not measured
+	name  string
+	addr  [2]string
+	pprof string // kvgate's profile listener in set A (make bench -profile)
+	skip  string // why it is not measured
 }
 
 // measure runs every phase and returns the report (partial if a phase failed).
@@ -108,11 +109,21 @@ func measure(ctx context.Context, p params, c config, ps *procs) (*report, error
 			if t.skip != "" {
 				continue
 			}
-			addr, err := startTarget(ctx, ps, c, n, set, simAddr[i], prefix)
+			pprofAddr := ""
+			if c.profile && i == 0 && (n == tMemory || n == tRedis) {
+				var err error
+				if pprofAddr, err = freeAddr(); err != nil {
+					return rep, err
+				}
+			}
+			addr, err := startTarget(ctx, ps, c, n, set, simAddr[i], prefix, pprofAddr)
 			if err != nil {
 				return rep, fmt.Errorf("starting %s: %w", n, err)
 			}
 			t.addr[i] = addr
+			if i == 0 {
+				t.pprof = pprofAddr
+			}
 		}
 	}
 	var live []*target
@@ -143,6 +154,25 @@ func measure(ctx context.Context, p params, c config, ps *procs) (*report, error
 		}
 	}
 	rep.finishThroughput()
+	if c.profile && p.Rounds > 0 {
+		log("  CPU profiles (one more round each, not counted): kvgate serve --pprof-listen")
+		for _, t := range live {
+			if t.pprof == "" {
+				continue
+			}
+			file, err := profileTarget(ctx, t.name, t.addr[0], t.pprof, p.Conns, p.Dur, filepath.Dir(c.out))
+			if err != nil {
+				return rep, err
+			}
+			top, err := profileTop(file, 25)
+			if err != nil {
+				log("  %s: %v", t.name, err)
+				continue
+			}
+			rep.Targets[t.name].Profile = file
+			log("  %s: %s\n%s", t.name, file, indent(firstLines(top, 22), "    "))
+		}
+	}
 
 	if p.RateRounds > 0 {
 		log("[2/5] latency at %d req/s: %d workers, zero-latency backend, %d rounds × %v", p.Rate, p.RateConns, p.RateRounds, p.RateDur)
@@ -240,7 +270,7 @@ func rotate(ts []*target, r int) []*target {
 
 // startTarget starts one proxy named n in front of the simulator at sim and returns its
 // address once it answers.
-func startTarget(ctx context.Context, ps *procs, c config, n, set, sim, prefix string) (string, error) {
+func startTarget(ctx context.Context, ps *procs, c config, n, set, sim, prefix, pprofAddr string) (string, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return "", err
@@ -272,7 +302,7 @@ func startTarget(ctx context.Context, ps *procs, c config, n, set, sim, prefix s
 		if n == tRedis {
 			redisURL = c.redis
 		}
-		pr, err = startKvgate(ps, c, name, addr, sim, redisURL, prefix)
+		pr, err = startKvgate(ps, c, name, addr, sim, redisURL, prefix, pprofAddr)
 		if err != nil {
 			return "", err
 		}
@@ -285,7 +315,7 @@ func startTarget(ctx context.Context, ps *procs, c config, n, set, sim, prefix s
 // (set far above the load, so every request is checked and charged, none refused), canaries
 // injected and scanned, state in memory or in Redis under a unique prefix, its logs (the access
 // log included) to a file.
-func startKvgate(ps *procs, c config, name, addr, sim, redisURL, prefix string) (*proc, error) {
+func startKvgate(ps *procs, c config, name, addr, sim, redisURL, prefix, pprofAddr string) (*proc, error) {
 	state := `{redis_url: ""}`
 	if redisURL != "" {
 		state = fmt.Sprintf("{redis_url: %q, key_prefix: %q}", redisURL, prefix)
@@ -307,7 +337,21 @@ server: {drain_delay: 0s}
 	if err := os.WriteFile(conf, []byte(yaml), 0o644); err != nil {
 		return nil, err
 	}
-	return ps.start(name, []string{c.kvgate, "serve", "--config", conf})
+	argv := []string{c.kvgate, "serve", "--config", conf}
+	if pprofAddr != "" {
+		argv = append(argv, "--pprof-listen", pprofAddr)
+	}
+	return ps.start(name, argv)
+}
+
+// firstLines is the first n lines of s.
+func firstLines(s string, n int) string {
+	lines := strings.SplitN(s, "\n", n+1)
+	return strings.Join(lines[:min(n, len(lines))], "\n")
+}
+
+func indent(s, pre string) string {
+	return pre + strings.ReplaceAll(s, "\n", "\n"+pre)
 }
 
 // memoryPhase starts a simulator whose streams last minutes (an event every 10 s) and a kvgate
@@ -328,7 +372,7 @@ func memoryPhase(ctx context.Context, p params, c config, ps *procs) (*memResult
 	if err != nil {
 		return nil, err
 	}
-	gw, err := startKvgate(ps, c, "kvgate-memory-C", addr, simAddr, "", "")
+	gw, err := startKvgate(ps, c, "kvgate-memory-C", addr, simAddr, "", "", "")
 	if err != nil {
 		return nil, err
 	}

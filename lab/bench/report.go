@@ -34,6 +34,8 @@ type report struct {
 type ratios struct {
 	KvgateVsNginx *float64 `json:"kvgate_vs_nginx"`
 	KvgateVsBare  *float64 `json:"kvgate_vs_bare"`
+	// RedisVsMemory is kvgate with Redis state over kvgate with memory state.
+	RedisVsMemory *float64 `json:"redis_vs_memory"`
 }
 
 type machine struct {
@@ -71,6 +73,8 @@ type targetResult struct {
 	// kvgate targets: kvgate_overhead_seconds as the gateway itself reports it, over the
 	// zero-latency phases (warm-up, throughput, rate).
 	Overhead map[string]overheadStat `json:"overhead,omitempty"`
+	// Profile is the CPU profile taken under the throughput load (-profile), a file path.
+	Profile string `json:"cpu_profile,omitempty"`
 	// kvgate_memory only: a kvgate serve process holding many slow streams.
 	Memory      *memResult `json:"memory,omitempty"`
 	MemoryError string     `json:"memory_error,omitempty"`
@@ -173,6 +177,7 @@ func (r *report) finishThroughput() {
 	}
 	r.Ratios.KvgateVsNginx = r.pairedRatio(tMemory, tNginx)
 	r.Ratios.KvgateVsBare = r.pairedRatio(tMemory, tBare)
+	r.Ratios.RedisVsMemory = r.pairedRatio(tRedis, tMemory)
 }
 
 // pairedRatio is the median over rounds of a's rps / b's rps in the same round.
@@ -317,7 +322,13 @@ func (r *report) print(w io.Writer) {
 			}
 			fmt.Fprintf(w, "%-15s %10.0f %9.3f %9.3f %7d   %v\n", n, t.RPS, t.P50Ms, t.P99Ms, t.Errors, t.RoundsRPS)
 		}
-		fmt.Fprintf(w, "ratios (median of per-round ratios): kvgate/nginx %s   kvgate/bare %s\n", fmtRatio(r.Ratios.KvgateVsNginx), fmtRatio(r.Ratios.KvgateVsBare))
+		fmt.Fprintf(w, "ratios (median of per-round ratios): kvgate/nginx %s   kvgate/bare %s   kvgate(redis)/kvgate(memory) %s\n",
+			fmtRatio(r.Ratios.KvgateVsNginx), fmtRatio(r.Ratios.KvgateVsBare), fmtRatio(r.Ratios.RedisVsMemory))
+		for _, n := range []string{tMemory, tRedis} {
+			if f := r.Targets[n].Profile; f != "" {
+				fmt.Fprintf(w, "CPU profile of %s under this load: %s (go tool pprof -top %s)\n", n, f, f)
+			}
+		}
 	}
 
 	if p.RateRounds > 0 {
@@ -389,6 +400,55 @@ func (r *report) print(w io.Writer) {
 	for _, g := range r.goals() {
 		fmt.Fprintf(w, "  %-9s %-58s %s\n", g.verdict(), g.name, g.measured)
 	}
+	fmt.Fprintf(w, "\nGoals (issue 23: the inspection must cost less than the proxying)\n")
+	for _, g := range r.goals23() {
+		fmt.Fprintf(w, "  %-9s %-58s %s\n", g.verdict(), g.name, g.measured)
+	}
+}
+
+// goals23 are issue 23's "Done when", each from this run's figures.
+func (r *report) goals23() []goal {
+	var gs []goal
+	if r.Params.Rounds > 0 {
+		if v := r.Ratios.KvgateVsBare; v != nil {
+			gs = append(gs, goal{"kvgate (memory, canaries+limits) ≥ 0.9× bare proxy", fmt.Sprintf("%.3f×", *v), boolp(*v >= 0.9)})
+		} else {
+			gs = append(gs, goal{"kvgate (memory, canaries+limits) ≥ 0.9× bare proxy", "not measured", nil})
+		}
+		if v := r.Ratios.RedisVsMemory; v != nil {
+			gs = append(gs, goal{"kvgate (redis) ≥ 0.8× kvgate (memory)", fmt.Sprintf("%.3f×", *v), boolp(*v >= 0.8)})
+		} else {
+			gs = append(gs, goal{"kvgate (redis) ≥ 0.8× kvgate (memory)", "Redis not measured", nil})
+		}
+	}
+	if x := r.Targets[tMemory].Rate; x != nil && r.Params.RateRounds > 0 {
+		gs = append(gs, goal{fmt.Sprintf("added p99 ≤ 0.5 ms at %d req/s", x.Rate), fmt.Sprintf("+%.3f ms", x.AddedP99Ms), boolp(x.AddedP99Ms <= 0.5)})
+	}
+	if r.Params.StreamRounds > 0 {
+		k, n := r.Targets[tMemory].Stream, r.Targets[tNginx].Stream
+		switch {
+		case k == nil:
+		case n == nil:
+			gs = append(gs, goal{"added per-event p50 ≤ 2× nginx's", fmt.Sprintf("+%.1f µs, nginx not measured", k.AddedEventP50Us), nil})
+		default:
+			// A floor of 1 µs on nginx's figure: an added latency at or below zero (noise) would
+			// make any kvgate figure fail.
+			lim := 2 * max(n.AddedEventP50Us, 1)
+			gs = append(gs, goal{"added per-event p50 ≤ 2× nginx's", fmt.Sprintf("+%.1f µs vs nginx +%.1f µs", k.AddedEventP50Us, n.AddedEventP50Us), boolp(k.AddedEventP50Us <= lim)})
+		}
+	}
+	d, okd := r.Micro["BenchmarkRequest/direct"]
+	c, okc := r.Micro["BenchmarkRequest/chat"]
+	if okd && okc {
+		us, allocs := (c["ns_per_op"]-d["ns_per_op"])/1e3, c["allocs_per_op"]-d["allocs_per_op"]
+		gs = append(gs, goal{"in process ≤ 10 µs, ≤ 30 allocs per small request", fmt.Sprintf("%.1f µs, %.0f allocs (BenchmarkRequest chat − direct)", us, allocs),
+			boolp(us <= 10 && allocs <= 30)})
+	}
+	if e, ok := r.Micro["BenchmarkRelayEvent"]; ok {
+		gs = append(gs, goal{"≤ 1 µs and 0 allocs per inert event", fmt.Sprintf("%.2f µs, %.0f allocs (BenchmarkRelayEvent)", e["ns_per_op"]/1e3, e["allocs_per_op"]),
+			boolp(e["ns_per_op"] <= 1000 && e["allocs_per_op"] == 0)})
+	}
+	return gs
 }
 
 type named struct {
