@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -108,10 +109,80 @@ for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', exp, ARGV[i]) end
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]) * 2)
 return 0`)
 
+var _ policy.BatchStore = (*RedisLimits)(nil)
+
+func (r *RedisLimits) admitArgs(a policy.Admission) []any {
+	return []any{a.Limits.RPM, a.Limits.TPM, a.Limits.MaxConcurrent, a.Tokens, a.Lease, policy.LeaseTTL.Milliseconds(),
+		strconv.FormatFloat(a.CarryRPM, 'f', 3, 64), strconv.FormatFloat(a.CarryTPM, 'f', 3, 64), a.ExtraInflight, b01(a.CarryOnly)}
+}
+
 func (r *RedisLimits) Admit(ctx context.Context, a policy.Admission) (policy.Verdict, error) {
-	res, err := admitScript.Run(ctx, r.client, r.keys(a.Tenant),
-		a.Limits.RPM, a.Limits.TPM, a.Limits.MaxConcurrent, a.Tokens, a.Lease, policy.LeaseTTL.Milliseconds(),
-		strconv.FormatFloat(a.CarryRPM, 'f', 3, 64), strconv.FormatFloat(a.CarryTPM, 'f', 3, 64), a.ExtraInflight, b01(a.CarryOnly)).Slice()
+	res, err := admitScript.Run(ctx, r.client, r.keys(a.Tenant), r.admitArgs(a)...).Slice()
+	return r.verdict(a, res, err)
+}
+
+// AdmitAfter applies the settlements s, then decides a, in one pipelined round trip (on a
+// Cluster, one per master involved, sent together).
+func (r *RedisLimits) AdmitAfter(ctx context.Context, s []policy.Settlement, a policy.Admission) (policy.Verdict, error) {
+	var admit *redis.Cmd
+	err := r.settlePipeline(ctx, s, func(p redis.Pipeliner) *redis.Cmd {
+		admit = admitScript.EvalSha(ctx, p, r.keys(a.Tenant), r.admitArgs(a)...)
+		return admit
+	})
+	if err != nil && !isNoScript(err) {
+		return policy.Verdict{}, fmt.Errorf("rate limit check for tenant %q: %w", a.Tenant, err)
+	}
+	res, err := admit.Slice()
+	if isNoScript(err) { // not run: Run loads the script
+		res, err = admitScript.Run(ctx, r.client, r.keys(a.Tenant), r.admitArgs(a)...).Slice()
+	}
+	return r.verdict(a, res, err)
+}
+
+// SettleBatch applies every settlement in one pipelined round trip.
+func (r *RedisLimits) SettleBatch(ctx context.Context, s []policy.Settlement) error {
+	err := r.settlePipeline(ctx, s, nil)
+	if err != nil && !isNoScript(err) {
+		return fmt.Errorf("settling %d requests: %w", len(s), err)
+	}
+	return nil
+}
+
+// settlePipeline sends the settlements (and then, if given, one more command) in one pipeline.
+// A settlement the server refused for want of the script (NOSCRIPT: Redis restarted or its
+// scripts were flushed) did not run: it is sent again with the script's text, alone. The error
+// is the pipeline's first other one (NOSCRIPT of the extra command is the caller's to redo).
+func (r *RedisLimits) settlePipeline(ctx context.Context, s []policy.Settlement, extra func(redis.Pipeliner) *redis.Cmd) error {
+	cmds := make([]*redis.Cmd, 0, len(s))
+	_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, st := range s {
+			k := r.keys(st.Tenant)
+			cmds = append(cmds, settleScript.EvalSha(ctx, p, []string{k[1], k[2]}, st.Limits.TPM, st.TokenDelta, st.Lease))
+		}
+		if extra != nil {
+			extra(p)
+		}
+		return nil
+	})
+	if err != nil && !isNoScript(err) {
+		return err
+	}
+	for i, c := range cmds {
+		if isNoScript(c.Err()) {
+			k := r.keys(s[i].Tenant)
+			if e := settleScript.Run(ctx, r.client, []string{k[1], k[2]}, s[i].Limits.TPM, s[i].TokenDelta, s[i].Lease).Err(); e != nil {
+				return fmt.Errorf("settling tenant %q: %w", s[i].Tenant, e)
+			}
+		} else if c.Err() != nil {
+			return fmt.Errorf("settling tenant %q: %w", s[i].Tenant, c.Err())
+		}
+	}
+	return err
+}
+
+func isNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }
+
+func (r *RedisLimits) verdict(a policy.Admission, res []any, err error) (policy.Verdict, error) {
 	if err != nil {
 		return policy.Verdict{}, fmt.Errorf("rate limit check for tenant %q: %w", a.Tenant, err)
 	}
