@@ -177,4 +177,3 @@ func TestBatchedSettlementAfterScriptFlush(t *testing.T) {
 		t.Fatalf("cell %.1f ms ahead, want about 2000", got)
 	}
 }
-
