@@ -106,6 +106,7 @@ type Request struct {
 	// their decoded text (content, plus tool calls), so rendering does not decode them again.
 	messages []map[string]json.RawMessage
 	msgText  []string
+	contents []string // the text of each message's content alone (msgText adds the extras)
 	// roles and names of the messages, decoded once at parse time
 	roles, names []string
 	extra        string // tools / functions / response_format JSON, rendered into the prompt
@@ -282,6 +283,7 @@ func (r *Request) parseChat() *apierr.Error {
 		if err != nil {
 			return apierr.BadRequest(fmt.Sprintf("messages[%d].content", i), err.Error())
 		}
+		r.contents = append(r.contents, text)
 		r.msgText = append(r.msgText, text+renderedExtras(m))
 		var name string
 		if raw, ok := m["name"]; ok && !isNull(raw) {
@@ -606,9 +608,10 @@ func (r *Request) setTexts(texts []string) {
 // setMessages replaces the chat messages in the body.
 func (r *Request) setMessages(msgs []map[string]json.RawMessage) {
 	r.messages = msgs
-	r.msgText = r.msgText[:0]
+	r.msgText, r.contents = r.msgText[:0], r.contents[:0]
 	for _, m := range msgs {
 		t, _ := messageText(m["content"]) // built from validated parts
+		r.contents = append(r.contents, t)
 		r.msgText = append(r.msgText, t+renderedExtras(m))
 	}
 	r.Fields["messages"] = mustJSON(msgs)
