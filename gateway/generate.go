@@ -268,7 +268,9 @@ func readBody(ctx *fasthttp.RequestCtx, maxBytes int) ([]byte, *apierr.Error) {
 	}
 	s := ctx.RequestBodyStream()
 	if s == nil {
-		return ctx.PostBody(), nil
+		// fasthttp reuses PostBody once the handler returns; the parsed request keeps slices of
+		// the body (request.Parse), and a stream outlives the handler: a copy of our own.
+		return append([]byte(nil), ctx.PostBody()...), nil
 	}
 	body, err := io.ReadAll(io.LimitReader(s, int64(maxBytes)+1))
 	if err != nil {
