@@ -531,7 +531,10 @@ func requestID(ctx *fasthttp.RequestCtx) string {
 func newID() string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
-	return "kvg-" + hex.EncodeToString(b[:])
+	var out [4 + 24]byte // one allocation: the string itself
+	copy(out[:], "kvg-")
+	hex.Encode(out[4:], b[:])
+	return string(out[:])
 }
 
 func printable(b []byte) bool {

@@ -146,12 +146,9 @@ func parse(kind Kind, body []byte, fast bool) (*Request, *apierr.Error) {
 		fields = scanFields(body)
 	}
 	if fields == nil {
-		dec := json.NewDecoder(bytes.NewReader(body))
-		if err := dec.Decode(&fields); err != nil || fields == nil {
-			return nil, apierr.BadRequest("", "Request body must be a JSON object: "+jsonErr(err))
-		}
-		if dec.More() {
-			return nil, apierr.BadRequest("", "Request body has data after the JSON object.")
+		var e *apierr.Error
+		if fields, e = decodeFields(body); e != nil {
+			return nil, e
 		}
 	}
 	if e := CheckKeys(body); e != nil {
@@ -209,6 +206,19 @@ func parse(kind Kind, body []byte, fast bool) (*Request, *apierr.Error) {
 	return r, nil
 }
 
+
+// decodeFields reads body as one JSON object with the JSON library's decoder.
+func decodeFields(body []byte) (map[string]json.RawMessage, *apierr.Error) {
+	var fields map[string]json.RawMessage
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&fields); err != nil || fields == nil {
+		return nil, apierr.BadRequest("", "Request body must be a JSON object: "+jsonErr(err))
+	}
+	if dec.More() {
+		return nil, apierr.BadRequest("", "Request body has data after the JSON object.")
+	}
+	return fields, nil
+}
 
 func jsonErr(err error) string {
 	if err == nil {
@@ -293,8 +303,9 @@ func (r *Request) parseChat() *apierr.Error {
 	if !ok2 || len(r.messages) == 0 {
 		return apierr.BadRequest("messages", "'messages' must be a non-empty array of message objects.")
 	}
-	r.roles, r.names = make([]string, 0, len(r.messages)), make([]string, 0, len(r.messages))
-	r.contents, r.msgText = make([]string, 0, len(r.messages)), make([]string, 0, len(r.messages))
+	n := len(r.messages)
+	texts := make([]string, 4*n) // one allocation for the four lists (each capped at n)
+	r.roles, r.names, r.contents, r.msgText = texts[:0:n], texts[n:n:2*n], texts[2*n:2*n:3*n], texts[3*n:3*n:4*n]
 	for i, m := range r.messages {
 		var unknown []string
 		for k, v := range m {
@@ -464,6 +475,15 @@ func checkTokenIDs(name string, ids []int) *apierr.Error {
 	return nil
 }
 
+// checkIDList applies checkTokenIDs to raw when it is a list of integers.
+func checkIDList(name string, raw json.RawMessage) *apierr.Error {
+	var ids []int
+	if json.Unmarshal(raw, &ids) != nil {
+		return nil
+	}
+	return checkTokenIDs(name, ids)
+}
+
 // idListFields are the other fields that carry token ids, by route: checked like prompts when
 // they are lists of integers (anything else is the engine's to refuse).
 var idListFields = map[Kind][]string{
@@ -488,11 +508,10 @@ func (r *Request) checkIDLists() *apierr.Error {
 		}
 	}
 	check := func(name string, raw json.RawMessage) *apierr.Error {
-		var ids []int
-		if len(raw) == 0 || json.Unmarshal(raw, &ids) != nil {
+		if len(raw) == 0 {
 			return nil
 		}
-		return checkTokenIDs(name, ids)
+		return checkIDList(name, raw)
 	}
 	for _, k := range idListFields[r.Kind] {
 		if e := check(k, r.Fields[k]); e != nil {

@@ -134,16 +134,41 @@ func scanMessages(raw []byte) ([]map[string]json.RawMessage, bool) {
 // decodeString decodes a JSON string value into s as json.Unmarshal does (null leaves s alone);
 // false where Unmarshal fails. A string without escapes is copied out directly.
 func decodeString(raw []byte, s *string) bool {
-	if n := len(raw); n >= 2 && raw[0] == '"' && raw[n-1] == '"' && bytes.IndexByte(raw[1:n-1], '\\') < 0 && bytes.IndexByte(raw[1:n-1], '"') < 0 {
-		for _, c := range raw[1 : n-1] {
-			if c < 0x20 {
-				return json.Unmarshal(raw, s) == nil // control characters: the decoder's call
-			}
-		}
+	if n := len(raw); n >= 2 && raw[0] == '"' && raw[n-1] == '"' && plainString(raw[1:n-1]) {
 		*s = string(raw[1 : n-1])
 		return true
 	}
-	return json.Unmarshal(raw, s) == nil
+	v, ok := unmarshalString(raw)
+	if ok && v != nil {
+		*s = *v
+	}
+	return ok
+}
+
+// plainString: no escapes, quotes or control characters (the decoder's cases).
+func plainString(b []byte) bool {
+	for _, c := range b {
+		if c < 0x20 || c == '\\' || c == '"' {
+			return false
+		}
+	}
+	return true
+}
+
+// The unmarshal helpers keep the decoder's pointer (which escapes) out of their callers' frames.
+func unmarshalString(raw []byte) (*string, bool) {
+	var v *string
+	return v, json.Unmarshal(raw, &v) == nil
+}
+
+func unmarshalBool(raw []byte) (*bool, bool) {
+	var v *bool
+	return v, json.Unmarshal(raw, &v) == nil
+}
+
+func unmarshalInt(raw []byte) (*int, bool) {
+	var v *int
+	return v, json.Unmarshal(raw, &v) == nil
 }
 
 // decodeBool is json.Unmarshal into a bool.
@@ -156,21 +181,32 @@ func decodeBool(raw []byte, b *bool) bool {
 		*b = false
 		return true
 	}
-	return json.Unmarshal(raw, b) == nil
+	v, ok := unmarshalBool(raw)
+	if ok && v != nil {
+		*b = *v
+	}
+	return ok
 }
 
 // decodeInt is json.Unmarshal into an int; plain digits are read directly.
 func decodeInt(raw []byte, n *int) bool {
 	if len(raw) > 0 && len(raw) <= 18 && (raw[0] != '0' || len(raw) == 1) {
-		v := 0
+		v, digits := 0, true
 		for _, c := range raw {
 			if c < '0' || c > '9' {
-				return json.Unmarshal(raw, n) == nil
+				digits = false
+				break
 			}
 			v = v*10 + int(c-'0')
 		}
-		*n = v
-		return true
+		if digits {
+			*n = v
+			return true
+		}
 	}
-	return json.Unmarshal(raw, n) == nil
+	v, ok := unmarshalInt(raw)
+	if ok && v != nil {
+		*n = *v
+	}
+	return ok
 }
