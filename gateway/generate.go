@@ -75,13 +75,13 @@ type exchange struct {
 	// (fasthttp reuses its RequestCtx); the times from start to the first bytes of a streamed
 	// reply handed to the client and to its first event carrying generated text (ns, 0: none);
 	// the tokens settled (usage: "" when nothing was produced).
-	clientAddr     net.Addr // the connection's own (fasthttp keeps it for the connection's life)
-	method         string
-	firstByte      atomic.Int64
-	firstToken     atomic.Int64
-	usage          string
-	promptTokens   int64
-	outputTokens   int64
+	clientAddr   net.Addr // the connection's own (fasthttp keeps it for the connection's life)
+	method       string
+	firstByte    atomic.Int64
+	firstToken   atomic.Int64
+	usage        string
+	promptTokens int64
+	outputTokens int64
 	// model is the metrics' model label (modelLabels): the route's advertised model, set when
 	// the request is forwarded; at finish, the request's own when it names an advertised one.
 	model string

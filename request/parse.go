@@ -206,7 +206,6 @@ func parse(kind Kind, body []byte, fast bool) (*Request, *apierr.Error) {
 	return r, nil
 }
 
-
 // decodeFields reads body as one JSON object with the JSON library's decoder.
 func decodeFields(body []byte) (map[string]json.RawMessage, *apierr.Error) {
 	var fields map[string]json.RawMessage
