@@ -240,33 +240,20 @@ func (r *RedisLimits) sendBatch(batch []*admitCall) {
 	}
 }
 
-// SettleBatch applies every settlement in one pipelined round trip.
+// SettleBatch applies every settlement in one pipelined round trip. A settlement the server
+// refused for want of the script (NOSCRIPT: Redis restarted or its scripts were flushed) did not
+// run: it is sent again with the script's text, alone.
 func (r *RedisLimits) SettleBatch(ctx context.Context, s []policy.Settlement) error {
-	err := r.settlePipeline(ctx, s, nil)
-	if err != nil && !isNoScript(err) {
-		return fmt.Errorf("settling %d requests: %w", len(s), err)
-	}
-	return nil
-}
-
-// settlePipeline sends the settlements (and then, if given, one more command) in one pipeline.
-// A settlement the server refused for want of the script (NOSCRIPT: Redis restarted or its
-// scripts were flushed) did not run: it is sent again with the script's text, alone. The error
-// is the pipeline's first other one (NOSCRIPT of the extra command is the caller's to redo).
-func (r *RedisLimits) settlePipeline(ctx context.Context, s []policy.Settlement, extra func(redis.Pipeliner) *redis.Cmd) error {
 	cmds := make([]*redis.Cmd, 0, len(s))
 	_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, st := range s {
 			k := r.keys(st.Tenant)
 			cmds = append(cmds, settleScript.EvalSha(ctx, p, []string{k[1], k[2]}, st.Limits.TPM, st.TokenDelta, st.Lease))
 		}
-		if extra != nil {
-			extra(p)
-		}
 		return nil
 	})
 	if err != nil && !isNoScript(err) {
-		return err
+		return fmt.Errorf("settling %d requests: %w", len(s), err)
 	}
 	for i, c := range cmds {
 		if isNoScript(c.Err()) {
@@ -278,7 +265,7 @@ func (r *RedisLimits) settlePipeline(ctx context.Context, s []policy.Settlement,
 			return fmt.Errorf("settling tenant %q: %w", s[i].Tenant, c.Err())
 		}
 	}
-	return err
+	return nil
 }
 
 func isNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }
