@@ -42,14 +42,23 @@ func Rids(base string, batch bool, items int) []string {
 // PD pair (prefill non-nil), the bootstrap fields with a new room per item (SGLang's PD
 // protocol: the same body to both legs). fields is not modified.
 func EngineBody(fields map[string]json.RawMessage, rids []string, batch bool, prefill *Backend) []byte {
-	f := make(map[string]json.RawMessage, len(fields)+4)
-	for k, v := range fields {
-		f[k] = v
-	}
+	return EngineBodyWith(fields, nil, rids, batch, prefill)
+}
+
+// Field is one field an engine body gets in place of the client's (or in addition).
+type Field struct {
+	Key   string
+	Value json.RawMessage
+}
+
+// EngineBodyWith is EngineBody with extra fields set over the client's, written straight into
+// the body: the client's fields are not copied into another map first (issue 23).
+func EngineBodyWith(fields map[string]json.RawMessage, extra []Field, rids []string, batch bool, prefill *Backend) []byte {
+	own := extra
 	if batch {
-		f["rid"] = mustJSON(rids)
+		own = append(own, Field{"rid", mustJSON(rids)})
 	} else {
-		f["rid"] = mustJSON(rids[0])
+		own = append(own, Field{"rid", mustJSON(rids[0])})
 	}
 	if prefill != nil {
 		port := prefill.Capacity().BootstrapPort
@@ -62,12 +71,12 @@ func EngineBody(fields map[string]json.RawMessage, rids []string, batch bool, pr
 				}
 				seen[rooms[i]] = true
 			}
-			f["bootstrap_host"], f["bootstrap_port"], f["bootstrap_room"] = mustJSON(hosts), mustJSON(ports), mustJSON(rooms)
+			own = append(own, Field{"bootstrap_host", mustJSON(hosts)}, Field{"bootstrap_port", mustJSON(ports)}, Field{"bootstrap_room", mustJSON(rooms)})
 		} else {
-			f["bootstrap_host"], f["bootstrap_port"], f["bootstrap_room"] = mustJSON(prefill.Host), mustJSON(port), mustJSON(newRoom())
+			own = append(own, Field{"bootstrap_host", mustJSON(prefill.Host)}, Field{"bootstrap_port", mustJSON(port)}, Field{"bootstrap_room", mustJSON(newRoom())})
 		}
 	}
-	return encodeObject(f)
+	return encodeObject(fields, own)
 }
 
 func mustJSON(v any) json.RawMessage {
@@ -78,24 +87,52 @@ func mustJSON(v any) json.RawMessage {
 	return b
 }
 
-// encodeObject writes fields as a JSON object. The values are valid JSON already (from the
+// encodeObject writes fields as a JSON object, with own's fields in place of any of the same
+// name (a later own field wins over an earlier one). The values are valid JSON already (from the
 // decoder or json.Marshal): json.Marshal would re-scan every one of them.
-func encodeObject(f map[string]json.RawMessage) []byte {
+func encodeObject(f map[string]json.RawMessage, own []Field) []byte {
+	overridden := func(k string) bool {
+		for _, o := range own {
+			if o.Key == k {
+				return true
+			}
+		}
+		return false
+	}
 	n := 2
 	for k, v := range f {
 		n += len(k) + len(v) + 4
 	}
+	for _, o := range own {
+		n += len(o.Key) + len(o.Value) + 4
+	}
 	b := make([]byte, 0, n)
 	b = append(b, '{')
-	first := true
 	for k, v := range f {
-		if !first {
+		if overridden(k) {
+			continue
+		}
+		if len(b) > 1 {
 			b = append(b, ',')
 		}
-		first = false
 		b = strconv.AppendQuote(b, k) // keys are allow-listed ASCII names
 		b = append(b, ':')
 		b = append(b, v...)
+	}
+	for i, o := range own {
+		later := false
+		for _, p := range own[i+1:] {
+			later = later || p.Key == o.Key
+		}
+		if later {
+			continue
+		}
+		if len(b) > 1 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendQuote(b, o.Key)
+		b = append(b, ':')
+		b = append(b, o.Value...)
 	}
 	return append(b, '}')
 }

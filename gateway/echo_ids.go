@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/request"
 	"github.com/kvgate/kvgate/tokenize"
 )
 
@@ -19,8 +20,8 @@ import (
 // a fragment in the reply cuts it without quarantining the route.
 func (x *exchange) coverTokenIDs() {
 	g := x.g
-	if g.keyring == nil || x.route == nil || x.req == nil {
-		return
+	if g.keyring == nil || x.route == nil || x.req == nil || !hasIDs(x.req.Prompts) {
+		return // nothing to read back (most requests): no context, no timer
 	}
 	var engines []*backends.Backend
 	for _, b := range []*backends.Backend{x.route.Unified, x.route.Decode, x.route.Prefill} {
@@ -77,4 +78,13 @@ func mergeEchoes(set, add []string) []string {
 		}
 	}
 	return set
+}
+
+func hasIDs(ps []request.Prompt) bool {
+	for _, p := range ps {
+		if p.HasIDs && len(p.Tokens) > 0 {
+			return true
+		}
+	}
+	return false
 }

@@ -75,12 +75,13 @@ type exchange struct {
 	// (fasthttp reuses its RequestCtx); the times from start to the first bytes of a streamed
 	// reply handed to the client and to its first event carrying generated text (ns, 0: none);
 	// the tokens settled (usage: "" when nothing was produced).
-	client, method string
-	firstByte      atomic.Int64
-	firstToken     atomic.Int64
-	usage          string
-	promptTokens   int64
-	outputTokens   int64
+	clientAddr   net.Addr // the connection's own (fasthttp keeps it for the connection's life)
+	method       string
+	firstByte    atomic.Int64
+	firstToken   atomic.Int64
+	usage        string
+	promptTokens int64
+	outputTokens int64
 	// model is the metrics' model label (modelLabels): the route's advertised model, set when
 	// the request is forwarded; at finish, the request's own when it names an advertised one.
 	model string
@@ -96,7 +97,7 @@ type exchange struct {
 // auth → read body → parse and sanitize → render → count and decide → pick a route → forward.
 func (g *Gateway) generate(ctx *fasthttp.RequestCtx, kind request.Kind) {
 	x := &exchange{g: g, rid: requestID(ctx), engineRID: newID(), start: time.Now(), kind: kind,
-		client: ctx.RemoteAddr().String(), method: string(ctx.Method())}
+		clientAddr: ctx.RemoteAddr(), method: methodName(ctx.Method())}
 	defer x.recoverPanic(ctx)
 	x.startSpan(ctx)
 	ctx.Response.Header.Set("X-Request-Id", x.rid)
@@ -192,7 +193,8 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 	dur := time.Since(x.start)
 	g.metrics.admitSeconds.Observe(dur.Seconds())
 	ctx.Response.Header.Set("X-Kvgate-Tier", string(x.decision.Tier))
-	ctx.Response.Header.Set("X-Kvgate-Tokens", strconv.Itoa(x.decision.Tokens))
+	var nb [20]byte
+	ctx.Response.Header.SetBytesV("X-Kvgate-Tokens", strconv.AppendInt(nb[:0], int64(x.decision.Tokens), 10))
 	if !x.decision.Admit {
 		x.reason = policy.Reason(paths, x.decision.Tokens, output, tenantMax)
 		if undecided {
@@ -220,6 +222,25 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 	g.metrics.decisions.WithLabelValues("admit", x.reason, string(x.decision.Tier)).Inc()
 	x.route = &routes[pick]
 	return nil
+}
+
+// client is the client's address, formatted when a log line or span needs it.
+func (x *exchange) client() string {
+	if x.clientAddr == nil {
+		return ""
+	}
+	return x.clientAddr.String()
+}
+
+// methodName is m as a string, without allocating for the methods routes take.
+func methodName(m []byte) string {
+	switch string(m) {
+	case fasthttp.MethodPost:
+		return fasthttp.MethodPost
+	case fasthttp.MethodGet:
+		return fasthttp.MethodGet
+	}
+	return string(m)
 }
 
 // tenantAnonymous is the tenant label of what no key identified.
@@ -268,7 +289,9 @@ func readBody(ctx *fasthttp.RequestCtx, maxBytes int) ([]byte, *apierr.Error) {
 	}
 	s := ctx.RequestBodyStream()
 	if s == nil {
-		return ctx.PostBody(), nil
+		// fasthttp reuses PostBody once the handler returns; the parsed request keeps slices of
+		// the body (request.Parse), and a stream outlives the handler: a copy of our own.
+		return append([]byte(nil), ctx.PostBody()...), nil
 	}
 	body, err := io.ReadAll(io.LimitReader(s, int64(maxBytes)+1))
 	if err != nil {
@@ -294,7 +317,7 @@ func (x *exchange) finish() {
 	}
 	x.settleLimits() // kvgate limits: settle the reservation from what the reply used
 	g := x.g
-	g.metrics.requests.WithLabelValues(x.kind.Path(), strconv.Itoa(x.status)).Inc()
+	g.metrics.requests.WithLabelValues(x.kind.Path(), statusLabel(x.status)).Inc()
 	if x.model == "" {
 		model := ""
 		if x.req != nil {
@@ -321,7 +344,7 @@ func (x *exchange) finish() {
 		}
 		fields := make([]zap.Field, 0, 22)
 		fields = append(fields, zap.String("request_id", x.rid), zap.String("engine_rid", x.engineRID), zap.String("tenant", tenant),
-			zap.String("client_addr", x.client), zap.String("method", x.method), zap.String("route", x.kind.Path()), zap.String("model", model),
+			zap.String("client_addr", x.client()), zap.String("method", x.method), zap.String("route", x.kind.Path()), zap.String("model", model),
 			zap.Int("tokens", x.decision.Tokens), zap.String("tier", string(x.decision.Tier)), zap.String("decision", x.reason),
 			zap.Int("limit", x.decision.Limit), zap.Int("status", x.status), zap.String("upstream", x.upstream),
 			zap.String("error", x.errMsg), zap.Duration("latency", time.Since(x.start)))
@@ -352,4 +375,19 @@ func unifiedRoutes(routes []backends.Route) []backends.Route {
 		}
 	}
 	return out
+}
+
+// statusLabels are the metric labels of HTTP statuses, made once.
+var statusLabels = func() (l [600]string) {
+	for i := range l {
+		l[i] = strconv.Itoa(i)
+	}
+	return l
+}()
+
+func statusLabel(code int) string {
+	if code >= 0 && code < len(statusLabels) {
+		return statusLabels[code]
+	}
+	return strconv.Itoa(code)
 }

@@ -59,8 +59,11 @@ func (g *Gateway) initPrints() {
 }
 
 // printsQueue bounds the records waiting for the shared stream: beyond it a record stays
-// replica-local (counted), never delaying a request.
-const printsQueue = 1024
+// replica-local (counted), never delaying a request. printsBatch records go in one round trip.
+const (
+	printsQueue = 4096
+	printsBatch = 256
+)
 
 // runPrints shares this replica's prompt fingerprints and applies every other replica's, until
 // ctx ends (nothing when replica-local).
@@ -70,43 +73,70 @@ func (g *Gateway) runPrints(ctx context.Context) {
 	}
 	shared := g.state.Prints
 	go panics.Loop(ctx, g.log, "prints_publish", time.Second, func(ctx context.Context) {
+		batch := make([]state.PrintsRecord, 0, printsBatch)
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case rec := <-g.printsOut:
-				g.publishPrints(ctx, rec, 2*time.Second)
+				batch = append(batch[:0], rec)
 			}
+			// Group commit: whatever queued while the last batch was in flight goes now, in one
+			// pipelined round trip; an idle replica sends a record the moment it is queued.
+			batch = g.takePrints(batch)
+			g.publishPrints(ctx, batch, 2*time.Second)
+			clear(batch) // the records' slices are not kept alive by the buffer
 		}
 	})
 	go panics.Loop(ctx, g.log, "prints_follow", time.Second, func(ctx context.Context) {
 		g.printsMu.Lock()
 		from := g.printsLast
 		g.printsMu.Unlock()
-		if _, err := shared.Follow(ctx, from, g.applyPrints); err != nil && ctx.Err() == nil {
+		g.printsLive.Store(true)
+		_, err := shared.Follow(ctx, from, g.applyPrints)
+		g.printsLive.Store(false)
+		if err != nil && ctx.Err() == nil {
 			g.log.Warn("shared prompt fingerprints not read (retrying)", zap.Error(err))
 		}
 	})
 }
 
-// publishPrints writes rec to the shared stream within timeout; a failure leaves it local.
-func (g *Gateway) publishPrints(ctx context.Context, rec state.PrintsRecord, timeout time.Duration) {
-	pctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	if err := g.state.Prints.Publish(pctx, rec); err != nil {
-		g.printsFailedAt.Store(time.Now().UnixNano())
-		g.printsUnshared.Inc()
-		g.log.Warn("prompt fingerprints not shared (kept on this replica)", zap.Error(err))
-		return
+// takePrints appends to batch the records queued now, up to printsBatch, without waiting.
+func (g *Gateway) takePrints(batch []state.PrintsRecord) []state.PrintsRecord {
+	for len(batch) < printsBatch {
+		select {
+		case rec := <-g.printsOut:
+			batch = append(batch, rec)
+		default:
+			return batch
+		}
 	}
-	g.printsFailedAt.Store(0)
+	return batch
 }
 
-// printsFailing says a publish failed in the last second (and none succeeded since): requests
-// then queue their records instead of waiting for Redis.
-func (g *Gateway) printsFailing() bool {
-	at := g.printsFailedAt.Load()
-	return at != 0 && time.Since(time.Unix(0, at)) < time.Second
+// flushPrints publishes what is still queued (at shutdown).
+func (g *Gateway) flushPrints(ctx context.Context) {
+	if g.printsOut == nil {
+		return
+	}
+	for {
+		batch := g.takePrints(nil)
+		if len(batch) == 0 || ctx.Err() != nil {
+			return
+		}
+		g.publishPrints(ctx, batch, time.Second)
+	}
+}
+
+// publishPrints writes the records to the shared stream within timeout; a failure leaves them
+// local.
+func (g *Gateway) publishPrints(ctx context.Context, recs []state.PrintsRecord, timeout time.Duration) {
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := g.state.Prints.PublishBatch(pctx, recs); err != nil {
+		g.printsUnshared.Add(float64(len(recs)))
+		g.log.Warn("prompt fingerprints not shared (kept on this replica)", zap.Int("records", len(recs)), zap.Error(err))
+	}
 }
 
 // applyPrints records another replica's prompt once, in stream order (Follow and catchUpPrints
@@ -123,11 +153,12 @@ func (g *Gateway) applyPrints(id string, rec state.PrintsRecord, ok bool) {
 	}
 }
 
-// catchUpPrints reads what other replicas published since the follower's last read, so a reply
-// is checked against every prompt forwarded before it (one short Redis read; a failure leaves the
-// follower to catch up).
+// catchUpPrints reads what other replicas published since the follower's last read (one short
+// Redis read; a failure leaves the follower to catch up). Only while the follower is not
+// reading (Redis was away, it is reconnecting): a live follower blocks in XREAD and gets each
+// record as it is written, so a reply costs no round trip of its own (issue 23).
 func (g *Gateway) catchUpPrints() {
-	if g.printsOut == nil || g.printsFailing() {
+	if g.printsOut == nil || g.printsLive.Load() {
 		return
 	}
 	g.printsMu.Lock()
@@ -154,17 +185,15 @@ func (x *exchange) notePrompt() {
 	x.fp.own = own
 	now := time.Now()
 	if x.g.printsOut != nil {
+		// Queued (bounded), never waited for: the publisher sends it at once when idle, or with
+		// the records queued meanwhile in one pipelined round trip. Other replicas' followers
+		// have it about a round trip after the prompt leaves, before the engine has prefilled
+		// it, let alone served its pages to another request.
 		rec := state.PrintsRecord{Origin: x.g.replicaID, Tenant: x.tenant.Name, Backends: x.route.Backends, At: now, FPs: slices.Clone(fps)}
-		if !x.g.printsFailing() {
-			// Published before the prompt reaches an engine: its pages cannot be read by
-			// another reply before every replica can know them (one short Redis write).
-			x.g.publishPrints(context.Background(), rec, 100*time.Millisecond)
-		} else {
-			select { // Redis away: queue (bounded), never wait
-			case x.g.printsOut <- rec:
-			default:
-				x.g.printsUnshared.Inc()
-			}
+		select {
+		case x.g.printsOut <- rec:
+		default:
+			x.g.printsUnshared.Inc()
 		}
 	}
 	ix.Record(x.tenant.Name, x.route.Backends, fps, now)

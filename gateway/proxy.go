@@ -27,22 +27,13 @@ import (
 
 func retryable(code int) bool { return code == 408 || code == 429 || code >= 500 }
 
-// engineFields are the request fields as an engine gets them, our cache salt included.
-func (x *exchange) engineFields() map[string]json.RawMessage {
-	f := x.req.Fields
-	copied := false
-	set := func(k string, v json.RawMessage) {
-		if !copied {
-			f = make(map[string]json.RawMessage, len(x.req.Fields)+2)
-			for k, v := range x.req.Fields {
-				f[k] = v
-			}
-			copied = true
-		}
-		f[k] = v
-	}
+// engineFields are what an engine gets in place of (or besides) the client's fields: the stream
+// usage option and our cache salt. Written over the client's fields by backends.EngineBodyWith,
+// without copying them.
+func (x *exchange) engineFields() []backends.Field {
+	var f []backends.Field
 	if opts, ok := x.usageStreamOptions(); ok {
-		set("stream_options", opts) // kvgate limits
+		f = append(f, backends.Field{Key: "stream_options", Value: opts}) // kvgate limits
 	}
 	if !x.kind.Generates() || x.g.pol().SharePrefixCache {
 		return f
@@ -53,8 +44,7 @@ func (x *exchange) engineFields() map[string]json.RawMessage {
 	// one tenant what another sent.
 	salt := x.tenant.CacheSalt()
 	if x.kind != request.Generate {
-		set("cache_salt", jsonOf(salt))
-		return f
+		return append(f, backends.Field{Key: "cache_salt", Value: quoted(salt)})
 	}
 	// The native /generate names the salt extra_key (SGLang's OpenAI routes turn cache_salt into
 	// it); a batch gets one per item, as its rids. Versions without the field ignore it: see
@@ -64,11 +54,15 @@ func (x *exchange) engineFields() map[string]json.RawMessage {
 		for i := range salts {
 			salts[i] = salt
 		}
-		set("extra_key", jsonOf(salts))
-	} else {
-		set("extra_key", jsonOf(salt))
+		return append(f, backends.Field{Key: "extra_key", Value: jsonOf(salts)})
 	}
-	return f
+	return append(f, backends.Field{Key: "extra_key", Value: quoted(salt)})
+}
+
+// quoted is s as a JSON string; s is hex (no escaping needed).
+func quoted(s string) json.RawMessage {
+	b := make([]byte, 0, len(s)+2)
+	return append(append(append(b, '"'), s...), '"')
 }
 
 // usageStreamOptions: every chat or completions stream is asked for its usage (OpenAI's
@@ -156,7 +150,7 @@ func (x *exchange) failUpstream(ctx *fasthttp.RequestCtx, b *backends.Backend, e
 func (x *exchange) attemptUnified(ctx *fasthttp.RequestCtx) {
 	b := x.route.Unified
 	rids := backends.Rids(x.engineRID, x.req.Batch, len(x.req.Prompts))
-	body := backends.EngineBody(x.engineFields(), rids, x.req.Batch, nil)
+	body := backends.EngineBodyWith(x.req.Fields, x.engineFields(), rids, x.req.Batch, nil)
 	traceparent, leg := x.startLeg("unified", b)
 	x.ohSent() // kvgate overhead
 	l, err := b.Send(x.kind.Path(), body, rids, x.engineRID, traceparent, x.req.Stream)
@@ -182,7 +176,7 @@ func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (
 		base += "-r" + strconv.Itoa(attempt)
 	}
 	rids := backends.Rids(base, x.req.Batch, len(x.req.Prompts))
-	body := backends.EngineBody(x.engineFields(), rids, x.req.Batch, p) // a new room on every try
+	body := backends.EngineBodyWith(x.req.Fields, x.engineFields(), rids, x.req.Batch, p) // a new room on every try
 	ptp, psp := x.startLeg("prefill", p)
 	pf := p.StartPrefill(x.kind.Path(), body, rids, base, ptp, x.prefillObserver(psp))
 	decodeAnswered := make(chan struct{})

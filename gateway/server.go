@@ -77,8 +77,8 @@ type Gateway struct {
 	printsOut      chan state.PrintsRecord // to the shared stream (nil: replica-local)
 	replicaID      string
 	printsMu       sync.Mutex
-	printsLast     string       // id of the last shared record applied
-	printsFailedAt atomic.Int64 // unix ns of the last failed publish (0: the last one worked)
+	printsLast     string      // id of the last shared record applied
+	printsLive     atomic.Bool // the follower is reading the shared stream (prints.go)
 
 	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/limits.go)
 
@@ -261,6 +261,12 @@ func (g *Gateway) waitBackground() {
 	g.bgClosed = true
 	g.bgMu.Unlock()
 	g.bg.Wait()
+	// Settlements and fingerprint records wait in batches for their next round trip: send them
+	// now, so nothing the last requests charged, refunded or fingerprinted is lost.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	g.lim.limiter.Flush(ctx)
+	g.flushPrints(ctx)
 }
 
 // StartDrain is a drain's first phase (server.drain_delay): /readyz answers 503 draining so that
@@ -525,7 +531,10 @@ func requestID(ctx *fasthttp.RequestCtx) string {
 func newID() string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
-	return "kvg-" + hex.EncodeToString(b[:])
+	var out [4 + 24]byte // one allocation: the string itself
+	copy(out[:], "kvg-")
+	hex.Encode(out[4:], b[:])
+	return string(out[:])
 }
 
 func printable(b []byte) bool {

@@ -64,7 +64,7 @@ func (x *exchange) startSpan(ctx *fasthttp.RequestCtx) {
 		attribute.String("gen_ai.system", genAIProvider),
 		attribute.String("http.request.method", x.method),
 		attribute.String("http.route", x.kind.Path()),
-		attribute.String("client.address", x.client),
+		attribute.String("client.address", x.client()),
 		attribute.String("kvgate.request_id", x.rid),
 	))
 }

@@ -86,6 +86,24 @@ var (
 	_ LimitStore = (*MemoryLimits)(nil)
 )
 
+// Settlement is one ended request's correction of its tenant's cells: the token delta (charged
+// or refunded) and the concurrency lease to free.
+type Settlement struct {
+	Tenant     string
+	Limits     Limits
+	TokenDelta int64
+	Lease      string
+}
+
+// BatchStore is a LimitStore that settles many requests in one round trip and can carry
+// settlements in front of an admission, in the same round trip (issue 23: one Redis round trip
+// per admitted request). SettleBatch applies every settlement or returns an error; AdmitAfter
+// applies the settlements, then decides a.
+type BatchStore interface {
+	SettleBatch(ctx context.Context, s []Settlement) error
+	AdmitAfter(ctx context.Context, s []Settlement, a Admission) (Verdict, error)
+}
+
 // gcra decides a on cells whose theoretical arrival times are rtat and ttat (ms) with inflight
 // requests holding slots, at now. It returns the cells' new values: charged when allowed, with
 // only the carried usage added when refused. RedisLimits' script is the same algorithm in Lua
@@ -267,6 +285,15 @@ type Limiter struct {
 	leases     map[string]string   // shared leases in flight: lease → tenant (renewed)
 	limitsOf   map[string]Limits   // the limits carry was measured against
 	heartbeats func() (int, error) // optional replica discovery
+
+	// Settlements of shared tickets wait in pending (under mu) until the next admission carries
+	// them in its own round trip, or the flusher sends them (SettleDelay after the first, or at
+	// once when SettleBatchMax wait): a request's end costs no round trip of its own.
+	pending  []Settlement
+	oldest   time.Time     // when the oldest of pending was made
+	flushing bool          // a flusher goroutine is running
+	kick     chan struct{} // wakes the flusher early (a full batch)
+	flushMu  sync.Mutex    // held while a batch is in flight: Flush waits for it
 }
 
 type fill struct {
@@ -289,8 +316,18 @@ func NewLimiter(shared LimitStore, replicas int, timeout time.Duration) *Limiter
 	}
 	return &Limiter{shared: shared, local: NewMemoryLimits(), timeout: timeout, replicas: max(replicas, 1),
 		seeded: map[string]bool{}, lastFill: map[string]fill{}, carry: map[string]*carry{},
-		inflight: map[string]int{}, leases: map[string]string{}, limitsOf: map[string]Limits{}}
+		inflight: map[string]int{}, leases: map[string]string{}, limitsOf: map[string]Limits{},
+		kick: make(chan struct{}, 1)}
 }
+
+// SettleDelay is how long a settlement waits for the next admission to carry it before the
+// flusher sends it (with every other one waiting) on its own; SettleBatchMax settlements are
+// sent at once. Settlements of one replica reach the shared cells in order with its admissions:
+// an admission carries every settlement made before it.
+const (
+	SettleDelay    = time.Millisecond
+	SettleBatchMax = 256
+)
 
 // Ticket is an admitted request's hold on its tenant's limits, settled once when it ends.
 type Ticket struct {
@@ -371,10 +408,22 @@ func (l *Limiter) Admit(tenant string, lim Limits, tokens int64) (*Ticket, Verdi
 			delete(l.carry, tenant) // taken; put back if the call fails
 		}
 	}
+	var settle []Settlement
+	if !degraded && len(l.pending) > 0 {
+		if _, ok := l.shared.(BatchStore); ok {
+			settle, l.pending = l.pending, nil // carried by this admission's round trip
+		}
+	}
 	l.mu.Unlock()
 	if !degraded {
 		ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
-		v, err := l.shared.Admit(ctx, a)
+		var v Verdict
+		var err error
+		if settle != nil {
+			v, err = l.shared.(BatchStore).AdmitAfter(ctx, settle, a)
+		} else {
+			v, err = l.shared.Admit(ctx, a)
+		}
 		cancel()
 		if err == nil {
 			l.mu.Lock()
@@ -477,16 +526,104 @@ func (l *Limiter) Settle(t *Ticket, used int64) {
 	l.mu.Lock()
 	delete(l.leases, t.lease)
 	degraded := l.degraded
-	l.mu.Unlock()
 	if degraded {
+		l.mu.Unlock()
 		// The shared cell keeps the reservation (conservative); the slot frees at LeaseTTL.
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
+	if (t.lim.TPM <= 0 || delta == 0) && t.lease == "" {
+		l.mu.Unlock()
+		return // nothing to move
+	}
+	s := Settlement{Tenant: t.tenant, Limits: t.lim, TokenDelta: delta, Lease: t.lease}
+	if _, ok := l.shared.(BatchStore); !ok {
+		l.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
+		defer cancel()
+		if err := l.shared.Settle(ctx, s.Tenant, s.Limits, s.TokenDelta, s.Lease); err != nil {
+			l.setDegraded(err)
+		}
+		return
+	}
+	if len(l.pending) == 0 {
+		l.oldest = time.Now()
+	}
+	l.pending = append(l.pending, s)
+	full := len(l.pending) >= SettleBatchMax
+	start := !l.flushing
+	l.flushing = true
+	l.mu.Unlock()
+	if start {
+		go l.flushLoop()
+	}
+	if full {
+		select {
+		case l.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// flushLoop sends the settlements no admission carried within SettleDelay (or a full batch at
+// once) until none is left; then it ends, and the next Settle starts another.
+func (l *Limiter) flushLoop() {
+	t := time.NewTimer(SettleDelay)
+	defer t.Stop()
+	for {
+		kicked := false
+		select {
+		case <-t.C:
+		case <-l.kick:
+			kicked = true
+		}
+		l.mu.Lock()
+		wait := SettleDelay - time.Since(l.oldest)
+		if len(l.pending) > 0 && !kicked && wait > 0 && len(l.pending) < SettleBatchMax {
+			l.mu.Unlock() // an admission took the older ones: give the newer their own delay
+			t.Reset(wait)
+			continue
+		}
+		l.mu.Unlock()
+		if !l.flushPending(context.Background(), true) {
+			return
+		}
+		t.Reset(SettleDelay)
+	}
+}
+
+// flushPending sends what waits in one round trip and reports whether the flusher should go on
+// (exiting says so under mu, so a Settle never leaves a settlement without a flusher). A failed
+// batch makes the limiter degraded; its settlements are dropped, as a settle that fails while
+// degraded is: the shared cells keep the reservations (the conservative side).
+func (l *Limiter) flushPending(ctx context.Context, flusher bool) bool {
+	l.flushMu.Lock()
+	defer l.flushMu.Unlock()
+	l.mu.Lock()
+	batch := l.pending
+	l.pending = nil
+	if len(batch) == 0 {
+		if flusher {
+			l.flushing = false
+		}
+		l.mu.Unlock()
+		return false
+	}
+	l.mu.Unlock()
+	c, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
-	if err := l.shared.Settle(ctx, t.tenant, t.lim, delta, t.lease); err != nil {
+	if err := l.shared.(BatchStore).SettleBatch(c, batch); err != nil {
 		l.setDegraded(err)
 	}
+	return true
+}
+
+// Flush sends every settlement still waiting and waits for a batch in flight: at shutdown, so
+// that nothing a replica charged or refunded is lost, and in tests that read the cells.
+func (l *Limiter) Flush(ctx context.Context) {
+	if _, ok := l.shared.(BatchStore); !ok {
+		return
+	}
+	l.flushPending(ctx, false)
 }
 
 func (l *Limiter) setDegraded(err error) {

@@ -1,6 +1,7 @@
 package request
 
 import (
+	"bytes"
 	"strings"
 
 	json "github.com/goccy/go-json"
@@ -58,6 +59,16 @@ func (r *Request) Inject(marker string, every int, prefix bool) bool {
 		r.setTexts(texts)
 		return true
 	}
+	if every <= 0 && r.spliceChat(marker, prefix) {
+		return true
+	}
+	r.injectChat(marker, every, prefix)
+	return true
+}
+
+// injectChat is Inject for chat by decoding and encoding the messages: repetitions, and content
+// that is not a plain string.
+func (r *Request) injectChat(marker string, every int, prefix bool) {
 	msgs := make([]map[string]json.RawMessage, 0, len(r.messages)+1)
 	sys := -1
 	for i, m := range r.messages {
@@ -85,7 +96,6 @@ func (r *Request) Inject(marker string, every int, prefix bool) bool {
 		r.roles, r.names = append([]string{"system"}, r.roles...), append([]string{""}, r.names...)
 	}
 	r.setMessages(msgs)
-	return true
 }
 
 // appendJSONStrings writes every string (and object key) of a JSON value, decoded, one per line.
@@ -146,4 +156,181 @@ func appendToContent(m map[string]json.RawMessage, marker string, prefix bool) {
 		parts = append(parts, part)
 	}
 	m["content"] = mustJSON(parts)
+}
+
+// rawSystemRole is the role of the system message the marker is added in when there is none.
+var rawSystemRole = json.RawMessage(`"system"`)
+
+// spliceChat is Inject for chat without repetitions, done in the body's own bytes (issue 23):
+// the marker goes into the raw JSON string of the one message that carries it, or a system
+// message is put first; nothing else is decoded or encoded again. The marker (KVG- and base32)
+// needs no JSON escaping. It returns false, changing nothing, where the message's content is not
+// a plain string or its key is escaped: Inject then takes the general path.
+func (r *Request) spliceChat(marker string, prefix bool) bool {
+	raw := r.Fields["messages"]
+	target := -1
+	if prefix {
+		target = 0
+	} else {
+		for i, role := range r.roles {
+			if role == "system" || role == "developer" {
+				target = i
+				break
+			}
+		}
+	}
+	if target < 0 {
+		open := skipSpace(raw, 0)
+		if open >= len(raw) || raw[open] != '[' {
+			return false
+		}
+		content := make([]byte, 0, len(marker)+2)
+		content = append(append(append(content, '"'), marker...), '"')
+		msg := `{"role":"system","content":` + string(content) + `},`
+		out := make([]byte, 0, len(raw)+len(msg))
+		out = append(append(append(out, raw[:open+1]...), msg...), raw[open+1:]...)
+		r.Fields["messages"] = out
+		r.messages = append([]map[string]json.RawMessage{{"role": rawSystemRole, "content": content}}, r.messages...)
+		r.roles, r.names = append([]string{"system"}, r.roles...), append([]string{""}, r.names...)
+		r.contents = append([]string{marker}, r.contents...)
+		r.msgText = append([]string{marker}, r.msgText...)
+		return true
+	}
+	cs, ce, ok := contentSpan(raw, target)
+	if !ok || raw[cs] != '"' {
+		return false // parts, null or absent content: the general path
+	}
+	old := raw[cs:ce] // a JSON string with its quotes
+	out := make([]byte, 0, len(raw)+len(marker)+2)
+	out = append(out, raw[:cs]...)
+	var text string
+	switch {
+	case prefix:
+		out = append(append(append(out, '"'), marker...), `\n\n`...)
+		out = append(out, old[1:]...)
+		text = canary.InjectPrefix(r.contents[target], marker)
+	case len(old) == 2: // "": the marker alone (InjectSystemEnd)
+		out = append(append(append(out, '"'), marker...), '"')
+		text = canary.InjectSystemEnd("", marker)
+	default:
+		out = append(out, old[:len(old)-1]...)
+		out = append(append(append(out, `\n\n`...), marker...), '"')
+		text = canary.InjectSystemEnd(r.contents[target], marker)
+	}
+	end := len(out)
+	out = append(out, raw[ce:]...)
+	r.Fields["messages"] = out
+	r.messages[target]["content"] = out[cs:end:end]
+	r.contents[target] = text
+	r.msgText[target] = text + renderedExtras(r.messages[target])
+	return true
+}
+
+// contentSpan finds the value of message k's "content" key in raw (a valid JSON array of
+// objects, as the decoder accepted it): its start and end offsets. false when there is no such
+// value or some key on the way is escaped (it could spell content).
+func contentSpan(raw []byte, k int) (int, int, bool) {
+	i := skipSpace(raw, 0)
+	if i >= len(raw) || raw[i] != '[' {
+		return 0, 0, false
+	}
+	i++
+	for idx := 0; ; idx++ {
+		i = skipSpace(raw, i)
+		if i >= len(raw) || raw[i] == ']' {
+			return 0, 0, false
+		}
+		end := skipValue(raw, i)
+		if idx == k {
+			return objectValue(raw[:end], i, "content")
+		}
+		i = skipSpace(raw, end)
+		if i >= len(raw) || raw[i] != ',' {
+			return 0, 0, false
+		}
+		i++
+	}
+}
+
+// objectValue finds key's value in the object starting at b[i] (the object ends b).
+func objectValue(b []byte, i int, key string) (int, int, bool) {
+	if b[i] != '{' {
+		return 0, 0, false
+	}
+	i++
+	for {
+		i = skipSpace(b, i)
+		if i >= len(b) || b[i] != '"' {
+			return 0, 0, false // '}' or malformed
+		}
+		ke := stringEnd(b, i+1)
+		if ke < 0 {
+			return 0, 0, false
+		}
+		name := b[i+1 : ke]
+		if bytes.IndexByte(name, '\\') >= 0 {
+			return 0, 0, false
+		}
+		i = skipSpace(b, ke+1)
+		if i >= len(b) || b[i] != ':' {
+			return 0, 0, false
+		}
+		vs := skipSpace(b, i+1)
+		if vs >= len(b) {
+			return 0, 0, false
+		}
+		ve := skipValue(b, vs)
+		if string(name) == key {
+			return vs, ve, true
+		}
+		i = skipSpace(b, ve)
+		if i >= len(b) || b[i] != ',' {
+			return 0, 0, false
+		}
+		i++
+	}
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && isJSONSpace(b[i]) {
+		i++
+	}
+	return i
+}
+
+// skipValue returns the offset just past the JSON value that starts at b[i] (b valid JSON).
+func skipValue(b []byte, i int) int {
+	switch b[i] {
+	case '"':
+		if e := stringEnd(b, i+1); e >= 0 {
+			return e + 1
+		}
+		return len(b)
+	case '{', '[':
+		depth := 0
+		for i < len(b) {
+			switch b[i] {
+			case '"':
+				e := stringEnd(b, i+1)
+				if e < 0 {
+					return len(b)
+				}
+				i = e + 1
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+			i++
+		}
+		return len(b)
+	default: // a number or a literal
+		for i < len(b) && b[i] != ',' && b[i] != '}' && b[i] != ']' && !isJSONSpace(b[i]) {
+			i++
+		}
+		return i
+	}
 }

@@ -24,10 +24,11 @@ type keyFrame struct {
 	obj bool
 	idx int    // arrays: index of the current element
 	key []byte // objects: raw (still escaped) bytes of the current key, for error paths
-	// keys seen in this object, case-folded; a map once there are many (logit_bias can be large).
-	small []string
+	// start is where this object's keys begin in the scan's key list (raw bytes, shared by
+	// every open frame: a closed frame's keys are dropped); big maps them case-folded once
+	// there are many (logit_bias can be large).
+	start int
 	big   map[string]int
-	raws  [][]byte // raw key bytes parallel to small / the values of big, for the error message
 }
 
 // keyMapAt is how many keys an object holds before lookups switch from a scan to a map.
@@ -38,9 +39,12 @@ const maxKeyDepth = 256
 
 // checkKeys scans body once, without decoding values, and refuses (400, naming the field path)
 // a key that repeats, exactly or up to case, within one object at any depth. body must be valid
-// UTF-8; malformed JSON is left to the decoder, which reports it better.
+// UTF-8; malformed JSON is left to the decoder, which reports it better. Keys are compared in
+// place (no copy) unless escaped or non-ASCII, so a small request costs no allocation here.
 func CheckKeys(body []byte) *apierr.Error {
-	var stack []keyFrame
+	var stackBuf [16]keyFrame
+	var rawBuf [64][]byte
+	stack, raws := stackBuf[:0], rawBuf[:0]
 	i, n := 0, len(body)
 	for i < n {
 		c := body[i]
@@ -49,12 +53,13 @@ func CheckKeys(body []byte) *apierr.Error {
 			if len(stack) >= maxKeyDepth {
 				return apierr.BadRequest(keyPath(stack), fmt.Sprintf("The request body nests deeper than %d levels.", maxKeyDepth))
 			}
-			stack = append(stack, keyFrame{obj: c == '{'})
+			stack = append(stack, keyFrame{obj: c == '{', start: len(raws)})
 			i++
 		case '}', ']':
 			if len(stack) == 0 {
 				return nil
 			}
+			raws = raws[:stack[len(stack)-1].start]
 			stack = stack[:len(stack)-1]
 			i++
 		case ',':
@@ -79,7 +84,8 @@ func CheckKeys(body []byte) *apierr.Error {
 			}
 			f := &stack[len(stack)-1]
 			f.key = raw
-			if e := f.add(raw, stack); e != nil {
+			var e *apierr.Error
+			if raws, e = f.add(raw, raws, stack); e != nil {
 				return e
 			}
 			i = j + 1
@@ -121,48 +127,77 @@ func indexByteFrom(b []byte, i int, c byte) int {
 
 func isJSONSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 
-// add records a key in the frame, refusing a repeat.
-func (f *keyFrame) add(raw []byte, stack []keyFrame) *apierr.Error {
-	folded := foldKey(raw)
+// add records a key of the frame in raws (the scan's key list), refusing a repeat.
+func (f *keyFrame) add(raw []byte, raws [][]byte, stack []keyFrame) ([][]byte, *apierr.Error) {
 	prev := -1
 	if f.big != nil {
-		if k, ok := f.big[folded]; ok {
+		if k, ok := f.big[foldKey(raw)]; ok {
 			prev = k
 		}
 	} else {
-		for k, s := range f.small {
-			if s == folded {
+		for k := f.start; k < len(raws); k++ {
+			if sameKey(raws[k], raw) {
 				prev = k
 				break
 			}
 		}
 	}
 	if prev >= 0 {
-		first, second := unescapeKey(f.raws[prev]), unescapeKey(raw)
+		first, second := unescapeKey(raws[prev]), unescapeKey(raw)
 		path := keyPath(stack)
 		where := "the request body"
 		if path != "" {
 			where = path
 		}
 		if first == second {
-			return apierr.BadRequest(joinPath(path, second), fmt.Sprintf("Duplicate key %q in %s: a JSON object may name a field only once (parsers disagree on which value wins).", second, where))
+			return raws, apierr.BadRequest(joinPath(path, second), fmt.Sprintf("Duplicate key %q in %s: a JSON object may name a field only once (parsers disagree on which value wins).", second, where))
 		}
-		return apierr.BadRequest(joinPath(path, second), fmt.Sprintf("Keys %q and %q in %s differ only in letter case: engines match keys exactly, so they are refused.", first, second, where))
+		return raws, apierr.BadRequest(joinPath(path, second), fmt.Sprintf("Keys %q and %q in %s differ only in letter case: engines match keys exactly, so they are refused.", first, second, where))
 	}
-	f.raws = append(f.raws, raw)
+	raws = append(raws, raw)
 	if f.big != nil {
-		f.big[folded] = len(f.raws) - 1
-		return nil
-	}
-	f.small = append(f.small, folded)
-	if len(f.small) > keyMapAt {
+		f.big[foldKey(raw)] = len(raws) - 1
+	} else if len(raws)-f.start > keyMapAt {
 		f.big = make(map[string]int, 2*keyMapAt)
-		for k, s := range f.small {
-			f.big[s] = k
+		for k := f.start; k < len(raws); k++ {
+			f.big[foldKey(raws[k])] = k
 		}
-		f.small = nil
 	}
-	return nil
+	return raws, nil
+}
+
+// sameKey: a and b (raw keys) fold to the same key (foldKey), compared in place when both are
+// plain ASCII.
+func sameKey(a, b []byte) bool {
+	if plainKey(a) && plainKey(b) {
+		if len(a) != len(b) {
+			return false
+		}
+		for k := range a {
+			x, y := a[k], b[k]
+			if 'A' <= x && x <= 'Z' {
+				x += 'a' - 'A'
+			}
+			if 'A' <= y && y <= 'Z' {
+				y += 'a' - 'A'
+			}
+			if x != y {
+				return false
+			}
+		}
+		return true
+	}
+	return foldKey(a) == foldKey(b)
+}
+
+// plainKey: ASCII without escapes (its folded form is its lower case).
+func plainKey(raw []byte) bool {
+	for _, c := range raw {
+		if c >= utf8.RuneSelf || c == '\\' {
+			return false
+		}
+	}
+	return true
 }
 
 // keyPath renders the path of the innermost open container, e.g. messages[0].content[1]. The

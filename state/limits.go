@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -20,7 +22,27 @@ import (
 type RedisLimits struct {
 	client redis.UniversalClient
 	prefix string
+
+	// Admissions that arrive while others are on the wire wait in queue and go together in the
+	// next pipeline (auto-pipelining: one write and one read for many requests, on both sides,
+	// instead of one each). Each still waits for its own verdict, bounded by its context.
+	mu      sync.Mutex
+	queue   []*admitCall
+	sending bool // a sender goroutine is running
 }
+
+// admitCall is one admission waiting for the next pipeline, with the settlements it carries.
+type admitCall struct {
+	ctx    context.Context
+	settle []policy.Settlement
+	a      policy.Admission
+	res    []any
+	err    error
+	done   chan struct{}
+}
+
+// maxAdmitBatch bounds one pipeline's admissions.
+const maxAdmitBatch = 128
 
 // NewRedisLimits returns the shared store.
 func NewRedisLimits(client redis.UniversalClient, prefix string) *RedisLimits {
@@ -108,10 +130,147 @@ for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', exp, ARGV[i]) end
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]) * 2)
 return 0`)
 
+var _ policy.BatchStore = (*RedisLimits)(nil)
+
+func (r *RedisLimits) admitArgs(a policy.Admission) []any {
+	return []any{a.Limits.RPM, a.Limits.TPM, a.Limits.MaxConcurrent, a.Tokens, a.Lease, policy.LeaseTTL.Milliseconds(),
+		strconv.FormatFloat(a.CarryRPM, 'f', 3, 64), strconv.FormatFloat(a.CarryTPM, 'f', 3, 64), a.ExtraInflight, b01(a.CarryOnly)}
+}
+
 func (r *RedisLimits) Admit(ctx context.Context, a policy.Admission) (policy.Verdict, error) {
-	res, err := admitScript.Run(ctx, r.client, r.keys(a.Tenant),
-		a.Limits.RPM, a.Limits.TPM, a.Limits.MaxConcurrent, a.Tokens, a.Lease, policy.LeaseTTL.Milliseconds(),
-		strconv.FormatFloat(a.CarryRPM, 'f', 3, 64), strconv.FormatFloat(a.CarryTPM, 'f', 3, 64), a.ExtraInflight, b01(a.CarryOnly)).Slice()
+	return r.AdmitAfter(ctx, nil, a)
+}
+
+// AdmitAfter applies the settlements s, then decides a, in one round trip: the next pipeline,
+// shared with the admissions that queued meanwhile (on a Cluster, one per master involved,
+// sent together).
+func (r *RedisLimits) AdmitAfter(ctx context.Context, s []policy.Settlement, a policy.Admission) (policy.Verdict, error) {
+	c := &admitCall{ctx: ctx, settle: s, a: a, done: make(chan struct{})}
+	r.mu.Lock()
+	r.queue = append(r.queue, c)
+	start := !r.sending
+	r.sending = true
+	r.mu.Unlock()
+	if start {
+		go r.send()
+	}
+	select {
+	case <-c.done:
+		return r.verdict(a, c.res, c.err)
+	case <-ctx.Done():
+		// Its pipeline may still run (as a call that timed out may have): the safe side.
+		return policy.Verdict{}, fmt.Errorf("rate limit check for tenant %q: %w", a.Tenant, ctx.Err())
+	}
+}
+
+// send pipelines queued admissions until none is left, then ends (the next one starts another).
+func (r *RedisLimits) send() {
+	for {
+		r.mu.Lock()
+		batch := r.queue
+		if len(batch) > maxAdmitBatch {
+			batch = batch[:maxAdmitBatch]
+		}
+		r.queue = r.queue[len(batch):]
+		if len(batch) == 0 {
+			r.queue, r.sending = nil, false
+			r.mu.Unlock()
+			return
+		}
+		r.mu.Unlock()
+		r.sendBatch(batch)
+	}
+}
+
+// sendBatch runs one pipeline: each call's settlements, then its admission. Its deadline is the
+// latest of the calls' (a caller that gives up earlier stops waiting on its own).
+func (r *RedisLimits) sendBatch(batch []*admitCall) {
+	ctx := context.Background()
+	var deadline time.Time
+	for _, c := range batch {
+		d, ok := c.ctx.Deadline()
+		if !ok {
+			deadline = time.Time{}
+			break
+		}
+		if d.After(deadline) {
+			deadline = d
+		}
+	}
+	if !deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
+	settles := make([][]*redis.Cmd, len(batch))
+	admits := make([]*redis.Cmd, len(batch))
+	_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, c := range batch {
+			for _, st := range c.settle {
+				k := r.keys(st.Tenant)
+				settles[i] = append(settles[i], settleScript.EvalSha(ctx, p, []string{k[1], k[2]}, st.Limits.TPM, st.TokenDelta, st.Lease))
+			}
+			admits[i] = admitScript.EvalSha(ctx, p, r.keys(c.a.Tenant), r.admitArgs(c.a)...)
+		}
+		return nil
+	})
+	for i, c := range batch {
+		c.err = nil
+		for k, cmd := range settles[i] {
+			if isNoScript(cmd.Err()) { // not run: again with the script's text
+				st := c.settle[k]
+				kk := r.keys(st.Tenant)
+				if e := settleScript.Run(ctx, r.client, []string{kk[1], kk[2]}, st.Limits.TPM, st.TokenDelta, st.Lease).Err(); e != nil && c.err == nil {
+					c.err = e
+				}
+			} else if cmd.Err() != nil && c.err == nil {
+				c.err = cmd.Err()
+			}
+		}
+		if c.err == nil {
+			c.res, c.err = admits[i].Slice()
+			if isNoScript(c.err) {
+				c.res, c.err = admitScript.Run(ctx, r.client, r.keys(c.a.Tenant), r.admitArgs(c.a)...).Slice()
+			}
+		}
+		if c.err == nil && err != nil && !isNoScript(err) && admits[i].Err() != nil {
+			c.err = err
+		}
+		close(c.done)
+	}
+}
+
+// SettleBatch applies every settlement in one pipelined round trip. A settlement the server
+// refused for want of the script (NOSCRIPT: Redis restarted or its scripts were flushed) did not
+// run: it is sent again with the script's text, alone.
+func (r *RedisLimits) SettleBatch(ctx context.Context, s []policy.Settlement) error {
+	cmds := make([]*redis.Cmd, 0, len(s))
+	_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, st := range s {
+			k := r.keys(st.Tenant)
+			cmds = append(cmds, settleScript.EvalSha(ctx, p, []string{k[1], k[2]}, st.Limits.TPM, st.TokenDelta, st.Lease))
+		}
+		return nil
+	})
+	if err != nil && !isNoScript(err) {
+		return fmt.Errorf("settling %d requests: %w", len(s), err)
+	}
+	for i, c := range cmds {
+		if isNoScript(c.Err()) {
+			k := r.keys(s[i].Tenant)
+			if e := settleScript.Run(ctx, r.client, []string{k[1], k[2]}, s[i].Limits.TPM, s[i].TokenDelta, s[i].Lease).Err(); e != nil {
+				return fmt.Errorf("settling tenant %q: %w", s[i].Tenant, e)
+			}
+		} else if c.Err() != nil {
+			return fmt.Errorf("settling tenant %q: %w", s[i].Tenant, c.Err())
+		}
+	}
+	return nil
+}
+
+func isNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }
+
+func (r *RedisLimits) verdict(a policy.Admission, res []any, err error) (policy.Verdict, error) {
 	if err != nil {
 		return policy.Verdict{}, fmt.Errorf("rate limit check for tenant %q: %w", a.Tenant, err)
 	}

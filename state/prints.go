@@ -45,13 +45,24 @@ func (r *RedisPrints) Key() string { return r.key }
 
 // Publish appends rec to the stream.
 func (r *RedisPrints) Publish(ctx context.Context, rec PrintsRecord) error {
-	fps := make([]byte, 8*len(rec.FPs))
-	for i, f := range rec.FPs {
-		binary.LittleEndian.PutUint64(fps[8*i:], f)
+	return r.PublishBatch(ctx, []PrintsRecord{rec})
+}
+
+// PublishBatch appends every record to the stream in one pipelined round trip, then trims it
+// once. Records keep their order.
+func (r *RedisPrints) PublishBatch(ctx context.Context, recs []PrintsRecord) error {
+	if len(recs) == 0 {
+		return nil
 	}
 	_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.XAdd(ctx, &redis.XAddArgs{Stream: r.key, MaxLen: r.maxLen, Approx: true,
-			Values: []any{"o", rec.Origin, "t", rec.Tenant, "b", strings.Join(rec.Backends, "\n"), "f", fps}})
+		for _, rec := range recs {
+			fps := make([]byte, 8*len(rec.FPs))
+			for i, f := range rec.FPs {
+				binary.LittleEndian.PutUint64(fps[8*i:], f)
+			}
+			p.XAdd(ctx, &redis.XAddArgs{Stream: r.key, MaxLen: r.maxLen, Approx: true,
+				Values: []any{"o", rec.Origin, "t", rec.Tenant, "b", strings.Join(rec.Backends, "\n"), "f", fps}})
+		}
 		if r.ttl > 0 {
 			p.XTrimMinID(ctx, r.key, strconv.FormatInt(time.Now().Add(-r.ttl).UnixMilli(), 10))
 			p.PExpire(ctx, r.key, r.ttl)
@@ -59,7 +70,7 @@ func (r *RedisPrints) Publish(ctx context.Context, rec PrintsRecord) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("sharing prompt fingerprints in %s: %w", r.key, err)
+		return fmt.Errorf("sharing %d prompt fingerprint records in %s: %w", len(recs), r.key, err)
 	}
 	return nil
 }

@@ -72,6 +72,14 @@ func (s *State) Ping(ctx context.Context) error {
 	return s.client.Ping(ctx).Err()
 }
 
+// AddHook installs a go-redis hook on the shared client (nothing for memory state): tests count
+// round trips with it.
+func (s *State) AddHook(h redis.Hook) {
+	if s.client != nil {
+		s.client.AddHook(h)
+	}
+}
+
 // Close releases the Redis client, if any.
 func (s *State) Close() error {
 	if s.client != nil {
