@@ -74,7 +74,9 @@ func TestEchoFragmentInTokenIDsOrTextDoesNotQuarantine(t *testing.T) {
 	dec := testkit.StartSim(t, "--mode", "decode", "--pool-tokens", "8192", "--context-length", "8192", "--seed", "4")
 	frag := markerFor(t, "test-secret-of-at-least-32-bytes", "a")[:4+8] // "KVG-" + 8 characters
 	bare := markerFor(t, "test-secret-of-at-least-32-bytes", "a")[4 : 4+12]
-	prompt := strings.Repeat("please repeat "+frag+" back to me now ", 60)
+	// "!" ends each run: separators are transparent, so " back" could extend the run by one
+	// character past the echo (a leak) in the hours when the marker's next character is 'b'.
+	prompt := strings.Repeat("please repeat "+frag+"! back to me now ", 60)
 	for name, gw := range map[string]*testkit.Gateway{
 		"unified": testkit.StartGateway(t, testkit.ParseConfig(t, echoYAML([3]string{"u", uni.URL, "unified"}))),
 		"pd":      testkit.StartGateway(t, testkit.ParseConfig(t, echoYAML([3]string{"p", pre.URL, "prefill"}, [3]string{"d", dec.URL, "decode"}))),
@@ -84,7 +86,7 @@ func TestEchoFragmentInTokenIDsOrTextDoesNotQuarantine(t *testing.T) {
 			fmt.Sprintf(`{"input_ids":[%s],"sampling_params":{"max_new_tokens":200},"stream":true}`, cl100kIDs(t, prompt)),
 			fmt.Sprintf(`{"text":%q,"sampling_params":{"max_new_tokens":200}}`, prompt),
 			// 12 characters without the prefix, in capitals: what the folded detector reads.
-			fmt.Sprintf(`{"text":%q,"sampling_params":{"max_new_tokens":200}}`, strings.Repeat("say "+strings.ToUpper(bare)+" again please ", 60)),
+			fmt.Sprintf(`{"text":%q,"sampling_params":{"max_new_tokens":200}}`, strings.Repeat("say "+strings.ToUpper(bare)+"! again please ", 60)),
 		} {
 			r := post(t, gw.URL, "/generate", "sk-b", body)
 			if r.status != 200 || bytes.Contains(r.body, []byte("KVG-")) || bytes.Contains(r.body, []byte("upstream_integrity")) {
