@@ -9,8 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
+	"github.com/kvgate/kvgate/internal/redistest"
 	"github.com/kvgate/kvgate/internal/testkit"
 	"github.com/kvgate/kvgate/state"
 )
@@ -177,12 +176,7 @@ func releaseAll(t *testing.T, gws []*testkit.Gateway, prefix string) {
 	t.Helper()
 	// The quarantine reaches Redis in the background after the incident: release only once it is
 	// there, or the late write would quarantine the pair again.
-	opt, err := redis.ParseURL(testRedisURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := redis.NewClient(opt)
-	defer c.Close()
+	c := redistest.Client(t)
 	keys := state.Keys{Prefix: prefix}
 	deadline := time.Now().Add(5 * time.Second)
 	for c.Exists(context.Background(), keys.QuarantineFlag("p0"), keys.QuarantineFlag("d0")).Val() != 2 {
@@ -358,12 +352,7 @@ func TestPromptTextLeakAcrossFourReplicas(t *testing.T) {
 // streams expire.
 func noVictimTextInRedis(t *testing.T, prefix string, trials int) {
 	t.Helper()
-	opt, err := redis.ParseURL(testRedisURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := redis.NewClient(opt)
-	defer c.Close()
+	c := redistest.Client(t)
 	ctx := context.Background()
 	keys, err := c.Keys(ctx, prefix+"*").Result()
 	if err != nil || len(keys) == 0 {

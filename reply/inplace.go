@@ -288,10 +288,7 @@ func (e *Stream) scanFast(gd *Guard, v int32) bool {
 	c := &f.canon
 	switch t := c.toks[v]; t.kind {
 	case 's':
-		text := c.text(t, f.unesc[:0])
-		if t.esc {
-			f.unesc = text[:0]
-		}
+		text := f.stringText(t)
 		out, ok := e.scanFieldView(gd, text, f.path)
 		if !ok {
 			return false
@@ -450,10 +447,7 @@ func (f *fastState) scanWhole(gd *Guard, v int32, field []byte) bool {
 	c := &f.canon
 	switch t := c.toks[v]; t.kind {
 	case 's':
-		text := c.text(t, f.unesc[:0])
-		if t.esc {
-			f.unesc = text[:0]
-		}
+		text := f.stringText(t)
 		s := unsafe.String(unsafe.SliceData(text), len(text))
 		fs := unsafe.String(unsafe.SliceData(field), len(field))
 		out, ok := gd.scanValue(s, mainText(lastSeg(fs)))
@@ -480,4 +474,14 @@ func (f *fastState) scanWhole(gd *Guard, v int32, field []byte) bool {
 		}
 	}
 	return true
+}
+
+// stringText is string token t's text: a view of the engine's bytes, or, when it holds escapes,
+// its decoding in f.unesc (kept for the next string: valid until then).
+func (f *fastState) stringText(t rawTok) []byte {
+	text := f.canon.text(t, f.unesc[:0])
+	if t.esc {
+		f.unesc = text[:0]
+	}
+	return text
 }

@@ -23,8 +23,8 @@ func URL() string {
 	return "redis://127.0.0.1:6379/15"
 }
 
-// Open connects to the test Redis and returns a client and this test's key prefix.
-func Open(t testing.TB) (redis.UniversalClient, string) {
+// Client connects to the test Redis; the client is closed when the test ends.
+func Client(t testing.TB) redis.UniversalClient {
 	t.Helper()
 	url := URL()
 	c, err := state.NewClient(url, state.ModeStandalone)
@@ -36,7 +36,17 @@ func Open(t testing.TB) (redis.UniversalClient, string) {
 	if err := c.Ping(ctx).Err(); err != nil {
 		t.Fatalf("test Redis at %s (KVGATE_TEST_REDIS): %v", url, err)
 	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Open connects to the test Redis and returns a client and this test's key prefix, whose keys
+// are deleted when the test ends.
+func Open(t testing.TB) (redis.UniversalClient, string) {
+	t.Helper()
+	c := Client(t)
 	prefix := fmt.Sprintf("kvgtest:%s:%d:", t.Name(), time.Now().UnixNano())
+	// Registered after Client's Close, so it runs first (cleanups run last-in, first-out).
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -44,7 +54,6 @@ func Open(t testing.TB) (redis.UniversalClient, string) {
 		for iter.Next(ctx) {
 			c.Del(ctx, iter.Val())
 		}
-		c.Close()
 	})
 	return c, prefix
 }
