@@ -52,7 +52,7 @@ func (g *Gateway) initPrints() {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return f(g.prints.Stats()) })
 	}
 	g.printsWaitLate = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_fingerprint_catchup_reads_total",
-		Help: "Replies whose replica had not applied the shared stream up to the reply's own prompt record in time and read it from Redis first (one round trip)."})
+		Help: "Replies whose own prompt record was not published in time (or could not be queued), so that they read the shared fingerprint stream from Redis first (one round trip)."})
 	g.metrics.reg.MustRegister(g.printsWeak, g.printsUnshared, g.printsWaitLate,
 		stat("kvgate_fingerprint_index_bytes", "Bytes accounted to this replica's prompt fingerprint index (capped by canary.fingerprints.max_bytes).",
 			func(s fingerprint.Stats) float64 { return float64(s.Bytes) }),
@@ -70,12 +70,12 @@ const (
 )
 
 // runPrints shares this replica's prompt fingerprints and applies every other replica's, until
-// ctx ends (nothing when replica-local).
+// ctx ends (nothing when replica-local). One publisher does both: each batch it writes reads back,
+// in the same round trip, whatever every replica wrote since its last read.
 func (g *Gateway) runPrints(ctx context.Context) {
 	if g.printsOut == nil {
 		return
 	}
-	shared := g.state.Prints
 	go panics.Loop(ctx, g.log, "prints_publish", time.Second, func(ctx context.Context) {
 		batch := make([]state.PrintsRecord, 0, printsBatch)
 		for {
@@ -90,17 +90,6 @@ func (g *Gateway) runPrints(ctx context.Context) {
 			batch = g.takePrints(batch)
 			g.publishPrints(ctx, batch, 2*time.Second)
 			clear(batch) // the records' slices are not kept alive by the buffer
-		}
-	})
-	go panics.Loop(ctx, g.log, "prints_follow", time.Second, func(ctx context.Context) {
-		g.printsMu.Lock()
-		from := g.printsLast
-		g.printsMu.Unlock()
-		g.printsLive.Store(true)
-		_, err := shared.Follow(ctx, from, g.applyPrints)
-		g.printsLive.Store(false)
-		if err != nil && ctx.Err() == nil {
-			g.log.Warn("shared prompt fingerprints not read (retrying)", zap.Error(err))
 		}
 	})
 }
@@ -137,28 +126,24 @@ func (g *Gateway) flushPrints(ctx context.Context) {
 func (g *Gateway) publishPrints(ctx context.Context, recs []state.PrintsRecord, timeout time.Duration) {
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	last, err := g.state.Prints.PublishBatch(pctx, recs)
+	g.printsMu.Lock()
+	from := g.printsLast
+	g.printsMu.Unlock()
+	err := g.state.Prints.PublishBatch(pctx, recs, from, g.applyPrints)
+	g.printsDown.Store(err != nil)
 	if err != nil {
 		g.printsUnshared.Add(float64(len(recs)))
 		g.log.Warn("prompt fingerprints not shared (kept on this replica)", zap.Int("records", len(recs)), zap.Error(err))
 	}
 	g.printsMu.Lock()
 	g.printsSettled = max(g.printsSettled, recs[len(recs)-1].Seq)
-	if err == nil {
-		g.printsSentID = last
-	}
-	g.printsTickLocked()
+	close(g.printsTick) // wakes every reply waiting in awaitPrints
+	g.printsTick = make(chan struct{})
 	g.printsMu.Unlock()
 }
 
-// printsTickLocked wakes every reply waiting in awaitPrints (printsMu held).
-func (g *Gateway) printsTickLocked() {
-	close(g.printsTick)
-	g.printsTick = make(chan struct{})
-}
-
-// applyPrints records another replica's prompt once, in stream order (Follow and catchUpPrints
-// both read the stream).
+// applyPrints records another replica's prompt once, in stream order (the publisher's read-back
+// and readPrints both read the stream).
 func (g *Gateway) applyPrints(id string, rec state.PrintsRecord, ok bool) {
 	g.printsMu.Lock()
 	defer g.printsMu.Unlock()
@@ -166,24 +151,13 @@ func (g *Gateway) applyPrints(id string, rec state.PrintsRecord, ok bool) {
 		return
 	}
 	g.printsLast = id
-	g.printsTickLocked()
 	if ok && rec.Origin != g.replicaID {
 		g.prints.Record(rec.Tenant, rec.Backends, rec.FPs, rec.At)
 	}
 }
 
-// catchUpPrints reads what other replicas published since the follower's last read (one short
-// Redis read; a failure leaves the follower to catch up). Only while the follower is not
-// reading (Redis was away, it is reconnecting): a live follower blocks in XREAD and gets each
-// record as it is written, so a reply costs no round trip of its own (issue 23).
-func (g *Gateway) catchUpPrints() {
-	if g.printsOut == nil || g.printsLive.Load() {
-		return
-	}
-	g.readPrints()
-}
-
-// readPrints reads the shared stream from the last record applied, now (one round trip).
+// readPrints reads the shared stream from the last record applied, now (one round trip; a
+// failure leaves the next publish to catch up).
 func (g *Gateway) readPrints() {
 	g.printsMu.Lock()
 	from := g.printsLast
@@ -243,24 +217,23 @@ func (x *exchange) textDetector() reply.TextDetector {
 	return printsDetector{x}
 }
 
-// printsWait bounds how long a reply waits for this replica's follower to apply the shared
-// stream up to the reply's own prompt record, before reading the stream itself.
+// printsWait bounds how long a reply waits for its own prompt record's publish.
 const printsWait = 200 * time.Millisecond
 
 // awaitPrints makes sure the reply is checked against every prompt that any replica published
-// before this exchange's own prompt record: the follower applies the stream in order, so once it
-// has applied (an id at or past) that record, it has applied all of them. The record was queued
-// before the prompt was forwarded, so normally both the publish and the follower's read are done
-// by the time the engine answers, and this costs no round trip; a follower that is late (or not
-// reading) is caught up with one read. A prompt that was not queued (queue full) falls back to
-// the follower's catch-up as before.
+// before this exchange's own prompt record: the publish of that record read the stream back up
+// to it. The record was queued before the prompt was forwarded, so the publish overlaps the
+// engine's work (and is shared with the records queued meanwhile); a publish that is late (Redis
+// slow) gets printsWait, then the reply reads the stream itself, as does a reply whose prompt
+// could not be queued (queue full).
 func (x *exchange) awaitPrints() {
 	g := x.g
-	if g.printsOut == nil {
-		return
+	if g.printsOut == nil || g.printsDown.Load() {
+		return // Redis is away: replies are checked against what this replica has (G5)
 	}
 	if x.fp.seq == 0 {
-		g.catchUpPrints()
+		g.printsWaitLate.Inc()
+		g.readPrints()
 		return
 	}
 	var timer *time.Timer
@@ -271,8 +244,7 @@ func (x *exchange) awaitPrints() {
 	}()
 	for {
 		g.printsMu.Lock()
-		done := g.printsSettled >= x.fp.seq && (g.printsSentID == "" || !state.IDLess(g.printsLast, g.printsSentID))
-		tick := g.printsTick
+		done, tick := g.printsSettled >= x.fp.seq, g.printsTick
 		g.printsMu.Unlock()
 		if done {
 			return

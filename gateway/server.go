@@ -81,9 +81,8 @@ type Gateway struct {
 	printsMu       sync.Mutex
 	printsLast     string        // id of the last shared record applied
 	printsSettled  uint64        // records numbered up to this one were published (or failed)
-	printsSentID   string        // the stream id of the last record published
-	printsTick     chan struct{} // closed (and replaced) when printsLast or printsSettled moves
-	printsLive     atomic.Bool   // the follower is reading the shared stream (prints.go)
+	printsTick     chan struct{} // closed (and replaced) when printsSettled moves
+	printsDown     atomic.Bool   // the last publish failed: replies do not wait for Redis
 	printsWaitLate prometheus.Counter
 
 	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/limits.go)

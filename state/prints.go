@@ -3,7 +3,6 @@ package state
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -47,75 +46,68 @@ func (r *RedisPrints) Key() string { return r.key }
 
 // Publish appends rec to the stream.
 func (r *RedisPrints) Publish(ctx context.Context, rec PrintsRecord) error {
-	_, err := r.PublishBatch(ctx, []PrintsRecord{rec})
-	return err
+	return r.PublishBatch(ctx, []PrintsRecord{rec}, "", nil)
 }
 
-// PublishBatch appends every record to the stream in one pipelined round trip, then trims it
-// once. Records keep their order; last is the stream id of the last one (a follower that has
-// applied it has applied every record written before it).
-func (r *RedisPrints) PublishBatch(ctx context.Context, recs []PrintsRecord) (last string, err error) {
+// readBatch is how many records one XRANGE returns.
+const readBatch = 1024
+
+// PublishBatch appends every record to the stream in one pipelined round trip, trims it once,
+// and, with apply, reads back in the same round trip every record after the id from: the
+// records of every replica written before these, and these. So when it returns, the caller has
+// applied the stream up to its own last record (more reads follow only when over readBatch
+// records were waiting). Records keep their order.
+func (r *RedisPrints) PublishBatch(ctx context.Context, recs []PrintsRecord, from string, apply func(id string, rec PrintsRecord, ok bool)) error {
 	if len(recs) == 0 {
-		return "", nil
+		return nil
 	}
-	var lastAdd *redis.StringCmd
-	_, err = r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+	if from == "" {
+		from = "0-0"
+	}
+	var read *redis.XMessageSliceCmd
+	_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, rec := range recs {
 			fps := make([]byte, 8*len(rec.FPs))
 			for i, f := range rec.FPs {
 				binary.LittleEndian.PutUint64(fps[8*i:], f)
 			}
-			lastAdd = p.XAdd(ctx, &redis.XAddArgs{Stream: r.key, MaxLen: r.maxLen, Approx: true,
+			p.XAdd(ctx, &redis.XAddArgs{Stream: r.key, MaxLen: r.maxLen, Approx: true,
 				Values: []any{"o", rec.Origin, "t", rec.Tenant, "b", strings.Join(rec.Backends, "\n"), "f", fps}})
 		}
 		if r.ttl > 0 {
 			p.XTrimMinID(ctx, r.key, strconv.FormatInt(time.Now().Add(-r.ttl).UnixMilli(), 10))
 			p.PExpire(ctx, r.key, r.ttl)
 		}
+		if apply != nil {
+			read = p.XRangeN(ctx, r.key, "("+from, "+", readBatch)
+		}
 		return nil
 	})
 	if err != nil {
-		return "", fmt.Errorf("sharing %d prompt fingerprint records in %s: %w", len(recs), r.key, err)
+		return fmt.Errorf("sharing %d prompt fingerprint records in %s: %w", len(recs), r.key, err)
 	}
-	return lastAdd.Val(), nil
-}
-
-// Follow calls apply with every record in the stream after the id from ("": from the start, so
-// a replica that starts catches up with the window) and then every new one as it arrives, until
-// ctx ends. apply gets each entry's id (records of origin itself included: the caller skips
-// them, and uses ids to apply each once). It returns the first Redis error (the caller retries).
-func (r *RedisPrints) Follow(ctx context.Context, from string, apply func(id string, rec PrintsRecord, ok bool)) (last string, err error) {
-	last = from
-	if last == "" {
-		last = "0-0"
+	if apply == nil {
+		return nil
 	}
-	for ctx.Err() == nil {
-		streams, err := r.client.XRead(ctx, &redis.XReadArgs{Streams: []string{r.key, last}, Count: 256, Block: time.Second}).Result()
-		if errors.Is(err, redis.Nil) {
-			continue
-		}
-		if err != nil {
-			return last, err
-		}
-		for _, s := range streams {
-			for _, m := range s.Messages {
-				last = m.ID
-				rec, ok := decodePrints(m)
-				apply(m.ID, rec, ok)
-			}
-		}
+	msgs := read.Val()
+	for _, m := range msgs {
+		rec, ok := decodePrints(m)
+		apply(m.ID, rec, ok)
 	}
-	return last, ctx.Err()
+	if len(msgs) == readBatch {
+		return r.CatchUp(ctx, msgs[len(msgs)-1].ID, apply)
+	}
+	return nil
 }
 
 // CatchUp calls apply with every record after the id from, without waiting: a reply about to be
-// scanned sees every prompt published before it, whatever Follow's delay.
+// scanned sees every prompt published before it.
 func (r *RedisPrints) CatchUp(ctx context.Context, from string, apply func(id string, rec PrintsRecord, ok bool)) error {
 	if from == "" {
 		from = "0-0"
 	}
 	for {
-		msgs, err := r.client.XRangeN(ctx, r.key, "("+from, "+", 256).Result()
+		msgs, err := r.client.XRangeN(ctx, r.key, "("+from, "+", readBatch).Result()
 		if err != nil {
 			return err
 		}
@@ -124,7 +116,7 @@ func (r *RedisPrints) CatchUp(ctx context.Context, from string, apply func(id st
 			rec, ok := decodePrints(m)
 			apply(m.ID, rec, ok)
 		}
-		if len(msgs) < 256 {
+		if len(msgs) < readBatch {
 			return nil
 		}
 	}
