@@ -17,9 +17,9 @@ import (
 )
 
 // A reply is checked against every prompt published to the shared stream before the reply's
-// own prompt record, whether or not this replica's follower has read that far: with the
-// follower stopped, the reply waits (bounded) and then reads the stream itself; with it running,
-// the reply reads nothing.
+// own prompt record: with the publisher stopped, the reply waits (bounded) and then reads the
+// stream itself; with it running, its own record's publish reads the stream back and the reply
+// reads nothing.
 func TestReplyWaitsForSharedPrints(t *testing.T) {
 	cfg, err := config.Parse([]byte(`
 backends: [{name: sim, url: "http://127.0.0.1:9", role: unified}]
@@ -65,7 +65,7 @@ state: {redis_url: "`+redistest.URL()+`", key_prefix: "kvgate-test-await-`+newID
 	victim1 := strings.Repeat("bob's first private prompt, about the quarterly numbers nobody else may read. ", 8)
 	victim2 := strings.Repeat("bob's second private prompt, a medical history that must stay his alone. ", 8)
 
-	// Nothing runs: alice's record is queued but never published, and nothing follows.
+	// Nothing runs: alice's record is queued but never published.
 	publishVictim(victim1)
 	x := aliceAsks()
 	x.notePrompt()
@@ -78,7 +78,7 @@ state: {redis_url: "`+redistest.URL()+`", key_prefix: "kvgate-test-await-`+newID
 		t.Fatalf("after %v: caught %v, catch-up reads %v; want the bounded wait, then one read", waited, caught(victim1), lateReads(g))
 	}
 
-	// Running: the reply waits for its own record to come back through the follower.
+	// Running: the reply waits for its own record's publish, which read the stream back.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go g.Run(ctx)
