@@ -2,7 +2,9 @@ package state
 
 import (
 	"context"
+	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -40,7 +42,7 @@ func (p PerRequestStore) Admit(ctx context.Context, a policy.Admission) (policy.
 	args := []any{a.Limits.RPM, a.Limits.TPM, a.Limits.MaxConcurrent, a.Tokens, a.Lease, policy.LeaseTTL.Milliseconds(),
 		strconv.FormatFloat(a.CarryRPM, 'f', 3, 64), strconv.FormatFloat(a.CarryTPM, 'f', 3, 64), a.ExtraInflight, b01(a.CarryOnly)}
 	res, err := refAdmitScript.Run(ctx, p.R.client, p.R.keys(a.Tenant), args...).Slice()
-	return p.R.verdict(a, res, err)
+	return refVerdict(a, res, err)
 }
 
 func (p PerRequestStore) Settle(ctx context.Context, tenant string, lim policy.Limits, delta int64, lease string) error {
@@ -113,3 +115,26 @@ if tpm > 0 and delta ~= 0 then
 end
 if ARGV[3] ~= '' then redis.call('ZREM', KEYS[2], ARGV[3]) end
 return 0`)
+
+// refVerdict reads the per-request script's reply.
+func refVerdict(a policy.Admission, res []any, err error) (policy.Verdict, error) {
+	if err != nil {
+		return policy.Verdict{}, fmt.Errorf("rate limit check for tenant %q: %w", a.Tenant, err)
+	}
+	if len(res) != 6 {
+		return policy.Verdict{}, fmt.Errorf("rate limit check: unexpected reply %v", res)
+	}
+	num := func(v any) float64 {
+		switch x := v.(type) {
+		case int64:
+			return float64(x)
+		case string:
+			f, _ := strconv.ParseFloat(x, 64)
+			return f
+		}
+		return 0
+	}
+	limit, _ := res[1].(string)
+	return policy.Verdict{Allowed: num(res[0]) == 1, Limit: limit, RetryAfter: time.Duration(num(res[2])) * time.Millisecond,
+		Never: num(res[3]) == 1, RPMFill: num(res[4]), TPMFill: num(res[5])}, nil
+}

@@ -36,7 +36,7 @@ type admitCall struct {
 	ctx    context.Context
 	settle []policy.Settlement
 	a      policy.Admission
-	res    []any
+	res    string // the script's verdict (see batchScript)
 	err    error
 	done   chan struct{}
 }
@@ -64,8 +64,8 @@ func (r *RedisLimits) keys(tenant string) []string { return Keys{r.prefix}.Limit
 //	's', tpm, token delta, lease
 //	'a', rpm, tpm, max_concurrent, tokens, lease, carry rpm ms, carry tpm ms, extra in flight, carry only (1|0)
 //
-// Returns, per admission in order, {allowed 0|1, refusing limit, retry ms, never 0|1, rpm fill ms,
-// tpm fill ms}, flattened.
+// Returns, per admission in order, "allowed 0|1,refusing limit,retry ms,never 0|1,rpm fill ms,tpm
+// fill ms": one string each (one reply element to write, read and allocate, not six).
 var batchScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
@@ -110,8 +110,7 @@ while i <= #ARGV do
     if only == '1' then
       if rpm > 0 then put(1, rtat) end
       if tpm > 0 then put(2, ttat) end
-      out[#out+1] = 0; out[#out+1] = ''; out[#out+1] = '0'; out[#out+1] = 0
-      out[#out+1] = tostring(rtat - now); out[#out+1] = tostring(ttat - now)
+      out[#out+1] = '0,,0,0,' .. tostring(rtat - now) .. ',' .. tostring(ttat - now)
     else
       local nr, nt = rtat, ttat
       local limit, retry, never = '', 0, 0
@@ -139,8 +138,8 @@ while i <= #ARGV do
         leases = leases + redis.call('ZADD', KEYS[3], now + ttl, lease)
         added = true
       end
-      out[#out+1] = allowed; out[#out+1] = limit; out[#out+1] = tostring(math.ceil(retry)); out[#out+1] = never
-      out[#out+1] = tostring(math.max(nr - now, 0)); out[#out+1] = tostring(math.max(nt - now, 0))
+      out[#out+1] = allowed .. ',' .. limit .. ',' .. tostring(math.ceil(retry)) .. ',' .. never .. ',' ..
+        tostring(math.max(nr - now, 0)) .. ',' .. tostring(math.max(nt - now, 0))
     end
   end
 end
@@ -218,17 +217,36 @@ type tenantRun struct {
 	admits  []*admitCall // in order: the script's results come back in the same order
 	carried []*admitCall // calls whose settlements ride in this run: they fail with it
 	cmd     *redis.Cmd
-	res     []any
+	res     []string
 	err     error
+
+	// The last operation, while it is a settlement: where its token delta is in args, and its tpm.
+	lastDelta int
+	lastTPM   int
 }
 
+// settle appends st. Consecutive settlements with the same tpm and token deltas of the same sign
+// are one move of the token cell by their sum (exact: a run of charges never reaches the floor at
+// now, and a run of refunds that reaches it stays there either way), so the script does one
+// step, not one per request; their leases follow as lease-only operations.
 func (t *tenantRun) settle(st policy.Settlement) {
+	if t.lastDelta > 0 && t.lastTPM == st.Limits.TPM {
+		if sum := t.args[t.lastDelta].(int64); sum >= 0 && st.TokenDelta >= 0 || sum <= 0 && st.TokenDelta <= 0 {
+			t.args[t.lastDelta] = sum + st.TokenDelta
+			if st.Lease == "" {
+				return
+			}
+			st.TokenDelta = 0
+		}
+	}
 	t.args = append(t.args, "s", st.Limits.TPM, st.TokenDelta, st.Lease)
+	t.lastDelta, t.lastTPM = len(t.args)-2, st.Limits.TPM
 }
 
 func (t *tenantRun) admit(a policy.Admission) {
 	t.args = append(t.args, "a", a.Limits.RPM, a.Limits.TPM, a.Limits.MaxConcurrent, a.Tokens, a.Lease,
 		strconv.FormatFloat(a.CarryRPM, 'f', 3, 64), strconv.FormatFloat(a.CarryTPM, 'f', 3, 64), a.ExtraInflight, b01(a.CarryOnly))
+	t.lastDelta = 0
 }
 
 // runs groups operations by tenant (one script call per tenant, on its own Cluster slot), each
@@ -257,7 +275,7 @@ func (rs *runs) of(tenant string) *tenantRun {
 func (r *RedisLimits) exec(ctx context.Context, rs *runs) {
 	if len(rs.list) == 1 { // no pipeline wrapper for the common case: one tenant
 		t := rs.list[0]
-		t.res, t.err = batchScript.Run(ctx, r.client, r.keys(t.tenant), t.args...).Slice()
+		t.res, t.err = batchScript.Run(ctx, r.client, r.keys(t.tenant), t.args...).StringSlice()
 	} else {
 		_, _ = r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, t := range rs.list {
@@ -266,15 +284,15 @@ func (r *RedisLimits) exec(ctx context.Context, rs *runs) {
 			return nil
 		})
 		for _, t := range rs.list {
-			t.res, t.err = t.cmd.Slice()
+			t.res, t.err = t.cmd.StringSlice()
 			if isNoScript(t.err) {
-				t.res, t.err = batchScript.Run(ctx, r.client, r.keys(t.tenant), t.args...).Slice()
+				t.res, t.err = batchScript.Run(ctx, r.client, r.keys(t.tenant), t.args...).StringSlice()
 			}
 		}
 	}
 	for _, t := range rs.list {
-		if t.err == nil && len(t.res) != 6*len(t.admits) {
-			t.err = fmt.Errorf("unexpected reply of %d values for %d admissions", len(t.res), len(t.admits))
+		if t.err == nil && len(t.res) != len(t.admits) {
+			t.err = fmt.Errorf("unexpected reply of %d verdicts for %d admissions", len(t.res), len(t.admits))
 		}
 	}
 }
@@ -329,7 +347,7 @@ func (r *RedisLimits) sendBatch(batch []*admitCall) {
 				c.err = t.err
 			}
 			if c.err == nil {
-				c.res = t.res[6*k : 6*k+6]
+				c.res = t.res[k]
 			}
 			close(c.done)
 		}
@@ -353,26 +371,36 @@ func (r *RedisLimits) SettleBatch(ctx context.Context, s []policy.Settlement) er
 
 func isNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }
 
-func (r *RedisLimits) verdict(a policy.Admission, res []any, err error) (policy.Verdict, error) {
+func (r *RedisLimits) verdict(a policy.Admission, res string, err error) (policy.Verdict, error) {
 	if err != nil {
 		return policy.Verdict{}, fmt.Errorf("rate limit check for tenant %q: %w", a.Tenant, err)
 	}
-	if len(res) != 6 {
-		return policy.Verdict{}, fmt.Errorf("rate limit check: unexpected reply %v", res)
-	}
-	num := func(v any) float64 {
-		switch x := v.(type) {
-		case int64:
-			return float64(x)
-		case string:
-			f, _ := strconv.ParseFloat(x, 64)
-			return f
+	var f [6]string
+	rest := res
+	for i := range f {
+		var ok bool
+		if f[i], rest, ok = strings.Cut(rest, ","); !ok && i < len(f)-1 {
+			return policy.Verdict{}, fmt.Errorf("rate limit check: unexpected reply %q", res)
 		}
-		return 0
 	}
-	limit, _ := res[1].(string)
-	return policy.Verdict{Allowed: num(res[0]) == 1, Limit: limit, RetryAfter: time.Duration(num(res[2])) * time.Millisecond,
-		Never: num(res[3]) == 1, RPMFill: num(res[4]), TPMFill: num(res[5])}, nil
+	num := func(s string) float64 {
+		v, _ := strconv.ParseFloat(s, 64)
+		return v
+	}
+	v := policy.Verdict{Allowed: f[0] == "1", RetryAfter: time.Duration(num(f[2])) * time.Millisecond,
+		Never: f[3] == "1", RPMFill: num(f[4]), TPMFill: num(f[5])}
+	switch f[1] { // the package's constants: the reply's bytes are not kept
+	case "":
+	case policy.LimitRPM:
+		v.Limit = policy.LimitRPM
+	case policy.LimitTPM:
+		v.Limit = policy.LimitTPM
+	case policy.LimitConcurrent:
+		v.Limit = policy.LimitConcurrent
+	default:
+		return policy.Verdict{}, fmt.Errorf("rate limit check: unexpected limit in reply %q", res)
+	}
+	return v, nil
 }
 
 func (r *RedisLimits) Settle(ctx context.Context, tenant string, lim policy.Limits, tokenDelta int64, lease string) error {
