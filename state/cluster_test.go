@@ -98,4 +98,29 @@ func TestStoresOnRedisCluster(t *testing.T) {
 			t.Fatalf("%s: %d of 6 admitted at rpm 3", tenant, allowed)
 		}
 	}
+	// One pipeline of admissions over tenants on different slots (and masters), settlements
+	// carried to other tenants' cells: one script call per tenant, each on its own node.
+	lim := policy.Limits{RPM: 2, MaxConcurrent: 5}
+	var items []state.BatchItem
+	for i := 0; i < 3; i++ {
+		for _, tenant := range []string{"umbrella", "hooli", "wayne", "stark"} {
+			it := state.BatchItem{Admit: policy.Admission{Tenant: tenant, Limits: lim, Lease: tenant + string(rune('0'+i))}}
+			if i == 1 {
+				it.Settle = []policy.Settlement{{Tenant: "acme", Limits: policy.Limits{MaxConcurrent: 10}, Lease: "acme" + string(rune('a'+i))}}
+			}
+			items = append(items, it)
+		}
+	}
+	vs, errs := la.AdmitBatchForTest(ctx, items)
+	for i, v := range vs {
+		if errs[i] != nil {
+			t.Fatalf("batched admission %d on the cluster: %v", i, errs[i])
+		}
+		if want := i < 8; v.Allowed != want {
+			t.Fatalf("batched admission %d (%s) on the cluster: %+v, want allowed %v at rpm 2", i, items[i].Admit.Tenant, v, want)
+		}
+	}
+	if n := a.ZCard(ctx, state.Keys{Prefix: prefix}.LimitCells("acme")[2]).Val(); n != 2 {
+		t.Fatalf("acme holds %d leases after the batch freed one of 3, want 2", n)
+	}
 }

@@ -36,7 +36,7 @@ type admitCall struct {
 	ctx    context.Context
 	settle []policy.Settlement
 	a      policy.Admission
-	res    []any
+	res    string // the script's verdict (see batchScript)
 	err    error
 	done   chan struct{}
 }
@@ -51,76 +51,109 @@ func NewRedisLimits(client redis.UniversalClient, prefix string) *RedisLimits {
 
 func (r *RedisLimits) keys(tenant string) []string { return Keys{r.prefix}.LimitCells(tenant) }
 
-// admitScript is gcra (limits.go) in Lua, plus the lease set.
-// KEYS: requests cell, tokens cell, lease set.
-// ARGV: rpm, tpm, max_concurrent, tokens, lease, lease ttl ms, carry rpm ms, carry tpm ms,
-// extra in flight, carry only (1|0).
-// Returns {allowed 0|1, refusing limit, retry ms, never 0|1, rpm fill ms, tpm fill ms}.
-var admitScript = redis.NewScript(`
+// batchScript is gcra (policy/limits.go) in Lua, plus the lease set, over one tenant's cells for
+// a run of operations in the order they were queued: settlements (move the token cell, free a
+// lease) and admissions (check and charge). It reads Redis's clock once and each cell at most
+// once, keeps the cells in Lua locals and writes each at most once at the end, so N requests
+// sharing one pipeline cost one script call instead of 2N (issue 23: at saturation the scripts'
+// own overhead, not the arithmetic, was most of redis-server's CPU). Each operation is decided as
+// the one-call-per-operation scripts decided it (state/limits_internal_test.go keeps those as the
+// reference and compares), at one instant for the whole run.
+// KEYS: requests cell, tokens cell, lease set. ARGV[1]: lease ttl ms; then operations:
+//
+//	's', tpm, token delta, lease
+//	'a', rpm, tpm, max_concurrent, tokens, lease, carry rpm ms, carry tpm ms, extra in flight, carry only (1|0)
+//
+// Returns, per admission in order, "allowed 0|1,refusing limit,retry ms,never 0|1,rpm fill ms,tpm
+// fill ms": one string each (one reply element to write, read and allocate, not six).
+var batchScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-local rpm, tpm, maxc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local tokens = tonumber(ARGV[4])
 local window = 60000
-local function load(key, carry)
-  local tat = tonumber(redis.call('GET', key) or 0) or 0
+local ttl = tonumber(ARGV[1])
+local cell, held, dirty = {}, {}, {}
+local function get(k)
+  if cell[k] == nil then
+    local v = redis.call('GET', KEYS[k])
+    held[k] = v ~= false
+    cell[k] = tonumber(v or 0) or 0
+  end
+  return cell[k]
+end
+local function load(k, carry)
+  local tat = get(k)
   if tat < now then tat = now end
   if carry > 0 then tat = math.min(tat + carry, now + window) end
   return tat
 end
-local rtat, ttat = now, now
-if rpm > 0 then rtat = load(KEYS[1], tonumber(ARGV[7])) end
-if tpm > 0 then ttat = load(KEYS[2], tonumber(ARGV[8])) end
-local nr, nt = rtat, ttat
-local limit, retry, never = '', 0, 0
-local function store(key, tat)
-  if tat > now then redis.call('SET', key, tostring(tat), 'PX', math.ceil(tat - now) + 1000) end
-end
-if ARGV[10] == '1' then
-  if rpm > 0 then store(KEYS[1], rtat) end
-  if tpm > 0 then store(KEYS[2], ttat) end
-  return {0, '', '0', 0, tostring(rtat - now), tostring(ttat - now)}
-end
-if rpm > 0 then
-  nr = rtat + window / rpm
-  if nr - now > window + 1e-6 then limit = 'rpm'; retry = nr - now - window end
-end
-if limit == '' and tpm > 0 then
-  nt = ttat + tokens * window / tpm
-  if tokens > tpm then limit = 'tpm'; retry = window; never = 1
-  elseif nt - now > window + 1e-6 then limit = 'tpm'; retry = nt - now - window end
-end
-if limit == '' and maxc > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-  if redis.call('ZCARD', KEYS[3]) + tonumber(ARGV[9]) >= maxc then limit = 'max_concurrent'; retry = 1000 end
-end
-local allowed = 1
-if limit ~= '' then nr, nt, allowed = rtat, ttat, 0 end
-if rpm > 0 then store(KEYS[1], nr) end
-if tpm > 0 then store(KEYS[2], nt) end
-if allowed == 1 and maxc > 0 then
-  local ttl = tonumber(ARGV[6])
-  redis.call('ZADD', KEYS[3], now + ttl, ARGV[5])
-  redis.call('PEXPIRE', KEYS[3], ttl * 2)
-end
-return {allowed, limit, tostring(math.ceil(retry)), never, tostring(math.max(nr - now, 0)), tostring(math.max(nt - now, 0))}`)
-
-// settleScript: KEYS tokens cell, lease set; ARGV tpm, token delta, lease.
-var settleScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-local tpm, delta = tonumber(ARGV[1]), tonumber(ARGV[2])
-if tpm > 0 and delta ~= 0 then
-  local tat = tonumber(redis.call('GET', KEYS[1]) or 0) or 0
-  tat = math.max(tat, now) + delta * 60000 / tpm
-  if tat > now then
-    redis.call('SET', KEYS[1], tostring(tat), 'PX', math.ceil(tat - now) + 1000)
+local function put(k, tat) cell[k] = tat; dirty[k] = true end
+local leases, added = nil, false
+local out = {}
+local i = 2
+while i <= #ARGV do
+  if ARGV[i] == 's' then
+    local tpm, delta, lease = tonumber(ARGV[i+1]), tonumber(ARGV[i+2]), ARGV[i+3]
+    i = i + 4
+    if tpm > 0 and delta ~= 0 then put(2, math.max(get(2), now) + delta * window / tpm) end
+    if lease ~= '' then
+      local n = redis.call('ZREM', KEYS[3], lease)
+      if leases then leases = leases - n end
+    end
   else
-    redis.call('DEL', KEYS[1])
+    local rpm, tpm, maxc = tonumber(ARGV[i+1]), tonumber(ARGV[i+2]), tonumber(ARGV[i+3])
+    local tokens, lease = tonumber(ARGV[i+4]), ARGV[i+5]
+    local crpm, ctpm, extra, only = tonumber(ARGV[i+6]), tonumber(ARGV[i+7]), tonumber(ARGV[i+8]), ARGV[i+9]
+    i = i + 10
+    local rtat, ttat = now, now
+    if rpm > 0 then rtat = load(1, crpm) end
+    if tpm > 0 then ttat = load(2, ctpm) end
+    if only == '1' then
+      if rpm > 0 then put(1, rtat) end
+      if tpm > 0 then put(2, ttat) end
+      out[#out+1] = '0,,0,0,' .. tostring(rtat - now) .. ',' .. tostring(ttat - now)
+    else
+      local nr, nt = rtat, ttat
+      local limit, retry, never = '', 0, 0
+      if rpm > 0 then
+        nr = rtat + window / rpm
+        if nr - now > window + 1e-6 then limit = 'rpm'; retry = nr - now - window end
+      end
+      if limit == '' and tpm > 0 then
+        nt = ttat + tokens * window / tpm
+        if tokens > tpm then limit = 'tpm'; retry = window; never = 1
+        elseif nt - now > window + 1e-6 then limit = 'tpm'; retry = nt - now - window end
+      end
+      if limit == '' and maxc > 0 then
+        if leases == nil then
+          redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+          leases = redis.call('ZCARD', KEYS[3])
+        end
+        if leases + extra >= maxc then limit = 'max_concurrent'; retry = 1000 end
+      end
+      local allowed = 1
+      if limit ~= '' then nr, nt, allowed = rtat, ttat, 0 end
+      if rpm > 0 then put(1, nr) end
+      if tpm > 0 then put(2, nt) end
+      if allowed == 1 and maxc > 0 then
+        leases = leases + redis.call('ZADD', KEYS[3], now + ttl, lease)
+        added = true
+      end
+      out[#out+1] = allowed .. ',' .. limit .. ',' .. tostring(math.ceil(retry)) .. ',' .. never .. ',' ..
+        tostring(math.max(nr - now, 0)) .. ',' .. tostring(math.max(nt - now, 0))
+    end
   end
 end
-if ARGV[3] ~= '' then redis.call('ZREM', KEYS[2], ARGV[3]) end
-return 0`)
+for k = 1, 2 do
+  if dirty[k] then
+    if cell[k] > now then
+      redis.call('SET', KEYS[k], tostring(cell[k]), 'PX', math.ceil(cell[k] - now) + 1000)
+    elseif held[k] then
+      redis.call('DEL', KEYS[k])
+    end
+  end
+end
+if added then redis.call('PEXPIRE', KEYS[3], ttl * 2) end
+return out`)
 
 // renewScript: KEYS lease set; ARGV ttl ms, leases...: extend the leases that still exist.
 var renewScript = redis.NewScript(`
@@ -131,11 +164,6 @@ redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]) * 2)
 return 0`)
 
 var _ policy.BatchStore = (*RedisLimits)(nil)
-
-func (r *RedisLimits) admitArgs(a policy.Admission) []any {
-	return []any{a.Limits.RPM, a.Limits.TPM, a.Limits.MaxConcurrent, a.Tokens, a.Lease, policy.LeaseTTL.Milliseconds(),
-		strconv.FormatFloat(a.CarryRPM, 'f', 3, 64), strconv.FormatFloat(a.CarryTPM, 'f', 3, 64), a.ExtraInflight, b01(a.CarryOnly)}
-}
 
 func (r *RedisLimits) Admit(ctx context.Context, a policy.Admission) (policy.Verdict, error) {
 	return r.AdmitAfter(ctx, nil, a)
@@ -182,8 +210,98 @@ func (r *RedisLimits) send() {
 	}
 }
 
-// sendBatch runs one pipeline: each call's settlements, then its admission. Its deadline is the
-// latest of the calls' (a caller that gives up earlier stops waiting on its own).
+// tenantRun is one tenant's operations in one pipeline: one batchScript call.
+type tenantRun struct {
+	tenant  string
+	args    []any
+	admits  []*admitCall // in order: the script's results come back in the same order
+	carried []*admitCall // calls whose settlements ride in this run: they fail with it
+	cmd     *redis.Cmd
+	res     []string
+	err     error
+
+	// The last operation, while it is a settlement: where its token delta is in args, and its tpm.
+	lastDelta int
+	lastTPM   int
+}
+
+// settle appends st. Consecutive settlements with the same tpm and token deltas of the same sign
+// are one move of the token cell by their sum (exact: a run of charges never reaches the floor at
+// now, and a run of refunds that reaches it stays there either way), so the script does one
+// step, not one per request; their leases follow as lease-only operations.
+func (t *tenantRun) settle(st policy.Settlement) {
+	if t.lastDelta > 0 && t.lastTPM == st.Limits.TPM {
+		if sum := t.args[t.lastDelta].(int64); sum >= 0 && st.TokenDelta >= 0 || sum <= 0 && st.TokenDelta <= 0 {
+			t.args[t.lastDelta] = sum + st.TokenDelta
+			if st.Lease == "" {
+				return
+			}
+			st.TokenDelta = 0
+		}
+	}
+	t.args = append(t.args, "s", st.Limits.TPM, st.TokenDelta, st.Lease)
+	t.lastDelta, t.lastTPM = len(t.args)-2, st.Limits.TPM
+}
+
+func (t *tenantRun) admit(a policy.Admission) {
+	t.args = append(t.args, "a", a.Limits.RPM, a.Limits.TPM, a.Limits.MaxConcurrent, a.Tokens, a.Lease,
+		strconv.FormatFloat(a.CarryRPM, 'f', 3, 64), strconv.FormatFloat(a.CarryTPM, 'f', 3, 64), a.ExtraInflight, b01(a.CarryOnly))
+	t.lastDelta = 0
+}
+
+// runs groups operations by tenant (one script call per tenant, on its own Cluster slot), each
+// tenant's in the order given.
+type runs struct {
+	list []*tenantRun
+	by   map[string]*tenantRun
+}
+
+func (rs *runs) of(tenant string) *tenantRun {
+	if t := rs.by[tenant]; t != nil {
+		return t
+	}
+	t := &tenantRun{tenant: tenant, args: []any{policy.LeaseTTL.Milliseconds()}}
+	if rs.by == nil {
+		rs.by = map[string]*tenantRun{}
+	}
+	rs.by[tenant] = t
+	rs.list = append(rs.list, t)
+	return t
+}
+
+// exec sends every run in one pipeline (on a Cluster, one per master involved, sent together)
+// and reads each run's result. A run Redis refused for want of the script (NOSCRIPT: Redis
+// restarted or its scripts were flushed) did not run: it is sent again with the script's text.
+func (r *RedisLimits) exec(ctx context.Context, rs *runs) {
+	if len(rs.list) == 1 { // no pipeline wrapper for the common case: one tenant
+		t := rs.list[0]
+		t.res, t.err = batchScript.Run(ctx, r.client, r.keys(t.tenant), t.args...).StringSlice()
+	} else {
+		_, _ = r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, t := range rs.list {
+				t.cmd = batchScript.EvalSha(ctx, p, r.keys(t.tenant), t.args...)
+			}
+			return nil
+		})
+		for _, t := range rs.list {
+			t.res, t.err = t.cmd.StringSlice()
+			if isNoScript(t.err) {
+				t.res, t.err = batchScript.Run(ctx, r.client, r.keys(t.tenant), t.args...).StringSlice()
+			}
+		}
+	}
+	for _, t := range rs.list {
+		if t.err == nil && len(t.res) != len(t.admits) {
+			t.err = fmt.Errorf("unexpected reply of %d verdicts for %d admissions", len(t.res), len(t.admits))
+		}
+	}
+}
+
+// sendBatch runs one pipeline: each call's settlements, then its admission, grouped by tenant
+// (a tenant's operations keep their order; different tenants' cells are independent). Its
+// deadline is the latest of the calls' (a caller that gives up earlier stops waiting on its own).
+// A call fails if its admission's run failed or a run carrying its settlements did: the limiter
+// then turns degraded, as when its own round trip failed.
 func (r *RedisLimits) sendBatch(batch []*admitCall) {
 	ctx := context.Background()
 	var deadline time.Time
@@ -202,67 +320,50 @@ func (r *RedisLimits) sendBatch(batch []*admitCall) {
 		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 	}
-	settles := make([][]*redis.Cmd, len(batch))
-	admits := make([]*redis.Cmd, len(batch))
-	_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, c := range batch {
-			for _, st := range c.settle {
-				k := r.keys(st.Tenant)
-				settles[i] = append(settles[i], settleScript.EvalSha(ctx, p, []string{k[1], k[2]}, st.Limits.TPM, st.TokenDelta, st.Lease))
-			}
-			admits[i] = admitScript.EvalSha(ctx, p, r.keys(c.a.Tenant), r.admitArgs(c.a)...)
-		}
-		return nil
-	})
-	for i, c := range batch {
-		c.err = nil
-		for k, cmd := range settles[i] {
-			if isNoScript(cmd.Err()) { // not run: again with the script's text
-				st := c.settle[k]
-				kk := r.keys(st.Tenant)
-				if e := settleScript.Run(ctx, r.client, []string{kk[1], kk[2]}, st.Limits.TPM, st.TokenDelta, st.Lease).Err(); e != nil && c.err == nil {
-					c.err = e
-				}
-			} else if cmd.Err() != nil && c.err == nil {
-				c.err = cmd.Err()
+	var rs runs
+	for _, c := range batch {
+		for _, st := range c.settle {
+			t := rs.of(st.Tenant)
+			t.settle(st)
+			if n := len(t.carried); n == 0 || t.carried[n-1] != c {
+				t.carried = append(t.carried, c)
 			}
 		}
-		if c.err == nil {
-			c.res, c.err = admits[i].Slice()
-			if isNoScript(c.err) {
-				c.res, c.err = admitScript.Run(ctx, r.client, r.keys(c.a.Tenant), r.admitArgs(c.a)...).Slice()
+		t := rs.of(c.a.Tenant)
+		t.admit(c.a)
+		t.admits = append(t.admits, c)
+	}
+	r.exec(ctx, &rs)
+	for _, t := range rs.list {
+		for _, c := range t.carried {
+			if t.err != nil && c.err == nil {
+				c.err = t.err
 			}
 		}
-		if c.err == nil && err != nil && !isNoScript(err) && admits[i].Err() != nil {
-			c.err = err
+	}
+	for _, t := range rs.list {
+		for k, c := range t.admits {
+			if c.err == nil {
+				c.err = t.err
+			}
+			if c.err == nil {
+				c.res = t.res[k]
+			}
+			close(c.done)
 		}
-		close(c.done)
 	}
 }
 
-// SettleBatch applies every settlement in one pipelined round trip. A settlement the server
-// refused for want of the script (NOSCRIPT: Redis restarted or its scripts were flushed) did not
-// run: it is sent again with the script's text, alone.
+// SettleBatch applies every settlement in one pipelined round trip, one script call per tenant.
 func (r *RedisLimits) SettleBatch(ctx context.Context, s []policy.Settlement) error {
-	cmds := make([]*redis.Cmd, 0, len(s))
-	_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, st := range s {
-			k := r.keys(st.Tenant)
-			cmds = append(cmds, settleScript.EvalSha(ctx, p, []string{k[1], k[2]}, st.Limits.TPM, st.TokenDelta, st.Lease))
-		}
-		return nil
-	})
-	if err != nil && !isNoScript(err) {
-		return fmt.Errorf("settling %d requests: %w", len(s), err)
+	var rs runs
+	for _, st := range s {
+		rs.of(st.Tenant).settle(st)
 	}
-	for i, c := range cmds {
-		if isNoScript(c.Err()) {
-			k := r.keys(s[i].Tenant)
-			if e := settleScript.Run(ctx, r.client, []string{k[1], k[2]}, s[i].Limits.TPM, s[i].TokenDelta, s[i].Lease).Err(); e != nil {
-				return fmt.Errorf("settling tenant %q: %w", s[i].Tenant, e)
-			}
-		} else if c.Err() != nil {
-			return fmt.Errorf("settling tenant %q: %w", s[i].Tenant, c.Err())
+	r.exec(ctx, &rs)
+	for _, t := range rs.list {
+		if t.err != nil {
+			return fmt.Errorf("settling tenant %q: %w", t.tenant, t.err)
 		}
 	}
 	return nil
@@ -270,34 +371,46 @@ func (r *RedisLimits) SettleBatch(ctx context.Context, s []policy.Settlement) er
 
 func isNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }
 
-func (r *RedisLimits) verdict(a policy.Admission, res []any, err error) (policy.Verdict, error) {
+func (r *RedisLimits) verdict(a policy.Admission, res string, err error) (policy.Verdict, error) {
 	if err != nil {
 		return policy.Verdict{}, fmt.Errorf("rate limit check for tenant %q: %w", a.Tenant, err)
 	}
-	if len(res) != 6 {
-		return policy.Verdict{}, fmt.Errorf("rate limit check: unexpected reply %v", res)
-	}
-	num := func(v any) float64 {
-		switch x := v.(type) {
-		case int64:
-			return float64(x)
-		case string:
-			f, _ := strconv.ParseFloat(x, 64)
-			return f
+	var f [6]string
+	rest := res
+	for i := range f {
+		var ok bool
+		if f[i], rest, ok = strings.Cut(rest, ","); !ok && i < len(f)-1 {
+			return policy.Verdict{}, fmt.Errorf("rate limit check: unexpected reply %q", res)
 		}
-		return 0
 	}
-	limit, _ := res[1].(string)
-	return policy.Verdict{Allowed: num(res[0]) == 1, Limit: limit, RetryAfter: time.Duration(num(res[2])) * time.Millisecond,
-		Never: num(res[3]) == 1, RPMFill: num(res[4]), TPMFill: num(res[5])}, nil
+	num := func(s string) float64 {
+		v, _ := strconv.ParseFloat(s, 64)
+		return v
+	}
+	v := policy.Verdict{Allowed: f[0] == "1", RetryAfter: time.Duration(num(f[2])) * time.Millisecond,
+		Never: f[3] == "1", RPMFill: num(f[4]), TPMFill: num(f[5])}
+	switch f[1] { // the package's constants: the reply's bytes are not kept
+	case "":
+	case policy.LimitRPM:
+		v.Limit = policy.LimitRPM
+	case policy.LimitTPM:
+		v.Limit = policy.LimitTPM
+	case policy.LimitConcurrent:
+		v.Limit = policy.LimitConcurrent
+	default:
+		return policy.Verdict{}, fmt.Errorf("rate limit check: unexpected limit in reply %q", res)
+	}
+	return v, nil
 }
 
 func (r *RedisLimits) Settle(ctx context.Context, tenant string, lim policy.Limits, tokenDelta int64, lease string) error {
 	if (lim.TPM <= 0 || tokenDelta == 0) && lease == "" {
 		return nil // nothing to move: no round trip
 	}
-	k := r.keys(tenant)
-	if err := settleScript.Run(ctx, r.client, []string{k[1], k[2]}, lim.TPM, tokenDelta, lease).Err(); err != nil {
+	var rs runs
+	rs.of(tenant).settle(policy.Settlement{Tenant: tenant, Limits: lim, TokenDelta: tokenDelta, Lease: lease})
+	r.exec(ctx, &rs)
+	if err := rs.list[0].err; err != nil {
 		return fmt.Errorf("settling tenant %q: %w", tenant, err)
 	}
 	return nil
