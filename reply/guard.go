@@ -125,7 +125,11 @@ func (gd *Guard) feedView(key string, text []byte, join bool) ([]byte, bool) {
 	if !gd.afford(4 * len(text)) {
 		return nil, false
 	}
-	f := gd.field(key)
+	return gd.feedField(gd.field(key), text, join)
+}
+
+// feedField is feedView on the field's scanners (looked up by the caller).
+func (gd *Guard) feedField(f *fieldScan, text []byte, join bool) ([]byte, bool) {
 	mid, v := f.strict.Feed(gd.buf[:0], text)
 	gd.buf = mid[:0]
 	gd.note(v)

@@ -33,7 +33,28 @@ type fastState struct {
 	// clean are keys and values that are not plain (finish_reason, chat.completion.chunk) whose
 	// stateless scan changed nothing and found nothing (scanClean), at most 256 of 256 bytes.
 	clean map[string]bool
+	// strs are, by its place among the event's strings, what the last events found for each
+	// string (nstr: strings read in this event): a stream's events share one shape, so the
+	// field's scanners and a value found clean are found again by comparing bytes, not by
+	// hashing a path or a value.
+	// keys are, by place, the keys of the last events found clean (a key's scan has no state).
+	keys  [][]byte
+	strs  []strSlot
+	nstr  int
+	spare strSlot
 }
+
+// strSlot is what the fast path remembers of the string at one place in an event.
+type strSlot struct {
+	path    []byte     // the field path (its own copy)
+	f       *fieldScan // the path's scanners in the stream's guard
+	main    bool       // mainText of the path's last segment
+	clean   []byte     // with isClean, a value of this path whose stateless scan left it as it is
+	isClean bool
+}
+
+// maxStrSlots bounds the strings of an event whose slots are kept.
+const maxStrSlots = 64
 
 // replyIDField is the one key of replyIDFields (TestFastPathRefusesWithheldKeys holds them
 // equal), compared without hashing.
@@ -192,10 +213,7 @@ func (e *Stream) emitFast(ev sse.Event) bool {
 	gd := e.o.Guard
 	// A line end in the data (several data lines, joined) is JSON whitespace that would break
 	// the client's framing if passed on: such an event is written anew.
-	if bytes.IndexByte(ev.Data, '\n') >= 0 || bytes.IndexByte(ev.Data, '\r') >= 0 {
-		return false
-	}
-	if !c.read(ev.Data) || !fastEligible(c, gd, ev.Name) {
+	if !c.read(ev.Data) || c.lineEnd || !fastEligible(c, gd, ev.Name) {
 		return false
 	}
 	if gd != nil {
@@ -203,21 +221,35 @@ func (e *Stream) emitFast(ev sse.Event) bool {
 		// stripped own marker) sends the event down the slow path, which replaces it in its
 		// object; a key's scan has no state, and one found clean is not scanned again in this
 		// stream.
+		nk := 0 // keys read so far
 		for i := 1; i < len(c.toks); i++ {
-			if k := c.toks[i]; k.kind == 'k' {
-				switch _, ok, same := e.scanClean(gd, c.b[k.s:k.e]); {
-				case !ok:
-					e.passed(c)
-					e.cut()
-					return true
-				case !same:
-					return false
-				}
+			k := c.toks[i]
+			if k.kind != 'k' {
+				continue
 			}
+			kb := c.b[k.s:k.e]
+			if nk < len(f.keys) && bytes.Equal(f.keys[nk], kb) {
+				nk++ // the last event's key at this place, found clean there
+				continue
+			}
+			switch _, ok, same := e.scanClean(gd, kb); {
+			case !ok:
+				e.passed(c)
+				e.cut()
+				return true
+			case !same:
+				return false
+			}
+			if nk < len(f.keys) {
+				f.keys[nk] = append(f.keys[nk][:0], kb...)
+			} else if nk < maxStrSlots {
+				f.keys = append(f.keys, append([]byte(nil), kb...))
+			}
+			nk++
 		}
 	}
 	e.passed(c)
-	f.reps, f.repBuf, f.path = f.reps[:0], f.repBuf[:0], f.path[:0]
+	f.reps, f.repBuf, f.path, f.nstr = f.reps[:0], f.repBuf[:0], f.path[:0], 0
 	if gd != nil {
 		if idx := c.top.index; idx >= 0 && gd.sc.Kind == request.Messages {
 			if n := c.b[c.toks[idx].s:c.toks[idx].e]; string(n) != string(gd.lastBlock) {
@@ -289,7 +321,7 @@ func (e *Stream) scanFast(gd *Guard, v int32) bool {
 	switch t := c.toks[v]; t.kind {
 	case 's':
 		text := f.stringText(t)
-		out, ok := e.scanFieldView(gd, text, f.path)
+		out, ok := e.scanFieldView(gd, text, f.slot(gd, f.path))
 		if !ok {
 			return false
 		}
@@ -327,23 +359,52 @@ func (e *Stream) scanFast(gd *Guard, v int32) bool {
 	return true
 }
 
+// slot is the strSlot of the event's next string, at path (a view of f.path): the last event's
+// when it had the same path there, else one filled now.
+func (f *fastState) slot(gd *Guard, path []byte) *strSlot {
+	n := f.nstr
+	f.nstr++
+	if n < len(f.strs) && bytes.Equal(f.strs[n].path, path) {
+		return &f.strs[n]
+	}
+	sl := &f.spare // an event with more strings than slots: a slot reused for each of the rest
+	if n < len(f.strs) {
+		sl = &f.strs[n]
+	} else if n < maxStrSlots {
+		f.strs = append(f.strs, strSlot{})
+		sl = &f.strs[n]
+	}
+	key := unsafe.String(unsafe.SliceData(path), len(path)) // field copies it when it keeps it
+	sl.path = append(sl.path[:0], path...)
+	sl.f, sl.main, sl.clean, sl.isClean = gd.field(key), mainText(lastSeg(key)), sl.clean[:0], false
+	return sl
+}
+
 // scanFieldView is scanField for a streamed string (not in a sequence) on bytes it only reads:
 // the result is s itself when the scanners changed nothing, else a view valid until the guard's
-// next call. path may be a view of a reused buffer (field copies it when it keeps it).
-func (e *Stream) scanFieldView(gd *Guard, s, path []byte) ([]byte, bool) {
-	key := unsafe.String(unsafe.SliceData(path), len(path))
-	if mainText(lastSeg(key)) {
-		return gd.feedView(key, s, true)
+// next call.
+func (e *Stream) scanFieldView(gd *Guard, s []byte, sl *strSlot) ([]byte, bool) {
+	if !gd.afford(4 * len(s)) {
+		return nil, false
+	}
+	if sl.main {
+		return gd.feedField(sl.f, s, true)
 	}
 	// Detected across events by the field's scanners; cleaned on its own (scanValue).
-	if _, ok := gd.feedView(key, s, false); !ok {
+	if _, ok := gd.feedField(sl.f, s, false); !ok {
 		return nil, false
+	}
+	if sl.isClean && bytes.Equal(sl.clean, s) {
+		return s, true // the same value as before at this path: its scan has no state
 	}
 	out, ok, same := e.scanClean(gd, s)
 	if !ok {
 		return nil, false
 	}
 	if same {
+		if len(s) <= 256 {
+			sl.clean, sl.isClean = append(sl.clean[:0], s...), true
+		}
 		return s, true
 	}
 	return unsafe.Slice(unsafe.StringData(out), len(out)), true
