@@ -45,6 +45,8 @@ type canonReader struct {
 	// special are the key tokens fastEligible looks at (token ids, logprobs, byte arrays), noted
 	// as they are read so it need not look at every key
 	special []int32
+	// keyToks are every key token, in order
+	keyToks []int32
 	top     topMembers // set by fastEligible
 	// lineEnd: the value has a CR or LF (whitespace, the only place a canonical value may hold
 	// one), which would break an event's framing if passed on
@@ -62,6 +64,7 @@ func (c *canonReader) read(b []byte) bool {
 	}
 	c.b, c.i, c.lineEnd = b, 0, false
 	c.toks, c.open, c.keys, c.kbase, c.kseen, c.special = c.toks[:0], c.open[:0], c.keys[:0], c.kbase[:0], c.kseen[:0], c.special[:0]
+	c.keyToks = c.keyToks[:0]
 	if !c.value() {
 		return false
 	}
@@ -215,6 +218,7 @@ func (c *canonReader) key() bool {
 	}
 	kt := len(c.toks) - 1
 	c.keys = append(c.keys, int32(kt))
+	c.keyToks = append(c.keyToks, int32(kt))
 	if len(name) >= 5 && (string(name) == "bytes" || len(name) >= 8 && bytes.Contains(name, []byte("logprobs")) ||
 		string(name) == replyIDField) {
 		c.special = append(c.special, int32(kt))

@@ -221,16 +221,11 @@ func (e *Stream) emitFast(ev sse.Event) bool {
 		// stripped own marker) sends the event down the slow path, which replaces it in its
 		// object; a key's scan has no state, and one found clean is not scanned again in this
 		// stream.
-		nk := 0 // keys read so far
-		for i := 1; i < len(c.toks); i++ {
+		for nk, i := range c.keyToks {
 			k := c.toks[i]
-			if k.kind != 'k' {
-				continue
-			}
 			kb := c.b[k.s:k.e]
 			if nk < len(f.keys) && bytes.Equal(f.keys[nk], kb) {
-				nk++ // the last event's key at this place, found clean there
-				continue
+				continue // the last event's key at this place, found clean there
 			}
 			switch _, ok, same := e.scanClean(gd, kb); {
 			case !ok:
@@ -245,7 +240,6 @@ func (e *Stream) emitFast(ev sse.Event) bool {
 			} else if nk < maxStrSlots {
 				f.keys = append(f.keys, append([]byte(nil), kb...))
 			}
-			nk++
 		}
 	}
 	e.passed(c)
@@ -333,6 +327,9 @@ func (e *Stream) scanFast(gd *Guard, v int32) bool {
 	case '{':
 		n := len(f.path)
 		for i := v + 1; c.toks[i].kind == 'k'; i = c.next(i + 1) {
+			if vk := c.toks[i+1].kind; vk == 'n' || vk == 'l' {
+				continue // no string in it: no path to name
+			}
 			k := c.toks[i]
 			f.path = append(append(f.path[:n], '.'), c.b[k.s:k.e]...)
 			if !e.scanFast(gd, i+1) {
@@ -343,6 +340,9 @@ func (e *Stream) scanFast(gd *Guard, v int32) bool {
 	case '[':
 		n := len(f.path)
 		for el := v + 1; el < t.end; el = c.next(el) {
+			if ek := c.toks[el].kind; ek == 'n' || ek == 'l' {
+				continue
+			}
 			f.path = append(f.path[:n], '.')
 			if et := c.toks[el]; et.kind == '{' && et.idx >= 0 {
 				idx := c.toks[et.idx]
