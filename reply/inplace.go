@@ -33,27 +33,29 @@ type fastState struct {
 	// clean are keys and values that are not plain (finish_reason, chat.completion.chunk) whose
 	// stateless scan changed nothing and found nothing (scanClean), at most 256 of 256 bytes.
 	clean map[string]bool
-	// strs are, by its place among the event's strings, what the last events found for each
-	// string (nstr: strings read in this event): a stream's events share one shape, so the
-	// field's scanners and a value found clean are found again by comparing bytes, not by
-	// hashing a path or a value.
-	// keys are, by place, the keys of the last events found clean (a key's scan has no state).
-	keys  [][]byte
-	strs  []strSlot
-	nstr  int
-	spare strSlot
+	// keys and strs are what the last events found at each place among their keys and their
+	// strings: a stream's events share one shape, so a key found clean (a key's scan has no
+	// state) and a field's scanners are found again by comparing bytes, not by hashing. Both
+	// keep their bytes end to end in one buffer (keyBuf, pathBuf; keyEnd and strs[i].end say
+	// where each ends), so a stream adds no allocation per key or field; a difference at some
+	// place drops what was kept from there on.
+	keyBuf  []byte
+	keyEnd  ends
+	pathBuf []byte
+	strs    []strSlot
+	nstr    int // strings read in this event
 }
 
-// strSlot is what the fast path remembers of the string at one place in an event.
+// strSlot is what the fast path remembers of the string at one place in an event: its field
+// path (pathBuf up to end), the path's scanners in the stream's guard, and whether the path
+// names main text.
 type strSlot struct {
-	path    []byte     // the field path (its own copy)
-	f       *fieldScan // the path's scanners in the stream's guard
-	main    bool       // mainText of the path's last segment
-	clean   []byte     // with isClean, a value of this path whose stateless scan left it as it is
-	isClean bool
+	end  int32
+	f    *fieldScan
+	main bool
 }
 
-// maxStrSlots bounds the strings of an event whose slots are kept.
+// maxStrSlots bounds the keys and strings of an event that are kept.
 const maxStrSlots = 64
 
 // replyIDField is the one key of replyIDFields (TestFastPathRefusesWithheldKeys holds them
@@ -208,7 +210,7 @@ func (e *Stream) emitFast(ev sse.Event) bool {
 	if e.noFast || e.o.OnEvent != nil && e.o.OnPassed == nil {
 		return false
 	}
-	f := &e.fast
+	f := e.fastState()
 	c := &f.canon
 	gd := e.o.Guard
 	// A line end in the data (several data lines, joined) is JSON whitespace that would break
@@ -224,7 +226,7 @@ func (e *Stream) emitFast(ev sse.Event) bool {
 		for nk, i := range c.keyToks {
 			k := c.toks[i]
 			kb := c.b[k.s:k.e]
-			if nk < len(f.keys) && bytes.Equal(f.keys[nk], kb) {
+			if nk < len(f.keyEnd) && bytes.Equal(f.keyBuf[f.keyEnd.start(nk):f.keyEnd[nk]], kb) {
 				continue // the last event's key at this place, found clean there
 			}
 			switch _, ok, same := e.scanClean(gd, kb); {
@@ -235,10 +237,13 @@ func (e *Stream) emitFast(ev sse.Event) bool {
 			case !same:
 				return false
 			}
-			if nk < len(f.keys) {
-				f.keys[nk] = append(f.keys[nk][:0], kb...)
-			} else if nk < maxStrSlots {
-				f.keys = append(f.keys, append([]byte(nil), kb...))
+			if nk <= len(f.keyEnd) && nk < maxStrSlots { // (every earlier key is kept)
+				if f.keyEnd == nil {
+					f.keyBuf, f.keyEnd = make([]byte, 0, 256), make(ends, 0, 32)
+				}
+				f.keyEnd = f.keyEnd[:nk]
+				f.keyBuf = append(f.keyBuf[:f.keyEnd.start(nk)], kb...)
+				f.keyEnd = append(f.keyEnd, int32(len(f.keyBuf)))
 			}
 		}
 	}
@@ -310,7 +315,7 @@ func (e *Stream) scanClean(gd *Guard, b []byte) (out string, ok, same bool) {
 // walk names paths in a stream) and notes the ones whose scanned text differs; false: the reply
 // is cut.
 func (e *Stream) scanFast(gd *Guard, v int32) bool {
-	f := &e.fast
+	f := e.fast
 	c := &f.canon
 	switch t := c.toks[v]; t.kind {
 	case 's':
@@ -360,30 +365,50 @@ func (e *Stream) scanFast(gd *Guard, v int32) bool {
 }
 
 // slot is the strSlot of the event's next string, at path (a view of f.path): the last event's
-// when it had the same path there, else one filled now.
-func (f *fastState) slot(gd *Guard, path []byte) *strSlot {
+// when it had the same path there, else one made now (kept when every earlier one is).
+func (f *fastState) slot(gd *Guard, path []byte) strSlot {
 	n := f.nstr
 	f.nstr++
-	if n < len(f.strs) && bytes.Equal(f.strs[n].path, path) {
-		return &f.strs[n]
-	}
-	sl := &f.spare // an event with more strings than slots: a slot reused for each of the rest
-	if n < len(f.strs) {
-		sl = &f.strs[n]
-	} else if n < maxStrSlots {
-		f.strs = append(f.strs, strSlot{})
-		sl = &f.strs[n]
+	if n < len(f.strs) && bytes.Equal(f.pathBuf[f.slotStart(n):f.strs[n].end], path) {
+		return f.strs[n]
 	}
 	key := unsafe.String(unsafe.SliceData(path), len(path)) // field copies it when it keeps it
-	sl.path = append(sl.path[:0], path...)
-	sl.f, sl.main, sl.clean, sl.isClean = gd.field(key), mainText(lastSeg(key)), sl.clean[:0], false
+	sl := strSlot{f: gd.field(key), main: mainText(lastSeg(key))}
+	if n <= len(f.strs) && n < maxStrSlots {
+		if f.strs == nil {
+			f.pathBuf, f.strs = make([]byte, 0, 256), make([]strSlot, 0, 16)
+		}
+		f.strs = f.strs[:n]
+		f.pathBuf = append(f.pathBuf[:f.slotStart(n)], path...)
+		sl.end = int32(len(f.pathBuf))
+		f.strs = append(f.strs, sl)
+	}
 	return sl
+}
+
+// slotStart is where the n-th slot's path begins in pathBuf.
+func (f *fastState) slotStart(n int) int32 {
+	if n == 0 {
+		return 0
+	}
+	return f.strs[n-1].end
+}
+
+// ends are where byte strings kept end to end end.
+type ends []int32
+
+// start is where the n-th begins.
+func (e ends) start(n int) int32 {
+	if n == 0 {
+		return 0
+	}
+	return e[n-1]
 }
 
 // scanFieldView is scanField for a streamed string (not in a sequence) on bytes it only reads:
 // the result is s itself when the scanners changed nothing, else a view valid until the guard's
 // next call.
-func (e *Stream) scanFieldView(gd *Guard, s []byte, sl *strSlot) ([]byte, bool) {
+func (e *Stream) scanFieldView(gd *Guard, s []byte, sl strSlot) ([]byte, bool) {
 	if !gd.afford(4 * len(s)) {
 		return nil, false
 	}
@@ -394,17 +419,11 @@ func (e *Stream) scanFieldView(gd *Guard, s []byte, sl *strSlot) ([]byte, bool) 
 	if _, ok := gd.feedField(sl.f, s, false); !ok {
 		return nil, false
 	}
-	if sl.isClean && bytes.Equal(sl.clean, s) {
-		return s, true // the same value as before at this path: its scan has no state
-	}
 	out, ok, same := e.scanClean(gd, s)
 	if !ok {
 		return nil, false
 	}
 	if same {
-		if len(s) <= 256 {
-			sl.clean, sl.isClean = append(sl.clean[:0], s...), true
-		}
 		return s, true
 	}
 	return unsafe.Slice(unsafe.StringData(out), len(out)), true
@@ -414,10 +433,32 @@ func (e *Stream) scanFieldView(gd *Guard, s []byte, sl *strSlot) ([]byte, bool) 
 // whole body (each string as one value, under its nearest key), and its bytes go to the client,
 // changed strings written anew in their place; only the members usage is read from are decoded.
 
-// canonPool holds the token buffers of whole replies: a Body takes one for the length of its
-// scan and puts it back before it returns (nothing of it is kept: the output is the caller's
-// text, or a new slice).
+// canonPool holds fast-path buffers: a Body takes one for the length of its scan and puts it
+// back before it returns (nothing of it is kept: the output is the caller's text, or a new
+// slice); a Stream takes one at its first event and puts it back at Release.
 var canonPool = sync.Pool{New: func() any { return new(fastState) }}
+
+// putFast gives f back to canonPool unless it grew large.
+func putFast(f *fastState) {
+	f.canon.b = nil
+	if cap(f.canon.toks) <= 4096 {
+		canonPool.Put(f)
+	}
+}
+
+// fastState is the stream's fast-path buffers, taken from canonPool at its first event; what a
+// stream keeps of its events (clean keys and values, field scanners by place) is its own and
+// starts empty.
+func (e *Stream) fastState() *fastState {
+	if e.fast == nil {
+		f := canonPool.Get().(*fastState)
+		clear(f.clean)
+		clear(f.strs[:cap(f.strs)]) // (no scanners of another guard kept alive)
+		f.strs, f.keyEnd, f.nstr = f.strs[:0], f.keyEnd[:0], 0
+		e.fast = f
+	}
+	return e.fast
+}
 
 // usageMembers are the top-level members backends' usage reader looks at (section, and a batch
 // item's index): the only ones BodyUsage decodes.
@@ -427,12 +468,7 @@ var usageMembers = [...]string{"usage", "response", "message", "meta_info", "ind
 // caller decodes. v is the top-level object with only its usageMembers.
 func bodyInPlace(gd *Guard, text []byte, c *Charge) (out []byte, v any, leak *Hit, err error, taken bool) {
 	f := canonPool.Get().(*fastState)
-	defer func() {
-		f.canon.b = nil
-		if cap(f.canon.toks) <= 4096 {
-			canonPool.Put(f)
-		}
-	}()
+	defer putFast(f)
 	cr := &f.canon
 	if !cr.read(text) || cr.toks[0].kind != '{' || !plainKeys(cr) {
 		return nil, nil, nil, nil, false
