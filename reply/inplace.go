@@ -43,16 +43,20 @@ type fastState struct {
 	keyEnd  ends
 	pathBuf []byte
 	strs    []strSlot
-	nstr    int // strings read in this event
+	spare   strSlot // the slot of a string past maxStrSlots
+	nstr    int     // strings read in this event
 }
 
 // strSlot is what the fast path remembers of the string at one place in an event: its field
-// path (pathBuf up to end), the path's scanners in the stream's guard, and whether the path
-// names main text.
+// path (pathBuf up to end), the path's scanners in the stream's guard, whether the path names
+// main text, and a short value of it whose stateless scan left it as it is (clean[:clen]; clen
+// -1: none), found again without hashing it.
 type strSlot struct {
-	end  int32
-	f    *fieldScan
-	main bool
+	end   int32
+	main  bool
+	clen  int8
+	f     *fieldScan
+	clean [32]byte
 }
 
 // maxStrSlots bounds the keys and strings of an event that are kept.
@@ -365,15 +369,16 @@ func (e *Stream) scanFast(gd *Guard, v int32) bool {
 }
 
 // slot is the strSlot of the event's next string, at path (a view of f.path): the last event's
-// when it had the same path there, else one made now (kept when every earlier one is).
-func (f *fastState) slot(gd *Guard, path []byte) strSlot {
+// when it had the same path there, else one made now (kept when every earlier one is; else
+// f.spare, for this string only).
+func (f *fastState) slot(gd *Guard, path []byte) *strSlot {
 	n := f.nstr
 	f.nstr++
 	if n < len(f.strs) && bytes.Equal(f.pathBuf[f.slotStart(n):f.strs[n].end], path) {
-		return f.strs[n]
+		return &f.strs[n]
 	}
 	key := unsafe.String(unsafe.SliceData(path), len(path)) // field copies it when it keeps it
-	sl := strSlot{f: gd.field(key), main: mainText(lastSeg(key))}
+	sl := strSlot{f: gd.field(key), main: mainText(lastSeg(key)), clen: -1}
 	if n <= len(f.strs) && n < maxStrSlots {
 		if f.strs == nil {
 			f.pathBuf, f.strs = make([]byte, 0, 256), make([]strSlot, 0, 16)
@@ -382,8 +387,10 @@ func (f *fastState) slot(gd *Guard, path []byte) strSlot {
 		f.pathBuf = append(f.pathBuf[:f.slotStart(n)], path...)
 		sl.end = int32(len(f.pathBuf))
 		f.strs = append(f.strs, sl)
+		return &f.strs[n]
 	}
-	return sl
+	f.spare = sl
+	return &f.spare
 }
 
 // slotStart is where the n-th slot's path begins in pathBuf.
@@ -408,7 +415,7 @@ func (e ends) start(n int) int32 {
 // scanFieldView is scanField for a streamed string (not in a sequence) on bytes it only reads:
 // the result is s itself when the scanners changed nothing, else a view valid until the guard's
 // next call.
-func (e *Stream) scanFieldView(gd *Guard, s []byte, sl strSlot) ([]byte, bool) {
+func (e *Stream) scanFieldView(gd *Guard, s []byte, sl *strSlot) ([]byte, bool) {
 	if !gd.afford(4 * len(s)) {
 		return nil, false
 	}
@@ -419,11 +426,17 @@ func (e *Stream) scanFieldView(gd *Guard, s []byte, sl strSlot) ([]byte, bool) {
 	if _, ok := gd.feedField(sl.f, s, false); !ok {
 		return nil, false
 	}
+	if sl.clen >= 0 && bytes.Equal(sl.clean[:sl.clen], s) {
+		return s, true // the value this place had before, found clean: its scan has no state
+	}
 	out, ok, same := e.scanClean(gd, s)
 	if !ok {
 		return nil, false
 	}
 	if same {
+		if len(s) <= len(sl.clean) {
+			sl.clen = int8(copy(sl.clean[:], s))
+		}
 		return s, true
 	}
 	return unsafe.Slice(unsafe.StringData(out), len(out)), true
@@ -454,7 +467,7 @@ func (e *Stream) fastState() *fastState {
 		f := canonPool.Get().(*fastState)
 		clear(f.clean)
 		clear(f.strs[:cap(f.strs)]) // (no scanners of another guard kept alive)
-		f.strs, f.keyEnd, f.nstr = f.strs[:0], f.keyEnd[:0], 0
+		f.strs, f.keyEnd, f.nstr, f.spare = f.strs[:0], f.keyEnd[:0], 0, strSlot{}
 		e.fast = f
 	}
 	return e.fast
