@@ -135,6 +135,7 @@ func (r *relayReader) Close() error {
 			}
 		}
 		r.x.closeLeg(r.l)
+		r.ev.Release() // nothing more is read from it: its buffers go to the next reply
 	})
 	return nil
 }

@@ -38,6 +38,7 @@ func BodyUsage(gd *Guard, contentType, body []byte, c *Charge) (out []byte, v an
 func readBody(gd *Guard, contentType, body []byte, c *Charge, usageOnly bool) (out []byte, v any, leak *Hit, err error) {
 	if gd != nil {
 		gd.spend = c.Spend
+		defer gd.releaseKit() // the whole reply is scanned by the time this returns
 	}
 	cs := CharsetOf(contentType)
 	if !c.Spend(int64(TranscodedLen(body, cs))) {

@@ -45,7 +45,12 @@ type canonReader struct {
 	// special are the key tokens fastEligible looks at (token ids, logprobs, byte arrays), noted
 	// as they are read so it need not look at every key
 	special []int32
+	// keyToks are every key token, in order
+	keyToks []int32
 	top     topMembers // set by fastEligible
+	// lineEnd: the value has a CR or LF (whitespace, the only place a canonical value may hold
+	// one), which would break an event's framing if passed on
+	lineEnd bool
 }
 
 // maxCanonKeys bounds the keys of one object read in place: duplicates are found by comparing
@@ -57,8 +62,9 @@ func (c *canonReader) read(b []byte) bool {
 	if len(b) > 1<<30 {
 		return false
 	}
-	c.b, c.i = b, 0
+	c.b, c.i, c.lineEnd = b, 0, false
 	c.toks, c.open, c.keys, c.kbase, c.kseen, c.special = c.toks[:0], c.open[:0], c.keys[:0], c.kbase[:0], c.kseen[:0], c.special[:0]
+	c.keyToks = c.keyToks[:0]
 	if !c.value() {
 		return false
 	}
@@ -67,14 +73,20 @@ func (c *canonReader) read(b []byte) bool {
 }
 
 func (c *canonReader) space() {
-	for c.i < len(c.b) {
-		switch c.b[c.i] {
-		case ' ', '\t', '\n', '\r':
-			c.i++
+	b, i := c.b, c.i
+	for i < len(b) {
+		switch b[i] {
+		case ' ', '\t':
+			i++
+		case '\n', '\r':
+			c.lineEnd = true
+			i++
 		default:
+			c.i = i
 			return
 		}
 	}
+	c.i = i
 }
 
 // value reads one value; containers are read iteratively (the open stack), so depth costs no
@@ -110,7 +122,7 @@ func (c *canonReader) value() bool {
 			}
 			continue // the first member's value
 		case ch == '"':
-			if !c.str('s') {
+			if _, ok := c.str('s'); !ok {
 				return false
 			}
 		case ch == 't':
@@ -178,12 +190,11 @@ func (c *canonReader) close(ch byte) {
 // key reads an object's key and its colon: no escapes in it, not a duplicate of the object's
 // earlier keys, a merge index's value canonical.
 func (c *canonReader) key() bool {
-	if c.i >= len(c.b) || c.b[c.i] != '"' || !c.str('k') {
+	if c.i >= len(c.b) || c.b[c.i] != '"' {
 		return false
 	}
-	kt := len(c.toks) - 1
-	k := c.toks[kt]
-	if k.esc {
+	k, ok := c.str('k')
+	if !ok || k.esc {
 		return false
 	}
 	name := c.b[k.s:k.e]
@@ -205,7 +216,9 @@ func (c *canonReader) key() bool {
 			}
 		}
 	}
+	kt := len(c.toks) - 1
 	c.keys = append(c.keys, int32(kt))
+	c.keyToks = append(c.keyToks, int32(kt))
 	if len(name) >= 5 && (string(name) == "bytes" || len(name) >= 8 && bytes.Contains(name, []byte("logprobs")) ||
 		string(name) == replyIDField) {
 		c.special = append(c.special, int32(kt))
@@ -257,36 +270,65 @@ func canonicalIndexBytes(n []byte) bool {
 	return true
 }
 
-// str reads a string (kind 'k' or 's').
-func (c *canonReader) str(kind byte) bool {
-	c.i++
-	s := c.i
+// str reads a string (kind 'k' or 's') and returns its token (also appended). Its loop keeps
+// the position in a register and classifies each byte by one table lookup.
+func (c *canonReader) str(kind byte) (rawTok, bool) {
+	b := c.b
+	i := c.i + 1
+	s := i
 	esc, high := false, false
-	for c.i < len(c.b) {
-		ch := c.b[c.i]
-		switch {
-		case ch == '"':
-			if high && !utf8.Valid(c.b[s:c.i]) {
-				return false
+	for i < len(b) {
+		switch strClass[b[i]] {
+		case strPlain:
+			i++
+		case strQuote:
+			if high && !utf8.Valid(b[s:i]) {
+				return rawTok{}, false
 			}
-			c.toks = append(c.toks, rawTok{kind: kind, esc: esc, s: int32(s), e: int32(c.i)})
-			c.i++
-			return true
-		case ch == '\\':
-			if c.i+1 >= len(c.b) || strings.IndexByte(`"\/bfnrt`, c.b[c.i+1]) < 0 {
-				return false // \u, or not an escape at all
+			t := rawTok{kind: kind, esc: esc, s: int32(s), e: int32(i)}
+			c.toks = append(c.toks, t)
+			c.i = i + 1
+			return t, true
+		case strEscape:
+			if i+1 >= len(b) || strings.IndexByte(`"\/bfnrt`, b[i+1]) < 0 {
+				return rawTok{}, false // \u, or not an escape at all
 			}
 			esc = true
-			c.i += 2
-		case ch < 0x20:
-			return false
-		default:
-			high = high || ch >= utf8.RuneSelf
-			c.i++
+			i += 2
+		case strControl:
+			return rawTok{}, false
+		default: // strHigh
+			high = true
+			i++
 		}
 	}
-	return false
+	return rawTok{}, false
 }
+
+// The classes of a byte in a string (strClass).
+const (
+	strPlain = iota
+	strQuote
+	strEscape
+	strControl
+	strHigh
+)
+
+var strClass = func() (t [256]uint8) {
+	for ch := range 256 {
+		switch {
+		case ch == '"':
+			t[ch] = strQuote
+		case ch == '\\':
+			t[ch] = strEscape
+		case ch < 0x20:
+			t[ch] = strControl
+		case ch >= utf8.RuneSelf:
+			t[ch] = strHigh
+		}
+	}
+	return t
+}()
 
 func (c *canonReader) lit(s string) bool {
 	if len(c.b)-c.i < len(s) || string(c.b[c.i:c.i+len(s)]) != s {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf8"
 	"unsafe"
 
@@ -49,7 +50,9 @@ type Guard struct {
 	whole bool
 	// lastBlock: the index of the last Anthropic content block seen in a stream
 	lastBlock json.Number
-	// one scans whole values (reset for each), oneIn and oneBuf its input and output buffers
+	// one scans whole values (reset for each), oneIn and oneBuf its input and output buffers;
+	// kit holds it with the joined reading's scanners (all three set together: takeKit)
+	kit           *scanKit
 	one           *canary.Loose
 	oneIn, oneBuf []byte
 	// spend, for a whole reply, accounts what scanning a large value allocates
@@ -84,12 +87,69 @@ func NewGuard(sc Scope) *Guard {
 	if sc.Keyring == nil {
 		return nil
 	}
-	return &Guard{sc: sc, fields: map[string]*fieldScan{}, rawCum: map[string]string{}, outCum: map[string]string{}, lastBlock: "0"}
+	return &Guard{sc: sc, lastBlock: "0"} // its maps are made on first use: most replies need none
+}
+
+// scanKit is a guard's whole-value scanners (Guard.one, joinStrict, joinLoose) and their
+// buffers. A whole reply's guard takes one when it first scans a value and gives it back at the
+// end of Body, so a reply costs no scanner and buffer allocations once the pool is warm; a
+// stream's guard keeps its kit (the joined reading runs to the stream's end).
+type scanKit struct {
+	k                              *canary.Keyring // the keyring its scanners read
+	one, joinLoose                 *canary.Loose
+	joinStrict                     *canary.Scanner
+	oneIn, oneBuf, joinIn, joinBuf []byte
+}
+
+var kitPool sync.Pool
+
+// maxKitBuffer is the largest buffer a kit goes back to the pool with: a kit that scanned a
+// large value (and whose scanners' own buffers grew with it) is left to the collector.
+const maxKitBuffer = 64 << 10
+
+// takeKit gives gd its whole-value scanners, reset for its requester.
+func (gd *Guard) takeKit() {
+	kit, _ := kitPool.Get().(*scanKit)
+	k := gd.sc.Keyring
+	if kit == nil || kit.k != k {
+		kit = &scanKit{k: k, one: k.NewLoose(gd.sc.Requester, gd.sc.Echoes), joinLoose: k.NewLoose(gd.sc.Requester, gd.sc.Echoes),
+			joinStrict: k.NewScanner(gd.sc.Requester, gd.sc.Echoes)}
+	} else {
+		kit.one.Reset(gd.sc.Requester, gd.sc.Echoes)
+		kit.joinLoose.Reset(gd.sc.Requester, gd.sc.Echoes)
+		kit.joinStrict.Reset(gd.sc.Requester, gd.sc.Echoes)
+	}
+	gd.kit = kit
+	gd.one, gd.joinLoose, gd.joinStrict = kit.one, kit.joinLoose, kit.joinStrict
+	gd.oneIn, gd.oneBuf, gd.joinIn, gd.joinBuf = kit.oneIn[:0], kit.oneBuf[:0], kit.joinIn[:0], kit.joinBuf[:0]
+}
+
+// releaseKit gives the kit back (the whole reply is scanned): a later scan takes a fresh one.
+// Nothing the guard returned is a view of the kit's buffers (scanValue and joined copy what they
+// change).
+func (gd *Guard) releaseKit() {
+	kit := gd.kit
+	if kit == nil {
+		return
+	}
+	gd.kit, gd.one, gd.joinLoose, gd.joinStrict = nil, nil, nil, nil
+	bufs := [...][]byte{gd.oneIn, gd.oneBuf, gd.joinIn, gd.joinBuf}
+	gd.oneIn, gd.oneBuf, gd.joinIn, gd.joinBuf = nil, nil, nil, nil
+	for _, b := range bufs {
+		if cap(b) > maxKitBuffer {
+			return
+		}
+	}
+	kit.oneIn, kit.oneBuf, kit.joinIn, kit.joinBuf = bufs[0][:0], bufs[1][:0], bufs[2][:0], bufs[3][:0]
+	kitPool.Put(kit)
 }
 
 func (gd *Guard) field(key string) *fieldScan {
 	f := gd.fields[key]
 	if f == nil {
+		if gd.fields == nil {
+			gd.fields = map[string]*fieldScan{}
+		}
 		key = strings.Clone(key) // the caller's key may be a view of a reused buffer
 		k := gd.sc.Keyring
 		f = &fieldScan{loose: k.NewLoose(gd.sc.Requester, gd.sc.Echoes), strict: k.NewScanner(gd.sc.Requester, gd.sc.Echoes)}
@@ -125,7 +185,11 @@ func (gd *Guard) feedView(key string, text []byte, join bool) ([]byte, bool) {
 	if !gd.afford(4 * len(text)) {
 		return nil, false
 	}
-	f := gd.field(key)
+	return gd.feedField(gd.field(key), text, join)
+}
+
+// feedField is feedView on the field's scanners (looked up by the caller).
+func (gd *Guard) feedField(f *fieldScan, text []byte, join bool) ([]byte, bool) {
 	mid, v := f.strict.Feed(gd.buf[:0], text)
 	gd.buf = mid[:0]
 	gd.note(v)
@@ -215,8 +279,8 @@ func (gd *Guard) scanValue(s string, join bool) (string, bool) {
 	if inert(s) {
 		return s, true
 	}
-	if gd.one == nil {
-		gd.one = k.NewLoose(gd.sc.Requester, gd.sc.Echoes)
+	if gd.kit == nil {
+		gd.takeKit()
 	}
 	l := gd.one
 	l.Reset(gd.sc.Requester, gd.sc.Echoes)
@@ -482,8 +546,8 @@ func (gd *Guard) joined(s string) (string, bool) {
 // withheld nothing (no copy), else the reading's output. b must not be the guard's joinBuf.
 func (gd *Guard) joinedView(b []byte) ([]byte, bool) {
 	s := unsafe.String(unsafe.SliceData(b), len(b)) // read only, never kept
-	if gd.joinStrict == nil {
-		gd.joinStrict = gd.sc.Keyring.NewScanner(gd.sc.Requester, gd.sc.Echoes)
+	if gd.kit == nil {
+		gd.takeKit()
 	}
 	if js := gd.joinStrict; js.Idle() && !strings.Contains(s, canary.MarkerPrefix) {
 		js.Pass(s) // the usual case: nothing to join, no copy
@@ -514,9 +578,6 @@ func (gd *Guard) joinedView(b []byte) ([]byte, bool) {
 			return nil, false
 		}
 		gd.joinCharged = true
-	}
-	if gd.joinLoose == nil {
-		gd.joinLoose = gd.sc.Keyring.NewLoose(gd.sc.Requester, gd.sc.Echoes)
 	}
 	var changed []byte
 	done := 0
@@ -708,6 +769,9 @@ func (gd *Guard) event(v any) (any, bool) {
 			if !ok {
 				return nil, false
 			}
+			if gd.rawCum == nil {
+				gd.rawCum, gd.outCum = map[string]string{}, map[string]string{}
+			}
 			gd.rawCum[key] = t
 			gd.outCum[key] += out
 			delete(obj, "text") // scanned above as a stream; put back below
@@ -740,6 +804,9 @@ func (gd *Guard) flush() []heldEvent {
 			continue
 		}
 		if idx, ok := strings.CutPrefix(key, "gen:"); ok {
+			if gd.outCum == nil {
+				gd.outCum = map[string]string{}
+			}
 			gd.outCum[idx] += string(rest)
 			out = append(out, heldEvent{data: CanonicalJSON(map[string]any{"text": gd.outCum[idx], "meta_info": map[string]any{"id": gd.sc.EngineRID}})})
 			continue

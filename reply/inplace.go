@@ -33,7 +33,34 @@ type fastState struct {
 	// clean are keys and values that are not plain (finish_reason, chat.completion.chunk) whose
 	// stateless scan changed nothing and found nothing (scanClean), at most 256 of 256 bytes.
 	clean map[string]bool
+	// keys and strs are what the last events found at each place among their keys and their
+	// strings: a stream's events share one shape, so a key found clean (a key's scan has no
+	// state) and a field's scanners are found again by comparing bytes, not by hashing. Both
+	// keep their bytes end to end in one buffer (keyBuf, pathBuf; keyEnd and strs[i].end say
+	// where each ends), so a stream adds no allocation per key or field; a difference at some
+	// place drops what was kept from there on.
+	keyBuf  []byte
+	keyEnd  ends
+	pathBuf []byte
+	strs    []strSlot
+	spare   strSlot // the slot of a string past maxStrSlots
+	nstr    int     // strings read in this event
 }
+
+// strSlot is what the fast path remembers of the string at one place in an event: its field
+// path (pathBuf up to end), the path's scanners in the stream's guard, whether the path names
+// main text, and a short value of it whose stateless scan left it as it is (clean[:clen]; clen
+// -1: none), found again without hashing it.
+type strSlot struct {
+	end   int32
+	main  bool
+	clen  int8
+	f     *fieldScan
+	clean [32]byte
+}
+
+// maxStrSlots bounds the keys and strings of an event that are kept.
+const maxStrSlots = 64
 
 // replyIDField is the one key of replyIDFields (TestFastPathRefusesWithheldKeys holds them
 // equal), compared without hashing.
@@ -187,15 +214,12 @@ func (e *Stream) emitFast(ev sse.Event) bool {
 	if e.noFast || e.o.OnEvent != nil && e.o.OnPassed == nil {
 		return false
 	}
-	f := &e.fast
+	f := e.fastState()
 	c := &f.canon
 	gd := e.o.Guard
 	// A line end in the data (several data lines, joined) is JSON whitespace that would break
 	// the client's framing if passed on: such an event is written anew.
-	if bytes.IndexByte(ev.Data, '\n') >= 0 || bytes.IndexByte(ev.Data, '\r') >= 0 {
-		return false
-	}
-	if !c.read(ev.Data) || !fastEligible(c, gd, ev.Name) {
+	if !c.read(ev.Data) || c.lineEnd || !fastEligible(c, gd, ev.Name) {
 		return false
 	}
 	if gd != nil {
@@ -203,21 +227,32 @@ func (e *Stream) emitFast(ev sse.Event) bool {
 		// stripped own marker) sends the event down the slow path, which replaces it in its
 		// object; a key's scan has no state, and one found clean is not scanned again in this
 		// stream.
-		for i := 1; i < len(c.toks); i++ {
-			if k := c.toks[i]; k.kind == 'k' {
-				switch _, ok, same := e.scanClean(gd, c.b[k.s:k.e]); {
-				case !ok:
-					e.passed(c)
-					e.cut()
-					return true
-				case !same:
-					return false
+		for nk, i := range c.keyToks {
+			k := c.toks[i]
+			kb := c.b[k.s:k.e]
+			if nk < len(f.keyEnd) && bytes.Equal(f.keyBuf[f.keyEnd.start(nk):f.keyEnd[nk]], kb) {
+				continue // the last event's key at this place, found clean there
+			}
+			switch _, ok, same := e.scanClean(gd, kb); {
+			case !ok:
+				e.passed(c)
+				e.cut()
+				return true
+			case !same:
+				return false
+			}
+			if nk <= len(f.keyEnd) && nk < maxStrSlots { // (every earlier key is kept)
+				if f.keyEnd == nil {
+					f.keyBuf, f.keyEnd = make([]byte, 0, 256), make(ends, 0, 32)
 				}
+				f.keyEnd = f.keyEnd[:nk]
+				f.keyBuf = append(f.keyBuf[:f.keyEnd.start(nk)], kb...)
+				f.keyEnd = append(f.keyEnd, int32(len(f.keyBuf)))
 			}
 		}
 	}
 	e.passed(c)
-	f.reps, f.repBuf, f.path = f.reps[:0], f.repBuf[:0], f.path[:0]
+	f.reps, f.repBuf, f.path, f.nstr = f.reps[:0], f.repBuf[:0], f.path[:0], 0
 	if gd != nil {
 		if idx := c.top.index; idx >= 0 && gd.sc.Kind == request.Messages {
 			if n := c.b[c.toks[idx].s:c.toks[idx].e]; string(n) != string(gd.lastBlock) {
@@ -284,12 +319,12 @@ func (e *Stream) scanClean(gd *Guard, b []byte) (out string, ok, same bool) {
 // walk names paths in a stream) and notes the ones whose scanned text differs; false: the reply
 // is cut.
 func (e *Stream) scanFast(gd *Guard, v int32) bool {
-	f := &e.fast
+	f := e.fast
 	c := &f.canon
 	switch t := c.toks[v]; t.kind {
 	case 's':
 		text := f.stringText(t)
-		out, ok := e.scanFieldView(gd, text, f.path)
+		out, ok := e.scanFieldView(gd, text, f.slot(gd, f.path))
 		if !ok {
 			return false
 		}
@@ -301,6 +336,9 @@ func (e *Stream) scanFast(gd *Guard, v int32) bool {
 	case '{':
 		n := len(f.path)
 		for i := v + 1; c.toks[i].kind == 'k'; i = c.next(i + 1) {
+			if vk := c.toks[i+1].kind; vk == 'n' || vk == 'l' {
+				continue // no string in it: no path to name
+			}
 			k := c.toks[i]
 			f.path = append(append(f.path[:n], '.'), c.b[k.s:k.e]...)
 			if !e.scanFast(gd, i+1) {
@@ -311,6 +349,9 @@ func (e *Stream) scanFast(gd *Guard, v int32) bool {
 	case '[':
 		n := len(f.path)
 		for el := v + 1; el < t.end; el = c.next(el) {
+			if ek := c.toks[el].kind; ek == 'n' || ek == 'l' {
+				continue
+			}
 			f.path = append(f.path[:n], '.')
 			if et := c.toks[el]; et.kind == '{' && et.idx >= 0 {
 				idx := c.toks[et.idx]
@@ -327,23 +368,75 @@ func (e *Stream) scanFast(gd *Guard, v int32) bool {
 	return true
 }
 
+// slot is the strSlot of the event's next string, at path (a view of f.path): the last event's
+// when it had the same path there, else one made now (kept when every earlier one is; else
+// f.spare, for this string only).
+func (f *fastState) slot(gd *Guard, path []byte) *strSlot {
+	n := f.nstr
+	f.nstr++
+	if n < len(f.strs) && bytes.Equal(f.pathBuf[f.slotStart(n):f.strs[n].end], path) {
+		return &f.strs[n]
+	}
+	key := unsafe.String(unsafe.SliceData(path), len(path)) // field copies it when it keeps it
+	sl := strSlot{f: gd.field(key), main: mainText(lastSeg(key)), clen: -1}
+	if n <= len(f.strs) && n < maxStrSlots {
+		if f.strs == nil {
+			f.pathBuf, f.strs = make([]byte, 0, 256), make([]strSlot, 0, 16)
+		}
+		f.strs = f.strs[:n]
+		f.pathBuf = append(f.pathBuf[:f.slotStart(n)], path...)
+		sl.end = int32(len(f.pathBuf))
+		f.strs = append(f.strs, sl)
+		return &f.strs[n]
+	}
+	f.spare = sl
+	return &f.spare
+}
+
+// slotStart is where the n-th slot's path begins in pathBuf.
+func (f *fastState) slotStart(n int) int32 {
+	if n == 0 {
+		return 0
+	}
+	return f.strs[n-1].end
+}
+
+// ends are where byte strings kept end to end end.
+type ends []int32
+
+// start is where the n-th begins.
+func (e ends) start(n int) int32 {
+	if n == 0 {
+		return 0
+	}
+	return e[n-1]
+}
+
 // scanFieldView is scanField for a streamed string (not in a sequence) on bytes it only reads:
 // the result is s itself when the scanners changed nothing, else a view valid until the guard's
-// next call. path may be a view of a reused buffer (field copies it when it keeps it).
-func (e *Stream) scanFieldView(gd *Guard, s, path []byte) ([]byte, bool) {
-	key := unsafe.String(unsafe.SliceData(path), len(path))
-	if mainText(lastSeg(key)) {
-		return gd.feedView(key, s, true)
+// next call.
+func (e *Stream) scanFieldView(gd *Guard, s []byte, sl *strSlot) ([]byte, bool) {
+	if !gd.afford(4 * len(s)) {
+		return nil, false
+	}
+	if sl.main {
+		return gd.feedField(sl.f, s, true)
 	}
 	// Detected across events by the field's scanners; cleaned on its own (scanValue).
-	if _, ok := gd.feedView(key, s, false); !ok {
+	if _, ok := gd.feedField(sl.f, s, false); !ok {
 		return nil, false
+	}
+	if sl.clen >= 0 && bytes.Equal(sl.clean[:sl.clen], s) {
+		return s, true // the value this place had before, found clean: its scan has no state
 	}
 	out, ok, same := e.scanClean(gd, s)
 	if !ok {
 		return nil, false
 	}
 	if same {
+		if len(s) <= len(sl.clean) {
+			sl.clen = int8(copy(sl.clean[:], s))
+		}
 		return s, true
 	}
 	return unsafe.Slice(unsafe.StringData(out), len(out)), true
@@ -353,10 +446,32 @@ func (e *Stream) scanFieldView(gd *Guard, s, path []byte) ([]byte, bool) {
 // whole body (each string as one value, under its nearest key), and its bytes go to the client,
 // changed strings written anew in their place; only the members usage is read from are decoded.
 
-// canonPool holds the token buffers of whole replies: a Body takes one for the length of its
-// scan and puts it back before it returns (nothing of it is kept: the output is the caller's
-// text, or a new slice).
+// canonPool holds fast-path buffers: a Body takes one for the length of its scan and puts it
+// back before it returns (nothing of it is kept: the output is the caller's text, or a new
+// slice); a Stream takes one at its first event and puts it back at Release.
 var canonPool = sync.Pool{New: func() any { return new(fastState) }}
+
+// putFast gives f back to canonPool unless it grew large.
+func putFast(f *fastState) {
+	f.canon.b = nil
+	if cap(f.canon.toks) <= 4096 {
+		canonPool.Put(f)
+	}
+}
+
+// fastState is the stream's fast-path buffers, taken from canonPool at its first event; what a
+// stream keeps of its events (clean keys and values, field scanners by place) is its own and
+// starts empty.
+func (e *Stream) fastState() *fastState {
+	if e.fast == nil {
+		f := canonPool.Get().(*fastState)
+		clear(f.clean)
+		clear(f.strs[:cap(f.strs)]) // (no scanners of another guard kept alive)
+		f.strs, f.keyEnd, f.nstr, f.spare = f.strs[:0], f.keyEnd[:0], 0, strSlot{}
+		e.fast = f
+	}
+	return e.fast
+}
 
 // usageMembers are the top-level members backends' usage reader looks at (section, and a batch
 // item's index): the only ones BodyUsage decodes.
@@ -366,12 +481,7 @@ var usageMembers = [...]string{"usage", "response", "message", "meta_info", "ind
 // caller decodes. v is the top-level object with only its usageMembers.
 func bodyInPlace(gd *Guard, text []byte, c *Charge) (out []byte, v any, leak *Hit, err error, taken bool) {
 	f := canonPool.Get().(*fastState)
-	defer func() {
-		f.canon.b = nil
-		if cap(f.canon.toks) <= 4096 {
-			canonPool.Put(f)
-		}
-	}()
+	defer putFast(f)
 	cr := &f.canon
 	if !cr.read(text) || cr.toks[0].kind != '{' || !plainKeys(cr) {
 		return nil, nil, nil, nil, false

@@ -17,10 +17,10 @@ type Stream struct {
 	// out: events ready for the client. Pending hands it out; once it is all consumed the next
 	// event reuses its storage from the start (no allocation per event).
 	out    []byte
-	sent   int // out[:sent] was consumed
-	events int // events queued
-	fast   fastState
-	noFast bool // tests: every event takes the slow path
+	sent   int        // out[:sent] was consumed
+	events int        // events queued
+	fast   *fastState // nil until the first event that may take the fast path
+	noFast bool       // tests: every event takes the slow path
 	// ended: the stream was ended early (a leak, or an event that was refused); nothing more of
 	// the engine's bytes is read or sent.
 	ended bool
@@ -114,6 +114,19 @@ func (e *Stream) Pending() []byte { return e.out[e.sent:] }
 func (e *Stream) Consume(n int) {
 	if e.sent += n; e.sent == len(e.out) {
 		e.out, e.sent = e.out[:0], 0
+	}
+}
+
+// Release gives the stream's scanning buffers back for other replies once nothing more of it is
+// read (the client's body closed): Write does nothing after it. Pending stays valid.
+func (e *Stream) Release() {
+	e.ended = true
+	if e.fast != nil {
+		putFast(e.fast)
+		e.fast = nil
+	}
+	if e.o.Guard != nil {
+		e.o.Guard.releaseKit()
 	}
 }
 
