@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"iter"
 	"strconv"
 	"time"
 
@@ -227,6 +228,9 @@ func (l *Leg) ContentLength() int { return l.resp.Header.ContentLength() }
 
 // Header is one reply header's value.
 func (l *Leg) Header(name string) []byte { return l.resp.Header.Peek(name) }
+
+// Headers are the reply's headers, name and value, in order.
+func (l *Leg) Headers() iter.Seq2[[]byte, []byte] { return l.resp.Header.All() }
 
 // VisitHeaders calls f for every reply header.
 func (l *Leg) VisitHeaders(f func(k, v []byte)) { l.resp.Header.VisitAll(f) }

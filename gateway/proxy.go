@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -383,13 +384,26 @@ func (x *exchange) scanHeaders(l *backends.Leg, gd *reply.Guard) *canary.Hit {
 		return nil
 	}
 	var leak *canary.Hit
-	var line []byte // one buffer for every header line: ScanText only reads it
-	l.VisitHeaders(func(k, v []byte) {
+	// One buffer for every header line, from a pool: ScanText only reads it, and it goes back
+	// when the scan returns.
+	bp := headerLines.Get().(*[]byte)
+	line := *bp
+	for k, v := range l.Headers() {
 		line = append(append(append(line[:0], k...), ": "...), v...)
-		leak = gd.ScanText(unsafe.String(unsafe.SliceData(line), len(line)))
-	})
+		leak = gd.ScanText(unsafe.String(unsafe.SliceData(line), len(line))) // sticky: the first hit stays
+	}
+	if cap(line) <= maxPooledHeaderLine {
+		*bp = line[:0]
+		headerLines.Put(bp)
+	}
 	return leak
 }
+
+// headerLines are scanHeaders' line buffers; one grown past maxPooledHeaderLine (an engine's
+// huge header) is left to the collector.
+var headerLines = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+const maxPooledHeaderLine = 16 << 10
 
 // upstreamError answers 502 with a generic message; the detail (backend names, addresses,
 // transport errors) goes only to the log.
