@@ -348,7 +348,8 @@ func (x *exchange) finish() {
 		if x.req != nil {
 			model = x.req.Model
 		}
-		fields := make([]zap.Field, 0, 22)
+		fp := accessFields.Get().(*[]zap.Field)
+		fields := (*fp)[:0]
 		fields = append(fields, zap.String("request_id", x.rid), zap.String("engine_rid", x.engineRID), zap.String("tenant", tenant),
 			zap.String("client_addr", x.client()), zap.String("method", x.method), zap.String("route", x.kind.Path()), zap.String("model", model),
 			zap.Int("tokens", x.decision.Tokens), zap.String("tier", string(x.decision.Tier)), zap.String("decision", x.reason),
@@ -367,10 +368,17 @@ func (x *exchange) finish() {
 		if x.span != nil {
 			fields = append(fields, zap.String("trace_id", x.span.SpanContext().TraceID().String()))
 		}
-		ce.Write(fields...)
+		ce.Write(fields...) // encoded before it returns: the cores keep no field
+		clear(fields)       // no request's strings kept alive by the pool
+		*fp = fields[:0]
+		accessFields.Put(fp)
 	}
 	x.endSpan()
 }
+
+// accessFields are the access log line's field slices (~1.4 KB each), reused: one per request
+// was the largest allocation of a small request's bookkeeping.
+var accessFields = sync.Pool{New: func() any { f := make([]zap.Field, 0, 22); return &f }}
 
 // unifiedRoutes keeps the routes served by one unified engine.
 func unifiedRoutes(routes []backends.Route) []backends.Route {
