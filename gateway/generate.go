@@ -299,7 +299,16 @@ func readBody(ctx *fasthttp.RequestCtx, maxBytes int) ([]byte, *apierr.Error) {
 		// the body (request.Parse), and a stream outlives the handler: a copy of our own.
 		return append([]byte(nil), ctx.PostBody()...), nil
 	}
-	body, err := io.ReadAll(io.LimitReader(s, int64(maxBytes)+1))
+	var body []byte
+	var err error
+	if cl := ctx.Request.Header.ContentLength(); cl >= 0 {
+		// A declared length (within maxBytes, above): read exactly it, into one buffer of its
+		// size; fasthttp's stream ends there.
+		body = make([]byte, cl)
+		_, err = io.ReadFull(s, body)
+	} else {
+		body, err = io.ReadAll(io.LimitReader(s, int64(maxBytes)+1))
+	}
 	if err != nil {
 		// The read error names the connection's addresses: it goes nowhere near the client.
 		ctx.SetConnectionClose()
