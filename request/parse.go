@@ -88,11 +88,11 @@ type Prompt struct {
 
 // Request is a parsed, sanitized generation request.
 type Request struct {
-	// promptOne holds a chat's one prompt (Render): no slice of its own.
-	promptOne [1]Prompt
 	Kind   Kind
 	Fields map[string]json.RawMessage
 	Stream bool
+	// promptOne holds a chat's one prompt (Render): no slice of its own.
+	promptOne [1]Prompt
 	// output is the requested output tokens for the admission rule: × n, × best_of (completions),
 	// × sampling_params.n (/generate).
 	Output int
