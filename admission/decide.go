@@ -44,19 +44,23 @@ func (g *Counter) Decide(prompts []request.Prompt, routes []backends.Route, outp
 	for i := range routes {
 		loads[i] = routes[i].Load()
 	}
-	order := policy.Order(loads, rand.IntN)
+	var orderBuf [8]int
+	order := policy.OrderInto(orderBuf[:0], loads, rand.IntN)
 	ratio := g.Ratio()
 	// One estimate per prompt serves every path: it runs to the largest limit's stopping point.
 	stop := 0
 	if limit >= 0 {
 		stop = int(math.Floor(float64(limit)*ratio)) + 1
 	}
-	ests := make([]*cachingEstimator, len(prompts))
+	ests := make([]cachingEstimator, len(prompts)) // one allocation for every prompt's
 	for i := range ests {
-		ests[i] = &cachingEstimator{Estimator: g.Encoder, minStop: stop}
+		ests[i] = cachingEstimator{Estimator: g.Encoder, minStop: stop}
 	}
 	res := Result{Pick: -1}
-	cache := map[string]int{}
+	var cache map[string]int // exact counts: only with an exact counter (pathCounter)
+	if g.exact != nil {
+		cache = map[string]int{}
+	}
 	room := Roomiest(routes, output, tenantMax)
 	var refusal policy.Decision
 	for _, i := range order {
@@ -78,7 +82,7 @@ func (g *Counter) Decide(prompts []request.Prompt, routes []backends.Route, outp
 
 // decideOn counts every prompt of the request (a batch has several) against one path's limit.
 // The path admits only if all fit; the decision reported is the largest prompt's.
-func (g *Counter) decideOn(prompts []request.Prompt, r *backends.Route, limit int, ratio float64, ests []*cachingEstimator, cache map[string]int, estimate *int) policy.Decision {
+func (g *Counter) decideOn(prompts []request.Prompt, r *backends.Route, limit int, ratio float64, ests []cachingEstimator, cache map[string]int, estimate *int) policy.Decision {
 	var exact policy.ExactCounter // no exact counter: a nil interface, not a nil pointer
 	var pc *pathCounter
 	if g.exact != nil {
@@ -89,7 +93,7 @@ func (g *Counter) decideOn(prompts []request.Prompt, r *backends.Route, limit in
 	var worst policy.Decision
 	for i, p := range prompts {
 		if pc != nil {
-			pc.prompt, pc.est = i, ests[i]
+			pc.prompt, pc.est = i, &ests[i]
 		}
 		pr := policy.Request{Text: p.Text, Bytes: len(p.Text), InputIDs: p.IDs, HasInputIDs: p.HasIDs,
 			Overhead: specialTokenAllowance, DistrustEstimate: distrust, LocalExact: g.o.LocalExact}
@@ -101,8 +105,8 @@ func (g *Counter) decideOn(prompts []request.Prompt, r *backends.Route, limit in
 				pr.Overhead = 0
 			}
 		}
-		d := policy.Decide(context.Background(), pr, limit, ests[i], ratio, exact)
-		if e := ests[i]; e.complete && e.n > *estimate {
+		d := policy.Decide(context.Background(), pr, limit, &ests[i], ratio, exact)
+		if e := &ests[i]; e.complete && e.n > *estimate {
 			*estimate = e.n
 		}
 		if i == 0 || !d.Admit && worst.Admit || d.Admit == worst.Admit && d.Tokens > worst.Tokens {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"iter"
 	"strconv"
 	"time"
 
@@ -49,16 +50,22 @@ func EngineBody(fields map[string]json.RawMessage, rids []string, batch bool, pr
 type Field struct {
 	Key   string
 	Value json.RawMessage
+	// str, when Value is nil, is a string value written into the body as JSON (our rid:
+	// no buffer of its own to escape).
+	str string
 }
 
 // EngineBodyWith is EngineBody with extra fields set over the client's, written straight into
 // the body: the client's fields are not copied into another map first (issue 23).
 func EngineBodyWith(fields map[string]json.RawMessage, extra []Field, rids []string, batch bool, prefill *Backend) []byte {
-	own := extra
+	// own lives on the stack for the usual request (one rid, a few fields): encodeObject copies
+	// every value into the body and keeps none of them.
+	var ownBuf [8]Field
+	own := append(ownBuf[:0], extra...)
 	if batch {
-		own = append(own, Field{"rid", mustJSON(rids)})
+		own = append(own, Field{Key: "rid", Value: mustJSON(rids)})
 	} else {
-		own = append(own, Field{"rid", mustJSON(rids[0])})
+		own = append(own, Field{Key: "rid", str: rids[0]})
 	}
 	if prefill != nil {
 		port := prefill.Capacity().BootstrapPort
@@ -71,12 +78,25 @@ func EngineBodyWith(fields map[string]json.RawMessage, extra []Field, rids []str
 				}
 				seen[rooms[i]] = true
 			}
-			own = append(own, Field{"bootstrap_host", mustJSON(hosts)}, Field{"bootstrap_port", mustJSON(ports)}, Field{"bootstrap_room", mustJSON(rooms)})
+			own = append(own, Field{Key: "bootstrap_host", Value: mustJSON(hosts)}, Field{Key: "bootstrap_port", Value: mustJSON(ports)}, Field{Key: "bootstrap_room", Value: mustJSON(rooms)})
 		} else {
-			own = append(own, Field{"bootstrap_host", mustJSON(prefill.Host)}, Field{"bootstrap_port", mustJSON(port)}, Field{"bootstrap_room", mustJSON(newRoom())})
+			own = append(own, Field{Key: "bootstrap_host", Value: mustJSON(prefill.Host)}, Field{Key: "bootstrap_port", Value: mustJSON(port)}, Field{Key: "bootstrap_room", Value: mustJSON(newRoom())})
 		}
 	}
 	return encodeObject(fields, own)
+}
+
+// appendJSONString appends s as a JSON string: directly when it needs no escaping (our rids are
+// "kvg-" and hex digits), else as encoding/json writes it.
+func appendJSONString(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return append(dst, mustJSON(s)...)
+		}
+	}
+	dst = append(dst, '"')
+	dst = append(dst, s...)
+	return append(dst, '"')
 }
 
 func mustJSON(v any) json.RawMessage {
@@ -104,7 +124,7 @@ func encodeObject(f map[string]json.RawMessage, own []Field) []byte {
 		n += len(k) + len(v) + 4
 	}
 	for _, o := range own {
-		n += len(o.Key) + len(o.Value) + 4
+		n += len(o.Key) + len(o.Value) + len(o.str) + 6
 	}
 	b := make([]byte, 0, n)
 	b = append(b, '{')
@@ -132,6 +152,10 @@ func encodeObject(f map[string]json.RawMessage, own []Field) []byte {
 		}
 		b = strconv.AppendQuote(b, o.Key)
 		b = append(b, ':')
+		if o.Value == nil {
+			b = appendJSONString(b, o.str)
+			continue
+		}
 		b = append(b, o.Value...)
 	}
 	return append(b, '}')
@@ -157,8 +181,19 @@ type Leg struct {
 // only our request id, the W3C traceparent of the leg's span (when tracing is on), the backend's
 // own key and a request for unencoded replies.
 func (b *Backend) Send(path string, body []byte, rids []string, requestID, traceparent string, stream bool) (*Leg, error) {
+	l := new(Leg)
+	if err := b.SendInto(l, path, body, rids, requestID, traceparent, stream); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// SendInto is Send into a Leg the caller holds (the gateway's exchange has one: no allocation
+// per request). On an error l holds nothing.
+func (b *Backend) SendInto(l *Leg, path string, body []byte, rids []string, requestID, traceparent string, stream bool) error {
 	req := fasthttp.AcquireRequest()
-	req.SetRequestURI(b.base + path)
+	var uri [256]byte // the URI is copied into req: no string made for it
+	req.SetRequestURIBytes(append(append(uri[:0], b.base...), path...))
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.SetContentType("application/json")
 	req.Header.Set("X-Request-Id", requestID)
@@ -173,12 +208,12 @@ func (b *Backend) Send(path string, body []byte, rids []string, requestID, trace
 		req.Header.Set("Authorization", "Bearer "+b.APIKey)
 	}
 	req.SetBodyRaw(body)
-	l := &Leg{B: b, Rids: rids, req: req, resp: fasthttp.AcquireResponse()}
+	*l = Leg{B: b, Rids: rids, req: req, resp: fasthttp.AcquireResponse()}
 	if err := b.client.Do(req, l.resp); err != nil {
 		l.Release()
-		return nil, err
+		return err
 	}
-	return l, nil
+	return nil
 }
 
 // Status is the reply's HTTP status.
@@ -193,6 +228,9 @@ func (l *Leg) ContentLength() int { return l.resp.Header.ContentLength() }
 
 // Header is one reply header's value.
 func (l *Leg) Header(name string) []byte { return l.resp.Header.Peek(name) }
+
+// Headers are the reply's headers, name and value, in order.
+func (l *Leg) Headers() iter.Seq2[[]byte, []byte] { return l.resp.Header.All() }
 
 // VisitHeaders calls f for every reply header.
 func (l *Leg) VisitHeaders(f func(k, v []byte)) { l.resp.Header.VisitAll(f) }

@@ -67,6 +67,8 @@ type Backend struct {
 	// Addr is host:port; Host is the host alone (the prefill's bootstrap_host); base is
 	// scheme://host:port, what every engine path is appended to.
 	Addr, Host, base string
+	// names is []string{Name}: a unified route's path names it without a slice per request.
+	names []string
 	// client streams requests to the engine (Send). Its timeouts are per read (see timedConn).
 	client *fasthttp.HostClient
 
@@ -191,7 +193,7 @@ func (s *Set) newBackend(c config.Backend) (*Backend, error) {
 		}
 	}
 	b := &Backend{Name: c.Name, Role: c.Role, Model: c.Model, Group: c.Group, APIKey: c.APIKey, Addr: addr, Host: host, base: scheme + "://" + addr, log: s.log,
-		conns: &connSet{m: map[*timedConn]struct{}{}}, conf: c}
+		conns: &connSet{m: map[*timedConn]struct{}{}}, conf: c, names: []string{c.Name}}
 	// Every client of an https backend speaks TLS only: fasthttp refuses a request whose
 	// scheme differs from the client's, so nothing is ever sent in plaintext to it.
 	isTLS := tlsConf != nil
@@ -231,7 +233,15 @@ func (s *Set) CutStreams() {
 func (s *Set) All() []*Backend {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return append([]*Backend(nil), s.list...)
+	return append([]*Backend(nil), s.members()...)
+}
+
+// members is the member list now, read-only: apply replaces s.list whole, never writes into it,
+// so the request path reads it without a copy.
+func (s *Set) members() []*Backend {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.list
 }
 
 // Get returns the backend named name now, or nil.
@@ -682,7 +692,7 @@ func (s *Set) RoutesFor(model string, now time.Time) ([]Route, error) {
 func (s *Set) routes(now time.Time, keep func(*Backend) bool) ([]Route, error) {
 	var unified, prefill, decode []*Backend
 	unknown := false
-	for _, b := range s.All() {
+	for _, b := range s.members() {
 		if !keep(b) {
 			continue
 		}
@@ -703,7 +713,7 @@ func (s *Set) routes(now time.Time, keep func(*Backend) bool) ([]Route, error) {
 	var routes []Route
 	for _, u := range unified {
 		c := u.Capacity()
-		routes = append(routes, Route{Path: policy.Path{Backends: []string{u.Name}, MaxReqInputLen: c.MaxReqInputLen,
+		routes = append(routes, Route{Path: policy.Path{Backends: u.names, MaxReqInputLen: c.MaxReqInputLen,
 			ContextLen: c.ContextLen, PoolTokens: c.PoolTokens}, Unified: u})
 	}
 	for _, p := range prefill {

@@ -11,6 +11,8 @@ import "math/bits"
 type Own struct {
 	bits []uint64
 	mask uint64 // len(bits) − 1 (a power of two)
+	// small holds the filter of a short prompt (up to ~200 characters): one allocation, not two.
+	small [32]uint64
 }
 
 const ownBitsPerChar = 10
@@ -20,7 +22,13 @@ func newOwn(chars int) *Own {
 	for n*64 < uint64(chars)*ownBitsPerChar {
 		n <<= 1
 	}
-	return &Own{bits: make([]uint64, n), mask: n - 1}
+	o := &Own{mask: n - 1}
+	if n <= uint64(len(o.small)) {
+		o.bits = o.small[:n]
+	} else {
+		o.bits = make([]uint64, n)
+	}
+	return o
 }
 
 // probe is the word and the 3 bits of v.

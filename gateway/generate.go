@@ -71,6 +71,11 @@ type exchange struct {
 
 	oh overheadClock // kvgate overhead (overhead.go)
 
+	// A unified attempt's leg and rid live in the exchange (attemptUnified): the relay owns the
+	// leg as it would a sent one, and releases it once.
+	leg    backends.Leg
+	ridOne [1]string
+
 	// For the access log: the client's address and the method, read when the request arrived
 	// (fasthttp reuses its RequestCtx); the times from start to the first bytes of a streamed
 	// reply handed to the client and to its first event carrying generated text (ns, 0: none);
@@ -96,8 +101,8 @@ type exchange struct {
 // generate is the pipeline for the three generation routes, top to bottom:
 // auth → read body → parse and sanitize → render → count and decide → pick a route → forward.
 func (g *Gateway) generate(ctx *fasthttp.RequestCtx, kind request.Kind) {
-	x := &exchange{g: g, rid: requestID(ctx), engineRID: newID(), start: time.Now(), kind: kind,
-		clientAddr: ctx.RemoteAddr(), method: methodName(ctx.Method())}
+	x := &exchange{g: g, start: time.Now(), kind: kind, clientAddr: ctx.RemoteAddr(), method: methodName(ctx.Method())}
+	x.rid, x.engineRID = requestIDs(ctx)
 	defer x.recoverPanic(ctx)
 	x.startSpan(ctx)
 	ctx.Response.Header.Set("X-Request-Id", x.rid)
@@ -181,9 +186,10 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 				Message: fmt.Sprintf("No unified engine is available for %s (prefill-only routes do not run on prefill/decode pairs).", x.kind.Path())}
 		}
 	}
-	paths := make([]policy.Path, len(routes))
+	var pathBuf [4]policy.Path // the usual few routes: no allocation
+	paths := pathBuf[:0]
 	for i := range routes {
-		paths[i] = routes[i].Path
+		paths = append(paths, routes[i].Path)
 	}
 	tenantMax := x.tenant.MaxPromptTokens
 	limit := policy.Limit(paths, output, tenantMax)
@@ -204,14 +210,14 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 			if undecided {
 				// Some path might admit it, but no sound count could say: not a 413 (the prompt
 				// may fit), and never an admit. Retryable.
-				g.metrics.decisions.WithLabelValues("unavailable", x.reason, string(x.decision.Tier)).Inc()
+				g.metrics.decisionsC.get("unavailable", x.reason, string(x.decision.Tier)).Inc()
 				return apierr.CountUnavailable()
 			}
-			g.metrics.decisions.WithLabelValues("refuse", x.reason, string(x.decision.Tier)).Inc()
+			g.metrics.decisionsC.get("refuse", x.reason, string(x.decision.Tier)).Inc()
 			return x.tooLong(routes, output, limit)
 		}
 		// monitor: log and count the refusal, then serve on the roomiest route.
-		g.metrics.decisions.WithLabelValues("monitor_pass", x.reason, string(x.decision.Tier)).Inc()
+		g.metrics.decisionsC.get("monitor_pass", x.reason, string(x.decision.Tier)).Inc()
 		ctx.Response.Header.Set("X-Kvgate-Monitor", "would-refuse: "+x.reason)
 		g.log.Warn("monitor mode: forwarding a request the admission rule refuses",
 			zap.String("request_id", x.rid), zap.String("tenant", x.tenant.Name), zap.Int("tokens", x.decision.Tokens), zap.Int("limit", limit))
@@ -219,7 +225,7 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 		return nil
 	}
 	x.reason = policy.ReasonOK
-	g.metrics.decisions.WithLabelValues("admit", x.reason, string(x.decision.Tier)).Inc()
+	g.metrics.decisionsC.get("admit", x.reason, string(x.decision.Tier)).Inc()
 	x.route = &routes[pick]
 	return nil
 }
@@ -293,7 +299,16 @@ func readBody(ctx *fasthttp.RequestCtx, maxBytes int) ([]byte, *apierr.Error) {
 		// the body (request.Parse), and a stream outlives the handler: a copy of our own.
 		return append([]byte(nil), ctx.PostBody()...), nil
 	}
-	body, err := io.ReadAll(io.LimitReader(s, int64(maxBytes)+1))
+	var body []byte
+	var err error
+	if cl := ctx.Request.Header.ContentLength(); cl >= 0 {
+		// A declared length (within maxBytes, above): read exactly it, into one buffer of its
+		// size; fasthttp's stream ends there.
+		body = make([]byte, cl)
+		_, err = io.ReadFull(s, body)
+	} else {
+		body, err = io.ReadAll(io.LimitReader(s, int64(maxBytes)+1))
+	}
 	if err != nil {
 		// The read error names the connection's addresses: it goes nowhere near the client.
 		ctx.SetConnectionClose()
@@ -317,7 +332,7 @@ func (x *exchange) finish() {
 	}
 	x.settleLimits() // kvgate limits: settle the reservation from what the reply used
 	g := x.g
-	g.metrics.requests.WithLabelValues(x.kind.Path(), statusLabel(x.status)).Inc()
+	g.metrics.requestsC.get(x.kind.Path(), statusLabel(x.status), "").Inc()
 	if x.model == "" {
 		model := ""
 		if x.req != nil {
@@ -325,14 +340,14 @@ func (x *exchange) finish() {
 		}
 		x.model = g.metrics.models.label(model)
 	}
-	g.metrics.duration.WithLabelValues(x.model, x.kind.Path()).Observe(time.Since(x.start).Seconds())
+	g.metrics.durationC.get(x.model, x.kind.Path(), "").Observe(time.Since(x.start).Seconds())
 	if x.usage != "" {
 		tenant := tenantAnonymous
 		if x.tenant != nil {
 			tenant = x.tenant.Name
 		}
-		g.metrics.tokens.WithLabelValues(tenant, x.model, "input").Add(float64(x.promptTokens))
-		g.metrics.tokens.WithLabelValues(tenant, x.model, "output").Add(float64(x.outputTokens))
+		g.metrics.tokensC.get(tenant, x.model, "input").Add(float64(x.promptTokens))
+		g.metrics.tokensC.get(tenant, x.model, "output").Add(float64(x.outputTokens))
 	}
 	if ce := g.access.Check(zap.InfoLevel, "request"); ce != nil {
 		tenant, model := "", ""
@@ -342,7 +357,8 @@ func (x *exchange) finish() {
 		if x.req != nil {
 			model = x.req.Model
 		}
-		fields := make([]zap.Field, 0, 22)
+		fp := accessFields.Get().(*[]zap.Field)
+		fields := (*fp)[:0]
 		fields = append(fields, zap.String("request_id", x.rid), zap.String("engine_rid", x.engineRID), zap.String("tenant", tenant),
 			zap.String("client_addr", x.client()), zap.String("method", x.method), zap.String("route", x.kind.Path()), zap.String("model", model),
 			zap.Int("tokens", x.decision.Tokens), zap.String("tier", string(x.decision.Tier)), zap.String("decision", x.reason),
@@ -361,10 +377,17 @@ func (x *exchange) finish() {
 		if x.span != nil {
 			fields = append(fields, zap.String("trace_id", x.span.SpanContext().TraceID().String()))
 		}
-		ce.Write(fields...)
+		ce.Write(fields...) // encoded before it returns: the cores keep no field
+		clear(fields)       // no request's strings kept alive by the pool
+		*fp = fields[:0]
+		accessFields.Put(fp)
 	}
 	x.endSpan()
 }
+
+// accessFields are the access log line's field slices (~1.4 KB each), reused: one per request
+// was the largest allocation of a small request's bookkeeping.
+var accessFields = sync.Pool{New: func() any { f := make([]zap.Field, 0, 22); return &f }}
 
 // unifiedRoutes keeps the routes served by one unified engine.
 func unifiedRoutes(routes []backends.Route) []backends.Route {

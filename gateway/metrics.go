@@ -55,6 +55,10 @@ type metrics struct {
 	tokens   *prometheus.CounterVec
 	models   modelLabels
 
+	// The children the request path uses, by label values (children.get): resolved once each.
+	decisionsC, upstreamC, requestsC, tokensC children[prometheus.Counter]
+	durationC                                 children[prometheus.Observer]
+
 	// kvgate overhead (overhead.go): the vector and its three children, resolved once.
 	overhead                                      *prometheus.HistogramVec
 	overheadBefore, overheadAfter, overheadStream prometheus.Observer
@@ -101,6 +105,11 @@ func newMetrics(set *backends.Set, ratio func() float64, degraded func() bool) *
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvgate_build_info",
 		Help: "1, labelled with the build's version, VCS revision and Go version."}, []string{"version", "revision", "go_version"})
 	build.WithLabelValues(Version, buildRevision(), runtime.Version()).Set(1)
+	m.decisionsC = children[prometheus.Counter]{n: 3, with: m.decisions.WithLabelValues}
+	m.upstreamC = children[prometheus.Counter]{n: 2, with: m.upstream.WithLabelValues}
+	m.requestsC = children[prometheus.Counter]{n: 2, with: m.requests.WithLabelValues}
+	m.tokensC = children[prometheus.Counter]{n: 3, with: m.tokens.WithLabelValues}
+	m.durationC = children[prometheus.Observer]{n: 2, with: m.duration.WithLabelValues}
 	m.reg.MustRegister(m.ttft, m.itl, m.duration, m.tokens, build)
 	m.overhead = newOverheadHistogram() // kvgate overhead
 	m.overheadBefore = m.overhead.WithLabelValues(phaseBeforeUpstream)
@@ -111,6 +120,42 @@ func newMetrics(set *backends.Set, ratio func() float64, degraded func() bool) *
 	m.reg.MustRegister(m.decisions, m.admitSeconds, m.upstream, m.requests, m.capChanges, m.exactCalls, m.calibrations, m.ratio,
 		&backendCollector{set: set}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// children caches a vector's children by their label values (at most three). WithLabelValues
+// checks, hashes and looks up the values under the vector's lock on every call, several times per
+// request; the label values come from small sets (routes, statuses, models, tenants, backends),
+// and no vector here ever deletes a child, so a child once resolved stays the vector's.
+type children[M any] struct {
+	mu   sync.RWMutex
+	m    map[[3]string]M
+	n    int // the vector's label count
+	with func(lvs ...string) M
+}
+
+// maxChildren bounds the cache (tenants come and go at run time); past it, WithLabelValues.
+const maxChildren = 4096
+
+// get is the child of the label values a, b, c (the first n of them).
+func (c *children[M]) get(a, b, cc string) M {
+	k := [3]string{a, b, cc}
+	c.mu.RLock()
+	v, ok := c.m[k]
+	c.mu.RUnlock()
+	if ok {
+		return v
+	}
+	lvs := append([]string(nil), k[:c.n]...) // a copy: k stays on the stack on the hit path
+	v = c.with(lvs...)
+	c.mu.Lock()
+	if c.m == nil {
+		c.m = map[[3]string]M{}
+	}
+	if len(c.m) < maxChildren {
+		c.m[k] = v
+	}
+	c.mu.Unlock()
+	return v
 }
 
 // buildRevision is the VCS revision the binary was built from ("unknown" without VCS stamping),

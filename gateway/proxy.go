@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -30,8 +31,7 @@ func retryable(code int) bool { return code == 408 || code == 429 || code >= 500
 // engineFields are what an engine gets in place of (or besides) the client's fields: the stream
 // usage option and our cache salt. Written over the client's fields by backends.EngineBodyWith,
 // without copying them.
-func (x *exchange) engineFields() []backends.Field {
-	var f []backends.Field
+func (x *exchange) engineFields(f []backends.Field) []backends.Field {
 	if opts, ok := x.usageStreamOptions(); ok {
 		f = append(f, backends.Field{Key: "stream_options", Value: opts}) // kvgate limits
 	}
@@ -42,10 +42,10 @@ func (x *exchange) engineFields() []backends.Field {
 	// request is salted, with or without a marker in its prompt: /generate with input_ids and
 	// canary opt-out tenants carry none, and a shared cached prefix answers faster, which tells
 	// one tenant what another sent.
-	salt := x.tenant.CacheSalt()
 	if x.kind != request.Generate {
-		return append(f, backends.Field{Key: "cache_salt", Value: quoted(salt)})
+		return append(f, backends.Field{Key: "cache_salt", Value: x.tenant.CacheSaltJSON()})
 	}
+	salt := x.tenant.CacheSalt()
 	// The native /generate names the salt extra_key (SGLang's OpenAI routes turn cache_salt into
 	// it); a batch gets one per item, as its rids. Versions without the field ignore it: see
 	// SECURITY.md.
@@ -149,11 +149,18 @@ func (x *exchange) failUpstream(ctx *fasthttp.RequestCtx, b *backends.Backend, e
 
 func (x *exchange) attemptUnified(ctx *fasthttp.RequestCtx) {
 	b := x.route.Unified
-	rids := backends.Rids(x.engineRID, x.req.Batch, len(x.req.Prompts))
-	body := backends.EngineBodyWith(x.req.Fields, x.engineFields(), rids, x.req.Batch, nil)
+	rids := x.ridOne[:] // the exchange's own: one try, one rid
+	if x.req.Batch {
+		rids = backends.Rids(x.engineRID, true, len(x.req.Prompts))
+	} else {
+		rids[0] = x.engineRID
+	}
+	var fb [4]backends.Field // the engine's own fields, on the stack: EngineBodyWith copies them
+	body := backends.EngineBodyWith(x.req.Fields, x.engineFields(fb[:0]), rids, x.req.Batch, nil)
 	traceparent, leg := x.startLeg("unified", b)
 	x.ohSent() // kvgate overhead
-	l, err := b.Send(x.kind.Path(), body, rids, x.engineRID, traceparent, x.req.Stream)
+	l := &x.leg
+	err := b.SendInto(l, x.kind.Path(), body, rids, x.engineRID, traceparent, x.req.Stream)
 	x.ohHeaders() // kvgate overhead
 	x.g.countUpstream(b, l, err)
 	if err != nil {
@@ -176,7 +183,8 @@ func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (
 		base += "-r" + strconv.Itoa(attempt)
 	}
 	rids := backends.Rids(base, x.req.Batch, len(x.req.Prompts))
-	body := backends.EngineBodyWith(x.req.Fields, x.engineFields(), rids, x.req.Batch, p) // a new room on every try
+	var fb [4]backends.Field
+	body := backends.EngineBodyWith(x.req.Fields, x.engineFields(fb[:0]), rids, x.req.Batch, p) // a new room on every try
 	ptp, psp := x.startLeg("prefill", p)
 	pf := p.StartPrefill(x.kind.Path(), body, rids, base, ptp, x.prefillObserver(psp))
 	decodeAnswered := make(chan struct{})
@@ -266,7 +274,7 @@ func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (
 }
 
 func (g *Gateway) observeUpstream(b *backends.Backend, status int, err error) {
-	g.metrics.upstream.WithLabelValues(b.Name, upstreamCode(status, err)).Inc()
+	g.metrics.upstreamC.get(b.Name, upstreamCode(status, err), "").Inc()
 }
 
 func (g *Gateway) countUpstream(b *backends.Backend, l *backends.Leg, err error) {
@@ -292,8 +300,7 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *backends.Leg, other *backe
 		x.cut(h, l.B, l.Rids, other)
 		return
 	}
-	copyReplyHeaders(ctx, l)
-	ctx.Response.Header.Set("X-Request-Id", x.rid)
+	copyReplyHeaders(ctx, l) // X-Request-Id is set already (generate)
 	if code >= 200 && code <= 299 && code != 204 && x.req.Stream {
 		src, err := reply.Decoded(string(l.Header(fasthttp.HeaderContentEncoding)), l.Body())
 		if cs := reply.CharsetOf(l.ContentType()); err == nil && cs != "" && cs != "utf-8" && cs != "utf8" {
@@ -377,13 +384,26 @@ func (x *exchange) scanHeaders(l *backends.Leg, gd *reply.Guard) *canary.Hit {
 		return nil
 	}
 	var leak *canary.Hit
-	var line []byte // one buffer for every header line: ScanText only reads it
-	l.VisitHeaders(func(k, v []byte) {
+	// One buffer for every header line, from a pool: ScanText only reads it, and it goes back
+	// when the scan returns.
+	bp := headerLines.Get().(*[]byte)
+	line := *bp
+	for k, v := range l.Headers() {
 		line = append(append(append(line[:0], k...), ": "...), v...)
-		leak = gd.ScanText(unsafe.String(unsafe.SliceData(line), len(line)))
-	})
+		leak = gd.ScanText(unsafe.String(unsafe.SliceData(line), len(line))) // sticky: the first hit stays
+	}
+	if cap(line) <= maxPooledHeaderLine {
+		*bp = line[:0]
+		headerLines.Put(bp)
+	}
 	return leak
 }
+
+// headerLines are scanHeaders' line buffers; one grown past maxPooledHeaderLine (an engine's
+// huge header) is left to the collector.
+var headerLines = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+const maxPooledHeaderLine = 16 << 10
 
 // upstreamError answers 502 with a generic message; the detail (backend names, addresses,
 // transport errors) goes only to the log.

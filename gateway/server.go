@@ -391,12 +391,14 @@ func (g *Gateway) Handle(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, e)
 		return
 	}
-	path := string(ctx.Path())
-	method := string(ctx.Method())
-	if kind, ok := request.ByPath[path]; ok {
-		g.onlyPost(ctx, method, kind)
+	// The generation routes are looked up without a string of the path (a map index converts
+	// without allocating); everything else is rarer.
+	if kind, ok := request.ByPath[string(ctx.Path())]; ok {
+		g.onlyPost(ctx, ctx.IsPost(), kind)
 		return
 	}
+	path := string(ctx.Path())
+	method := string(ctx.Method())
 	switch path {
 	case "/v1/tokenize", "/tokenize", "/v1/detokenize", "/detokenize", "/v1/messages/count_tokens":
 		if method != fasthttp.MethodPost {
@@ -437,8 +439,8 @@ func (g *Gateway) Handle(ctx *fasthttp.RequestCtx) {
 	}
 }
 
-func (g *Gateway) onlyPost(ctx *fasthttp.RequestCtx, method string, kind request.Kind) {
-	if method != fasthttp.MethodPost {
+func (g *Gateway) onlyPost(ctx *fasthttp.RequestCtx, post bool, kind request.Kind) {
+	if !post {
 		writeError(ctx, apierr.Method)
 		return
 	}
@@ -532,14 +534,35 @@ func requestID(ctx *fasthttp.RequestCtx) string {
 	return newID()
 }
 
+// idLen is the length of newID's ids: "kvg-" and 24 hex digits.
+const idLen = 4 + 24
+
 // newID is a fresh random request id.
 func newID() string {
+	var out [idLen]byte // one allocation: the string itself
+	putID(out[:])
+	return string(out[:])
+}
+
+// putID writes a fresh id into out[:idLen].
+func putID(out []byte) {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
-	var out [4 + 24]byte // one allocation: the string itself
-	copy(out[:], "kvg-")
-	hex.Encode(out[4:], b[:])
-	return string(out[:])
+	copy(out, "kvg-")
+	hex.Encode(out[4:idLen], b[:])
+}
+
+// requestIDs are an exchange's client-facing id (the client's when sane) and the engines' rid,
+// always ours: the two fresh ones share one allocation.
+func requestIDs(ctx *fasthttp.RequestCtx) (rid, engineRID string) {
+	if id := ctx.Request.Header.Peek("X-Request-Id"); len(id) > 0 && len(id) <= 128 && printable(id) {
+		return string(id), newID()
+	}
+	var out [2 * idLen]byte
+	putID(out[:idLen])
+	putID(out[idLen:])
+	both := string(out[:])
+	return both[:idLen], both[idLen:]
 }
 
 func printable(b []byte) bool {

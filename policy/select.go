@@ -1,21 +1,30 @@
 package policy
 
-import "sort"
+import (
+	"cmp"
+	"slices"
+)
 
 // Order is the order in which paths are tried: least load first, paths of equal load in random
 // order (shuffle is given n and returns a random index below it), so equal paths share traffic
 // instead of the first configured one taking it all. It is the one selector the gateway uses.
 func Order(loads []int64, intn func(n int) int) []int {
-	order := make([]int, len(loads))
-	for i := range order {
-		order[i] = i
+	return OrderInto(make([]int, 0, len(loads)), loads, intn)
+}
+
+// OrderInto is Order written into dst's array (when it has the room): the caller's buffer, so a
+// request's few paths are ordered without an allocation.
+func OrderInto(dst []int, loads []int64, intn func(n int) int) []int {
+	order := dst[:0]
+	for i := range loads {
+		order = append(order, i)
 	}
 	// Shuffle, then sort stably by load: ties keep their random order.
 	for i := len(order) - 1; i > 0; i-- {
 		j := intn(i + 1)
 		order[i], order[j] = order[j], order[i]
 	}
-	sort.SliceStable(order, func(a, b int) bool { return loads[order[a]] < loads[order[b]] })
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(loads[a], loads[b]) })
 	return order
 }
 

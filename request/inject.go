@@ -201,7 +201,8 @@ func (r *Request) spliceChat(marker string, prefix bool) bool {
 		return false // parts, null or absent content: the general path
 	}
 	old := raw[cs:ce] // a JSON string with its quotes
-	out := make([]byte, 0, len(raw)+len(marker)+2)
+	// Room for the marker and an escaped "\n\n" (4 bytes): the body is never regrown.
+	out := make([]byte, 0, len(raw)+len(marker)+4)
 	out = append(out, raw[:cs]...)
 	var text string
 	switch {

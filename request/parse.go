@@ -91,6 +91,8 @@ type Request struct {
 	Kind   Kind
 	Fields map[string]json.RawMessage
 	Stream bool
+	// promptOne holds a chat's one prompt (Render): no slice of its own.
+	promptOne [1]Prompt
 	// output is the requested output tokens for the admission rule: × n, × best_of (completions),
 	// × sampling_params.n (/generate).
 	Output int
@@ -622,11 +624,13 @@ func checkSamplingKeys(sp map[string]json.RawMessage) *apierr.Error {
 func (r *Request) Render() {
 	switch r.Kind {
 	case Chat:
-		msgs := make([]tokenize.Message, len(r.messages))
+		var mb [8]tokenize.Message // a short conversation's, on the stack
+		msgs := mb[:0]
 		for i := range r.messages {
-			msgs[i] = tokenize.Message{Role: r.roles[i], Name: r.names[i], Content: r.msgText[i]}
+			msgs = append(msgs, tokenize.Message{Role: r.roles[i], Name: r.names[i], Content: r.msgText[i]})
 		}
-		r.Prompts = []Prompt{{Text: tokenize.RenderChatML(msgs, r.extra)}}
+		r.promptOne[0] = Prompt{Text: tokenize.RenderChatML(msgs, r.extra)}
+		r.Prompts = r.promptOne[:]
 	case Responses, Messages:
 		r.Prompts = []Prompt{{Text: r.renderTurns()}}
 	default:

@@ -31,6 +31,8 @@ func init() {
 	add(messageKeys)
 	add(samplingKeys)
 	add(AllowList("type", "text", "id", "function", "arguments"))
+	// Message roles, read as values (decodeString): every chat message has one.
+	add(AllowList("system", "user", "assistant", "tool", "developer"))
 }
 
 // internKey is the decoded key of raw (its bytes between the quotes).
@@ -135,6 +137,10 @@ func scanMessages(raw []byte) ([]map[string]json.RawMessage, bool) {
 // false where Unmarshal fails. A string without escapes is copied out directly.
 func decodeString(raw []byte, s *string) bool {
 	if n := len(raw); n >= 2 && raw[0] == '"' && raw[n-1] == '"' && plainString(raw[1:n-1]) {
+		if v, ok := interned[string(raw[1:n-1])]; ok { // a role, most often: no copy
+			*s = v
+			return true
+		}
 		*s = string(raw[1 : n-1])
 		return true
 	}

@@ -35,7 +35,13 @@ func (t *Tenant) Limits() policy.Limits {
 
 // CacheSalt is the tenant's prefix-cache partition: an HMAC of its key hash, so it is stable
 // across replicas and restarts, secret to other tenants, and never the key itself.
-func (t *Tenant) CacheSalt() string {
+func (t *Tenant) CacheSalt() string { return t.salt().s }
+
+// CacheSaltJSON is CacheSalt as a JSON string (hex: nothing to escape), for engine bodies. The
+// slice is shared: read it, never write it.
+func (t *Tenant) CacheSaltJSON() []byte { return t.salt().js }
+
+func (t *Tenant) salt() salt {
 	salts.mu.RLock()
 	s, ok := salts.m[string(t.Hash)]
 	salts.mu.RUnlock()
@@ -44,7 +50,8 @@ func (t *Tenant) CacheSalt() string {
 	}
 	m := hmac.New(sha256.New, t.Hash)
 	m.Write([]byte("kvgate cache_salt v1"))
-	s = hex.EncodeToString(m.Sum(nil)[:16])
+	s.s = hex.EncodeToString(m.Sum(nil)[:16])
+	s.js = []byte(`"` + s.s + `"`)
 	salts.mu.Lock()
 	if len(salts.m) >= maxSalts {
 		clear(salts.m) // run-time tenants come and go: the cache stays bounded
@@ -58,8 +65,14 @@ func (t *Tenant) CacheSalt() string {
 // (issue 23). The salt is a pure function of the hash, so the cache is never stale.
 var salts = struct {
 	mu sync.RWMutex
-	m  map[string]string
-}{m: map[string]string{}}
+	m  map[string]salt
+}{m: map[string]salt{}}
+
+// salt is one tenant's cache salt, as text and as the JSON string engine bodies carry.
+type salt struct {
+	s  string
+	js []byte
+}
 
 const maxSalts = 4096
 
