@@ -64,7 +64,7 @@ func filterMask(h uint64) uint64 {
 
 func newWinSet(windows int) winSet {
 	nb := uint64(windows*5/4/slotsPerBucket + 1) // ≤ 80 % full
-	nf := 2 // fshift < 64: the fast path shifts by it masked
+	nf := 2                                      // fshift < 64: the fast path shifts by it masked
 	for nf*64 < windows*8 {
 		nf <<= 1
 	}
