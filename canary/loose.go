@@ -221,7 +221,7 @@ func (l *Loose) feed(dst, text []byte, final, all bool) ([]byte, *Hit) {
 // escape, another character). The run's state stays in registers.
 func (l *Loose) fast(b []byte, i int) int {
 	r := l.r
-	ff := fastFilter{fb: r.base.filter, fbs: r.base.fshift & 63, fd: r.delta.filter, fds: r.delta.fshift & 63, hasDelta: r.nbase < len(r.recs)}
+	ff := fastFilter{fb: r.base.filter, fbm: r.base.fmask, fd: r.delta.filter, fdm: r.delta.fmask, hasDelta: r.nbase < len(r.recs)}
 	fk, rk, n := l.run.fk, l.run.rk, l.run.n
 	j := i
 	for {
@@ -241,25 +241,35 @@ func (l *Loose) fast(b []byte, i int) int {
 		if stop != stopFilter {
 			break
 		}
-		x := uint64(asciiKind[b[j]] - 1)
-		nfk, nrk := fk<<5|x, rk>>5|x<<(winKeyBits-5)
-		if r.hasWindow(runSetKey(nfk, nrk)) {
-			break // the slow path takes this character
+		// fk and rk include b[j], n does not.
+		if r.hasWindow(runSetKey(fk, rk)) {
+			// The slow path takes this character: the run as it was before it.
+			fk = fk >> 5 & winKeyMask
+			rk = reversedKey(fk)
+			break
 		}
 		// The filter passed falsely: the character is the run's, its window in no marker.
-		fk, rk, n = nfk, nrk, n+1
+		n++
 		j++
 	}
 	l.run.fk, l.run.rk, l.run.n = fk&winKeyMask, rk, n
 	return j
 }
 
-// fastFilter is what scanFast probes: the ring's filters (shifts below 64: newWinSet keeps them
-// there, so a plain shift).
+// fastFilter is what scanFast probes: the ring's filters and their masks (winSet.filterWord).
 type fastFilter struct {
 	fb, fd   []uint64
-	fbs, fds uint
+	fbm, fdm uint64
 	hasDelta bool
+}
+
+// reversedKey is a run's rk for its fk: the last HoldMin characters' classes read backwards.
+func reversedKey(fk uint64) uint64 {
+	var rk uint64
+	for i := 0; i < HoldMin; i++ {
+		rk, fk = rk<<5|fk&31, fk>>5
+	}
+	return rk
 }
 
 // Why scanFast stopped.
@@ -272,7 +282,8 @@ const (
 // scanFast is fast's loop, a leaf (no calls: its state stays in registers). It consumes b from j
 // two marker characters at a time (one that makes the run's length odd, then one that makes it
 // even, where the run's last 7 characters are probed in the filters), so the parity is where the
-// code is, not a branch. It stops at a marker character whose probe passed the filter, at a
+// code is, not a branch. It stops at a marker character whose probe passed the filter (fk and rk
+// then include it, n does not: the old fk and rk need not stay live), at a
 // non-ASCII byte (wideRun reads those) and before anything else the slow path reads.
 func scanFast(b []byte, j int, fk, rk uint64, n int, f *fastFilter) (int, uint64, uint64, int, int) {
 	if n&1 != 0 {
@@ -312,8 +323,8 @@ odd:
 			if n >= HoldMin-1 {
 				h := runSetKey(nfk, nrk) * hashMul
 				m := filterMask(h)
-				if f.fb[h>>(f.fbs&63)]&m == m || f.hasDelta && f.fd[h>>(f.fds&63)]&m == m {
-					return j, fk, rk, n, stopFilter
+				if f.fb[h>>filterWordShift&f.fbm]&m == m || f.hasDelta && f.fd[h>>filterWordShift&f.fdm]&m == m {
+					return j, nfk, nrk, n, stopFilter
 				}
 			}
 			fk, rk, n = nfk, nrk, n+1
