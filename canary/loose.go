@@ -220,32 +220,84 @@ func (l *Loose) feed(dst, text []byte, final, all bool) ([]byte, *Hit) {
 // returns where it stopped (i when b[i] needs the slow path: a window that is a marker's, an
 // escape, another character). The run's state stays in registers.
 func (l *Loose) fast(b []byte, i int) int {
-	fk, rk, n := l.run.fk, l.run.rk, l.run.n
 	r := l.r
-	fb, fbs := r.base.filter, r.base.fshift
-	fd, fds := r.delta.filter, r.delta.fshift
-	hasDelta := r.nbase < len(r.recs)
+	ff := fastFilter{fb: r.base.filter, fbm: r.base.fmask, fd: r.delta.filter, fdm: r.delta.fmask, hasDelta: r.nbase < len(r.recs)}
+	fk, rk, n := l.run.fk, l.run.rk, l.run.n
 	j := i
-loop:
-	for j < len(b) {
-		c := b[j]
-		kd := asciiKind[c]
+	for {
+		var stop int
+		j, fk, rk, n, stop = scanFast(b, j, fk, rk, n, &ff)
+		if stop == stopWide {
+			k, broke := wideRun(b, j)
+			if k == j {
+				break // the slow path reads it
+			}
+			if broke {
+				fk, rk, n = 0, 0, 0
+			}
+			j = k
+			continue
+		}
+		if stop != stopFilter {
+			break
+		}
+		// fk and rk include b[j], n does not.
+		if r.hasWindow(runSetKey(fk, rk)) {
+			// The slow path takes this character: the run as it was before it.
+			fk = fk >> 5 & winKeyMask
+			rk = reversedKey(fk)
+			break
+		}
+		// The filter passed falsely: the character is the run's, its window in no marker.
+		n++
+		j++
+	}
+	l.run.fk, l.run.rk, l.run.n = fk&winKeyMask, rk, n
+	return j
+}
+
+// fastFilter is what scanFast probes: the ring's filters and their masks (winSet.filterWord).
+type fastFilter struct {
+	fb, fd   []uint64
+	fbm, fdm uint64
+	hasDelta bool
+}
+
+// reversedKey is a run's rk for its fk: the last HoldMin characters' classes read backwards.
+func reversedKey(fk uint64) uint64 {
+	var rk uint64
+	for i := 0; i < HoldMin; i++ {
+		rk, fk = rk<<5|fk&31, fk>>5
+	}
+	return rk
+}
+
+// Why scanFast stopped.
+const (
+	stopOther  = iota // the end of b, or something the slow path reads
+	stopFilter        // the filter passed for b[j], a marker character not consumed
+	stopWide          // b[j] is a non-ASCII byte
+)
+
+// scanFast is fast's loop, a leaf (no calls: its state stays in registers). It consumes b from j
+// two marker characters at a time (one that makes the run's length odd, then one that makes it
+// even, where the run's last 7 characters are probed in the filters), so the parity is where the
+// code is, not a branch. It stops at a marker character whose probe passed the filter (fk and rk
+// then include it, n does not: the old fk and rk need not stay live), at a
+// non-ASCII byte (wideRun reads those) and before anything else the slow path reads.
+func scanFast(b []byte, j int, fk, rk uint64, n int, f *fastFilter) (int, uint64, uint64, int, int) {
+	if n&1 != 0 {
+		goto odd
+	}
+even:
+	// n is even: the next marker character makes it odd (no probe).
+	for uint(j) < uint(len(b)) {
+		kd := asciiKind[b[j]]
 		if kd-1 < 32 {
 			x := uint64(kd - 1)
-			nfk := fk<<5 | x // masked where it is used: one step less in the chain
-			nrk := rk>>5 | x<<(winKeyBits-5)
-			if n&1 != 0 && n >= HoldMin-1 {
-				// The run becomes even and at least HoldMin long: probe its last 7 characters.
-				key := runSetKey(nfk, nrk)
-				h := key * hashMul
-				m := filterMask(h)
-				if (fb[h>>fbs]&m == m || hasDelta && fd[h>>fds]&m == m) && r.hasWindow(key) {
-					break loop // the slow path takes this character
-				}
-			}
-			fk, rk, n = nfk, nrk, n+1
+			fk, rk, n = fk<<5|x, rk>>5|x<<(winKeyBits-5), n+1
 			j++
-			continue
+			goto odd
 		}
 		switch kd {
 		case kindSep:
@@ -254,35 +306,79 @@ loop:
 			fk, rk, n = 0, 0, 0
 			j++
 		case kindWide:
-			// Decode a valid 2- or 3-byte sequence inline (anything else: the slow path).
-			var ru rune
-			var size int
-			switch {
-			case c >= 0xE0 && c <= 0xEF && j+2 < len(b) && b[j+1]&0xC0 == 0x80 && b[j+2]&0xC0 == 0x80:
-				ru = rune(c&0x0F)<<12 | rune(b[j+1]&0x3F)<<6 | rune(b[j+2]&0x3F)
-				if ru < 0x800 || ru >= 0xD800 && ru <= 0xDFFF {
-					break loop // overlong or a surrogate: not a character
-				}
-				size = 3
-			case c >= 0xC2 && c <= 0xDF && j+1 < len(b) && b[j+1]&0xC0 == 0x80:
-				ru, size = rune(c&0x1F)<<6|rune(b[j+1]&0x3F), 2
-			default:
-				break loop
-			}
-			switch bmpFold[ru] {
-			case 0:
-				fk, rk, n = 0, 0, 0
-			case 1:
-			default:
-				break loop // reads as marker characters
-			}
-			j += size
+			return j, fk, rk, n, stopWide
 		default:
-			break loop
+			return j, fk, rk, n, stopOther
 		}
 	}
-	l.run.fk, l.run.rk, l.run.n = fk&winKeyMask, rk, n
-	return j
+	return j, fk, rk, n, stopOther
+odd:
+	// n is odd: the next marker character makes it even; from HoldMin on its last 7 are probed.
+	for uint(j) < uint(len(b)) {
+		kd := asciiKind[b[j]]
+		if kd-1 < 32 {
+			x := uint64(kd - 1)
+			nfk := fk<<5 | x // masked where it is used: one step less in the chain
+			nrk := rk>>5 | x<<(winKeyBits-5)
+			if n >= HoldMin-1 {
+				h := runSetKey(nfk, nrk) * hashMul
+				m := filterMask(h)
+				if f.fb[h>>filterWordShift&f.fbm]&m == m || f.hasDelta && f.fd[h>>filterWordShift&f.fdm]&m == m {
+					return j, nfk, nrk, n, stopFilter
+				}
+			}
+			fk, rk, n = nfk, nrk, n+1
+			j++
+			goto even
+		}
+		switch kd {
+		case kindSep:
+			j++
+		case kindBreak:
+			fk, rk, n = 0, 0, 0
+			j++
+			goto even
+		case kindWide:
+			return j, fk, rk, n, stopWide
+		default:
+			return j, fk, rk, n, stopOther
+		}
+	}
+	return j, fk, rk, n, stopOther
+}
+
+// wideRun reads the valid 2- and 3-byte UTF-8 characters from b[j] on while they separate or
+// break a run (most of CJK): it returns where it stopped and whether one of them broke the run.
+// Anything else (a character that reads as marker characters, a 4-byte or invalid sequence) is
+// left to the slow path.
+func wideRun(b []byte, j int) (int, bool) {
+	broke := false
+	for j < len(b) {
+		c := b[j]
+		var ru rune
+		var size int
+		switch {
+		case c >= 0xE0 && c <= 0xEF && j+2 < len(b) && b[j+1]&0xC0 == 0x80 && b[j+2]&0xC0 == 0x80:
+			ru = rune(c&0x0F)<<12 | rune(b[j+1]&0x3F)<<6 | rune(b[j+2]&0x3F)
+			if ru < 0x800 || ru >= 0xD800 && ru <= 0xDFFF {
+				return j, broke // overlong or a surrogate: not a character
+			}
+			size = 3
+		case c >= 0xC2 && c <= 0xDF && j+1 < len(b) && b[j+1]&0xC0 == 0x80:
+			ru, size = rune(c&0x1F)<<6|rune(b[j+1]&0x3F), 2
+		default:
+			return j, broke
+		}
+		switch bmpFold[ru] {
+		case 0:
+			broke = true
+		case 1:
+		default:
+			return j, broke // reads as marker characters
+		}
+		j += size
+	}
+	return j, broke
 }
 
 // unit takes one character of the text (b[i:i+size]) that reads as marker characters.

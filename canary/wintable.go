@@ -38,7 +38,7 @@ type winSet struct {
 	slots  []uint64
 	nb     uint64 // buckets of slotsPerBucket; slots has two spare buckets (overflow at the end)
 	filter []uint64
-	fshift uint // 64 − log2(len(filter))
+	fmask  uint64 // len(filter) − 1 (a power of two)
 }
 
 const (
@@ -57,10 +57,33 @@ const (
 // windowsPerRec is how many keys a marker puts in a set: each 7-character window once.
 const windowsPerRec = MarkerChars - setLen + 1
 
-// filterMask is the filter word's three bits for a hashed key (bits below the word index).
-func filterMask(h uint64) uint64 {
-	return 1<<(h>>20&63) | 1<<(h>>26&63) | 1<<(h>>32&63)
-}
+// A hashed key (key·hashMul) picks its filter word by bits 38 and up (up to 2^26 words) and its
+// three bits by the 10 bits below (filterMasks): every bit from 28 up depends on all 35 bits of
+// the key, and neither needs a shift by a variable count (one register less in the fast path).
+const (
+	filterWordShift = 38
+	filterMaskShift = 28
+)
+
+// filterWord is the index of the filter word for a hashed key.
+func (t *winSet) filterWord(h uint64) uint64 { return h >> filterWordShift & t.fmask }
+
+// filterMask is the filter word's three bits for a hashed key: one load.
+func filterMask(h uint64) uint64 { return filterMasks[h>>filterMaskShift&1023] }
+
+// filterMasks are 1024 patterns of three distinct bits of a word (drawn by a fixed generator).
+var filterMasks = func() (t [1024]uint64) {
+	x := uint64(0x243F6A8885A308D3)
+	for i := range t {
+		for bits.OnesCount64(t[i]) < 3 {
+			x ^= x << 13
+			x ^= x >> 7
+			x ^= x << 17
+			t[i] |= 1 << (x >> 58)
+		}
+	}
+	return t
+}()
 
 func newWinSet(windows int) winSet {
 	nb := uint64(windows*5/4/slotsPerBucket + 1) // ≤ 80 % full
@@ -72,7 +95,7 @@ func newWinSet(windows int) winSet {
 		slots:  make([]uint64, (nb+2)*slotsPerBucket),
 		nb:     nb,
 		filter: make([]uint64, nf),
-		fshift: uint(64 - bits.TrailingZeros(uint(nf))),
+		fmask:  uint64(nf - 1),
 	}
 }
 
@@ -84,7 +107,7 @@ func (t *winSet) home(h uint64) uint64 {
 
 func (t *winSet) insert(key uint64, rec, off int) {
 	h := key * hashMul
-	t.filter[h>>t.fshift] |= filterMask(h)
+	t.filter[t.filterWord(h)] |= filterMask(h)
 	v := key<<(setRecBits+setOffBits) | uint64(off)<<setRecBits | uint64(rec+1)
 	for i := t.home(h); ; i++ {
 		if i == uint64(len(t.slots)) {
@@ -101,7 +124,7 @@ func (t *winSet) insert(key uint64, rec, off int) {
 func (t *winSet) mayHave(key uint64) bool {
 	h := key * hashMul
 	m := filterMask(h)
-	return len(t.filter) > 0 && t.filter[h>>t.fshift]&m == m
+	return len(t.filter) > 0 && t.filter[t.filterWord(h)]&m == m
 }
 
 // has says whether a window has key (the filter passed).
@@ -172,7 +195,12 @@ func reversedWindowKey(w []byte) uint64 {
 }
 
 // canonKey is the key a window is stored under: the smaller of its two readings.
-func canonKey(fwd, rev uint64) uint64 { return min(fwd, rev) }
+// Without a branch (which way is smaller is a coin toss on text: a branch would mispredict half
+// the probes); keys are below 2^63.
+func canonKey(fwd, rev uint64) uint64 {
+	lt := uint64(int64(fwd-rev) >> 63) // all ones when fwd < rev
+	return rev ^ (fwd^rev)&lt
+}
 
 // runSetKey is the canonical set key of the last 7 characters of a run whose last HoldMin
 // characters are fk (newest in the low bits) and rk (the same backwards).
