@@ -222,18 +222,18 @@ func (l *Loose) feed(dst, text []byte, final, all bool) ([]byte, *Hit) {
 func (l *Loose) fast(b []byte, i int) int {
 	r := l.r
 	ff := fastFilter{fb: r.base.filter, fbm: r.base.fmask, fd: r.delta.filter, fdm: r.delta.fmask, hasDelta: r.nbase < len(r.recs)}
-	fk, rk, n := l.run.fk, l.run.rk, l.run.n
+	fk, n := l.run.fk, l.run.n
 	j := i
 	for {
 		var stop int
-		j, fk, rk, n, stop = scanFast(b, j, fk, rk, n, &ff)
+		j, fk, n, stop = scanFast(b, j, fk, n, &ff)
 		if stop == stopWide {
 			k, broke := wideRun(b, j)
 			if k == j {
 				break // the slow path reads it
 			}
 			if broke {
-				fk, rk, n = 0, 0, 0
+				fk, n = 0, 0
 			}
 			j = k
 			continue
@@ -241,18 +241,17 @@ func (l *Loose) fast(b []byte, i int) int {
 		if stop != stopFilter {
 			break
 		}
-		// fk and rk include b[j], n does not.
-		if r.hasWindow(runSetKey(fk, rk)) {
-			// The slow path takes this character: the run as it was before it.
-			fk = fk >> 5 & winKeyMask
-			rk = reversedKey(fk)
+		// fk includes b[j], n does not.
+		if r.hasWindow(runSetKey(fk, reversedKey(fk&winKeyMask))) {
+			fk >>= 5 // the slow path takes this character: the run as it was before it
 			break
 		}
 		// The filter passed falsely: the character is the run's, its window in no marker.
 		n++
 		j++
 	}
-	l.run.fk, l.run.rk, l.run.n = fk&winKeyMask, rk, n
+	fk &= winKeyMask
+	l.run.fk, l.run.rk, l.run.n = fk, reversedKey(fk), n
 	return j
 }
 
@@ -282,10 +281,11 @@ const (
 // scanFast is fast's loop, a leaf (no calls: its state stays in registers). It consumes b from j
 // two marker characters at a time (one that makes the run's length odd, then one that makes it
 // even, where the run's last 7 characters are probed in the filters), so the parity is where the
-// code is, not a branch. It stops at a marker character whose probe passed the filter (fk and rk
-// then include it, n does not: the old fk and rk need not stay live), at a
+// code is, not a branch. Only fk is kept (fast derives rk from it). It stops at a marker character
+// whose probe passed the filter (fk then includes it, n does not: the old fk need not stay
+// live), at a
 // non-ASCII byte (wideRun reads those) and before anything else the slow path reads.
-func scanFast(b []byte, j int, fk, rk uint64, n int, f *fastFilter) (int, uint64, uint64, int, int) {
+func scanFast(b []byte, j int, fk uint64, n int, f *fastFilter) (int, uint64, int, int) {
 	if n&1 != 0 {
 		goto odd
 	}
@@ -295,7 +295,7 @@ even:
 		kd := asciiKind[b[j]]
 		if kd-1 < 32 {
 			x := uint64(kd - 1)
-			fk, rk, n = fk<<5|x, rk>>5|x<<(winKeyBits-5), n+1
+			fk, n = fk<<5|x, n+1
 			j++
 			goto odd
 		}
@@ -303,15 +303,15 @@ even:
 		case kindSep:
 			j++
 		case kindBreak:
-			fk, rk, n = 0, 0, 0
+			fk, n = 0, 0
 			j++
 		case kindWide:
-			return j, fk, rk, n, stopWide
+			return j, fk, n, stopWide
 		default:
-			return j, fk, rk, n, stopOther
+			return j, fk, n, stopOther
 		}
 	}
-	return j, fk, rk, n, stopOther
+	return j, fk, n, stopOther
 odd:
 	// n is odd: the next marker character makes it even; from HoldMin on its last 7 are probed.
 	for uint(j) < uint(len(b)) {
@@ -319,15 +319,15 @@ odd:
 		if kd-1 < 32 {
 			x := uint64(kd - 1)
 			nfk := fk<<5 | x // masked where it is used: one step less in the chain
-			nrk := rk>>5 | x<<(winKeyBits-5)
 			if n >= HoldMin-1 {
-				h := runSetKey(nfk, nrk) * hashMul
+				// The filter holds every window both ways: the run's last 7 as read.
+				h := nfk & setKeyMask * hashMul
 				m := filterMask(h)
 				if f.fb[h>>filterWordShift&f.fbm]&m == m || f.hasDelta && f.fd[h>>filterWordShift&f.fdm]&m == m {
-					return j, nfk, nrk, n, stopFilter
+					return j, nfk, n, stopFilter
 				}
 			}
-			fk, rk, n = nfk, nrk, n+1
+			fk, n = nfk, n+1
 			j++
 			goto even
 		}
@@ -335,16 +335,16 @@ odd:
 		case kindSep:
 			j++
 		case kindBreak:
-			fk, rk, n = 0, 0, 0
+			fk, n = 0, 0
 			j++
 			goto even
 		case kindWide:
-			return j, fk, rk, n, stopWide
+			return j, fk, n, stopWide
 		default:
-			return j, fk, rk, n, stopOther
+			return j, fk, n, stopOther
 		}
 	}
-	return j, fk, rk, n, stopOther
+	return j, fk, n, stopOther
 }
 
 // wideRun reads the valid 2- and 3-byte UTF-8 characters from b[j] on while they separate or

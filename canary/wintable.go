@@ -88,7 +88,7 @@ var filterMasks = func() (t [1024]uint64) {
 func newWinSet(windows int) winSet {
 	nb := uint64(windows*5/4/slotsPerBucket + 1) // ≤ 80 % full
 	nf := 1
-	for nf*64 < windows*8 {
+	for nf*64 < 2*windows*8 { // each window both ways
 		nf <<= 1
 	}
 	return winSet{
@@ -105,9 +105,15 @@ func (t *winSet) home(h uint64) uint64 {
 	return b * slotsPerBucket
 }
 
-func (t *winSet) insert(key uint64, rec, off int) {
+// insert adds a window read forwards (fwd) and backwards (rev): the filter takes both readings
+// (the fast path probes the run's last 7 characters one way only), the exact set the canonical.
+func (t *winSet) insert(fwd, rev uint64, rec, off int) {
+	for _, k := range [2]uint64{fwd, rev} {
+		h := k * hashMul
+		t.filter[t.filterWord(h)] |= filterMask(h)
+	}
+	key := canonKey(fwd, rev)
 	h := key * hashMul
-	t.filter[t.filterWord(h)] |= filterMask(h)
 	v := key<<(setRecBits+setOffBits) | uint64(off)<<setRecBits | uint64(rec+1)
 	for i := t.home(h); ; i++ {
 		if i == uint64(len(t.slots)) {
@@ -120,7 +126,7 @@ func (t *winSet) insert(key uint64, rec, off int) {
 	}
 }
 
-// mayHave is the filter: false means no window has key.
+// mayHave is the filter: false means no window has key (read either way).
 func (t *winSet) mayHave(key uint64) bool {
 	h := key * hashMul
 	m := filterMask(h)
@@ -207,13 +213,15 @@ func canonKey(fwd, rev uint64) uint64 {
 func runSetKey(fk, rk uint64) uint64 { return canonKey(fk&setKeyMask, rk>>5) }
 
 // setKeyOf is the canonical set key of 7 characters of a marker body.
-func setKeyOf(w []byte) uint64 {
-	var f, r uint64
+func setKeyOf(w []byte) uint64 { return canonKey(setKeysOf(w)) }
+
+// setKeysOf packs 7 characters of a marker body read forwards and backwards.
+func setKeysOf(w []byte) (fwd, rev uint64) {
 	for i := 0; i < setLen; i++ {
-		f = f<<5 | uint64(classIdx[w[i]])
-		r = r<<5 | uint64(classIdx[w[setLen-1-i]])
+		fwd = fwd<<5 | uint64(classIdx[w[i]])
+		rev = rev<<5 | uint64(classIdx[w[setLen-1-i]])
 	}
-	return canonKey(f, r)
+	return fwd, rev
 }
 
 // buildWinSet makes the set of the windows of recs[lo:hi] (indexes stay those of recs).
@@ -221,7 +229,8 @@ func buildWinSet(recs []markerRec, lo, hi int) winSet {
 	t := newWinSet((hi - lo) * windowsPerRec)
 	for i := lo; i < hi; i++ {
 		for off := 0; off+setLen <= MarkerChars; off++ {
-			t.insert(setKeyOf(recs[i].body[off:off+setLen]), i, off)
+			f, r := setKeysOf(recs[i].body[off : off+setLen])
+			t.insert(f, r, i, off)
 		}
 	}
 	return t
