@@ -353,20 +353,18 @@ odd:
 // left to the slow path.
 func wideRun(b []byte, j int) (int, bool) {
 	broke := false
-	for j < len(b) {
-		c := b[j]
+	for {
 		var ru rune
 		var size int
-		switch {
-		case c >= 0xE0 && c <= 0xEF && j+2 < len(b) && b[j+1]&0xC0 == 0x80 && b[j+2]&0xC0 == 0x80:
-			ru = rune(c&0x0F)<<12 | rune(b[j+1]&0x3F)<<6 | rune(b[j+2]&0x3F)
-			if ru < 0x800 || ru >= 0xD800 && ru <= 0xDFFF {
+		if j+2 < len(b) && b[j]-0xE0 < 0x10 && (b[j+1]^0x80)|(b[j+2]^0x80) < 0x40 {
+			ru = rune(b[j]&0x0F)<<12 | rune(b[j+1]&0x3F)<<6 | rune(b[j+2]&0x3F)
+			if ru < 0x800 || uint32(ru)-0xD800 < 0x800 {
 				return j, broke // overlong or a surrogate: not a character
 			}
 			size = 3
-		case c >= 0xC2 && c <= 0xDF && j+1 < len(b) && b[j+1]&0xC0 == 0x80:
-			ru, size = rune(c&0x1F)<<6|rune(b[j+1]&0x3F), 2
-		default:
+		} else if j+1 < len(b) && b[j]-0xC2 < 0x1E && b[j+1]^0x80 < 0x40 {
+			ru, size = rune(b[j]&0x1F)<<6|rune(b[j+1]&0x3F), 2
+		} else {
 			return j, broke
 		}
 		switch bmpFold[ru] {
@@ -378,7 +376,6 @@ func wideRun(b []byte, j int) (int, bool) {
 		}
 		j += size
 	}
-	return j, broke
 }
 
 // unit takes one character of the text (b[i:i+size]) that reads as marker characters.
