@@ -221,7 +221,10 @@ func (l *Loose) feed(dst, text []byte, final, all bool) ([]byte, *Hit) {
 // escape, another character). The run's state stays in registers.
 func (l *Loose) fast(b []byte, i int) int {
 	r := l.r
-	ff := fastFilter{fb: r.base.filter, fbm: r.base.fmask, fd: r.delta.filter, fdm: r.delta.fmask, hasDelta: r.nbase < len(r.recs)}
+	ff := fastFilter{fb: r.base.filter}
+	if r.nbase < len(r.recs) {
+		ff.fd = r.delta.filter
+	}
 	fk, n := l.run.fk, l.run.n
 	j := i
 	for {
@@ -255,11 +258,11 @@ func (l *Loose) fast(b []byte, i int) int {
 	return j
 }
 
-// fastFilter is what scanFast probes: the ring's filters and their masks (winSet.filterWord).
+// fastFilter is what scanFast probes: the ring's filters (fd nil without a delta set). Their
+// lengths are powers of two, so a word index is the hash masked by len−1 (winSet.filterWord),
+// which also proves it in bounds.
 type fastFilter struct {
-	fb, fd   []uint64
-	fbm, fdm uint64
-	hasDelta bool
+	fb, fd []uint64
 }
 
 // reversedKey is a run's rk for its fk: the last HoldMin characters' classes read backwards.
@@ -286,6 +289,10 @@ const (
 // live), at a
 // non-ASCII byte (wideRun reads those) and before anything else the slow path reads.
 func scanFast(b []byte, j int, fk uint64, n int, f *fastFilter) (int, uint64, int, int) {
+	fb, fd := f.fb, f.fd
+	if len(fb) == 0 {
+		return j, fk, n, stopOther // not a ring's filter (newWinSet makes one word at least)
+	}
 	if n&1 != 0 {
 		goto odd
 	}
@@ -323,7 +330,8 @@ odd:
 				// The filter holds every window both ways: the run's last 7 as read.
 				h := nfk & setKeyMask * hashMul
 				m := filterMask(h)
-				if f.fb[h>>filterWordShift&f.fbm]&m == m || f.hasDelta && f.fd[h>>filterWordShift&f.fdm]&m == m {
+				if fb[h>>filterWordShift&uint64(len(fb)-1)]&m == m ||
+					len(fd) > 0 && fd[h>>filterWordShift&uint64(len(fd)-1)]&m == m {
 					return j, nfk, n, stopFilter
 				}
 			}
