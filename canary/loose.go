@@ -63,6 +63,9 @@ type Loose struct {
 	// prompt scan of FindMarkerFragments); nothing is ever dropped or cut then.
 	collect func(rec int, lo, n int)
 	me      uint32 // the requester's tenant index (noTenant when unknown)
+	// slowOnly (tests): every character goes through the slow path, the reference that the fast
+	// path must agree with byte for byte.
+	slowOnly bool
 	r       *ring  // the keyring state of this Feed (and the run's stretches, by recsGen)
 	recsGen uint64
 }
@@ -154,7 +157,7 @@ func (l *Loose) feed(dst, text []byte, final, all bool) ([]byte, *Hit) {
 	emit := floor // b[emit:] is not copied to dst yet
 	end := len(b)
 	for i := 0; i < len(b); {
-		if !l.run.dropping && !l.run.slow && len(l.run.al) == 0 {
+		if !l.run.dropping && !l.run.slow && len(l.run.al) == 0 && !l.slowOnly {
 			// The fast path: characters that no tracked stretch continues and whose windows are
 			// in no live marker, with the run's state in registers.
 			if j := l.fast(b, i); j > i {
