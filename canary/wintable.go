@@ -17,23 +17,24 @@ type markerRec struct {
 }
 
 // winSet holds every setLen-character window (setLen = HoldMin−1 = 7) of a range of live marker
-// bodies, in classes (foldClass), 5 bits a character, under its canonical key: the smaller of the
-// window read forwards and backwards (canonKey). A run of text is probed with the canonical key
-// of its last 7 characters at every other character (when the run's length is even): every run
-// of HoldMin = 8 characters holds a 7-character window that ends at an even length, so a probe
-// that misses there rules out both 8-character windows that contain it, and a hit sends the
-// next characters to the exact check (Loose.probe). The canonical key finds a marker spelled
-// either way with half the entries of storing both directions.
+// bodies, in classes (foldClass), 5 bits a character. A run of text is probed with its last 7
+// characters at every other character (when the run's length is even): every run of HoldMin = 8
+// characters holds a 7-character window that ends at an even length, so a probe that misses
+// there rules out both 8-character windows that contain it, and a hit sends the next characters
+// to the exact check (Loose.probe).
 //
 // Two levels, so that a probe that misses (nearly all of them) costs one cache line:
-//   - filter: a Bloom filter blocked to one 64-bit word per key (three bits set per window, 8 to
-//     16 bits per window): 16 MB at 10^6 live markers, a false pass about once in 30 probes
+//   - filter: a Bloom filter blocked to one 64-bit word per key, holding each window read
+//     forwards and backwards (so the fast path probes the run's last 7 characters as read, with
+//     no backward key to keep): four bits set per reading, 12 to 24 bits per reading, 64 MB at
+//     10^6 live markers, a false pass about once in 100 to 160 probes (measured on random keys)
 //     (then the exact set answers);
 //   - slots: the exact set, open-addressed with linear probing from the start of a bucket of 8
 //     slots (one cache line), at most ~80 % full. A slot holds the window's 35 bits, its offset
 //     in the marker body (4 bits) and 1 + the index of its marker in the ring's recs (25 bits, so
-//     at most 2^25−1 live markers); 0 is empty. 14 windows a marker: 10^6 live markers take
-//     ~140 MB.
+//     at most 2^25−1 live markers); 0 is empty. Each window is stored once, under its canonical
+//     key: the smaller of its two readings (canonKey). 14 windows a marker: 10^6 live markers
+//     take ~140 MB.
 type winSet struct {
 	slots  []uint64
 	nb     uint64 // buckets of slotsPerBucket; slots has two spare buckets (overflow at the end)
@@ -57,25 +58,27 @@ const (
 // windowsPerRec is how many keys a marker puts in a set: each 7-character window once.
 const windowsPerRec = MarkerChars - setLen + 1
 
-// A hashed key (key·hashMul) picks its filter word by bits 38 and up (up to 2^26 words) and its
-// three bits by the 10 bits below (filterMasks): every bit from 28 up depends on all 35 bits of
-// the key, and neither needs a shift by a variable count (one register less in the fast path).
+// A hashed key (key·hashMul) picks its filter word by bits 36 and up (up to 2^28 words: 2^25
+// markers at 24 bits per reading) and its bits by the 10 bits below (filterMasks): every bit
+// from 26 up depends on all 35 bits of the key, and neither needs a shift by a variable count
+// (one register less in the fast path).
 const (
-	filterWordShift = 38
-	filterMaskShift = 28
+	filterWordShift = 36
+	filterMaskShift = 26
 )
 
 // filterWord is the index of the filter word for a hashed key.
 func (t *winSet) filterWord(h uint64) uint64 { return h >> filterWordShift & t.fmask }
 
-// filterMask is the filter word's three bits for a hashed key: one load.
+// filterMask is the filter word's bits for a hashed key: one load.
 func filterMask(h uint64) uint64 { return filterMasks[h>>filterMaskShift&1023] }
 
-// filterMasks are 1024 patterns of three distinct bits of a word (drawn by a fixed generator).
+// filterMasks are 1024 patterns of four distinct bits of a word (drawn by a fixed generator; four,
+// not three: a false pass (a call and a miss in the exact set) costs more than the bit).
 var filterMasks = func() (t [1024]uint64) {
 	x := uint64(0x243F6A8885A308D3)
 	for i := range t {
-		for bits.OnesCount64(t[i]) < 3 {
+		for bits.OnesCount64(t[i]) < 4 {
 			x ^= x << 13
 			x ^= x >> 7
 			x ^= x << 17
@@ -88,7 +91,7 @@ var filterMasks = func() (t [1024]uint64) {
 func newWinSet(windows int) winSet {
 	nb := uint64(windows*5/4/slotsPerBucket + 1) // ≤ 80 % full
 	nf := 1
-	for nf*64 < 2*windows*8 { // each window both ways
+	for nf*64 < 2*windows*12 { // each window both ways, 12 bits each at least
 		nf <<= 1
 	}
 	return winSet{
