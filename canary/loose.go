@@ -43,7 +43,9 @@ import (
 //
 // Windows are looked up in sets of HoldMin-character windows (winSet: a one-word Bloom filter,
 // then a bucketed open-addressed table), so the cost per character does not depend on the number
-// of live markers.
+// of live markers. The per-character loop (scanFast) takes two marker characters a turn, the
+// run's last 7 probed in the filter at the second; everything else goes to the slow path (step),
+// which TestLooseFastPathAgreesWithSlowPath holds it to.
 const LooseMin = 12
 
 // Loose is the folded-text detector of one reply field. It is not safe for concurrent use.
@@ -66,8 +68,8 @@ type Loose struct {
 	// slowOnly (tests): every character goes through the slow path, the reference that the fast
 	// path must agree with byte for byte.
 	slowOnly bool
-	r       *ring  // the keyring state of this Feed (and the run's stretches, by recsGen)
-	recsGen uint64
+	r        *ring // the keyring state of this Feed (and the run's stretches, by recsGen)
+	recsGen  uint64
 }
 
 // noTenant is the tenant index of a requester the keyring does not know.
