@@ -27,6 +27,7 @@ type printsState struct {
 	own     *fingerprint.Own
 	scanner *fingerprint.Scanner
 	hit     *canary.Hit // the leak the scanner reported, if it did
+	seq     uint64      // this prompt's number in the shared stream's queue (0: not queued)
 }
 
 // initPrints builds this replica's fingerprint index (nil: canaries or fingerprints off) and its
@@ -41,6 +42,7 @@ func (g *Gateway) initPrints() {
 		CutMatches: c.Fingerprints.CutMatches, CommonTenants: c.Fingerprints.CommonTenants})
 	if !c.Fingerprints.ReplicaLocal && g.state.Prints != nil {
 		g.printsOut, g.replicaID = make(chan state.PrintsRecord, printsQueue), newID()
+		g.printsTick = make(chan struct{})
 	}
 	g.printsUnshared = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_fingerprint_unshared_total",
 		Help: "Prompt fingerprint records kept on this replica only (the shared stream's queue was full or Redis failed)."})
@@ -49,7 +51,9 @@ func (g *Gateway) initPrints() {
 	stat := func(name, help string, f func(fingerprint.Stats) float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return f(g.prints.Stats()) })
 	}
-	g.metrics.reg.MustRegister(g.printsWeak, g.printsUnshared,
+	g.printsWaitLate = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_fingerprint_catchup_reads_total",
+		Help: "Replies whose replica had not applied the shared stream up to the reply's own prompt record in time and read it from Redis first (one round trip)."})
+	g.metrics.reg.MustRegister(g.printsWeak, g.printsUnshared, g.printsWaitLate,
 		stat("kvgate_fingerprint_index_bytes", "Bytes accounted to this replica's prompt fingerprint index (capped by canary.fingerprints.max_bytes).",
 			func(s fingerprint.Stats) float64 { return float64(s.Bytes) }),
 		stat("kvgate_fingerprint_index_prompts", "Prompts whose fingerprints this replica keeps.",
@@ -129,14 +133,28 @@ func (g *Gateway) flushPrints(ctx context.Context) {
 }
 
 // publishPrints writes the records to the shared stream within timeout; a failure leaves them
-// local.
+// local. Either way the records are settled: replies waiting for them (awaitPrints) go on.
 func (g *Gateway) publishPrints(ctx context.Context, recs []state.PrintsRecord, timeout time.Duration) {
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if err := g.state.Prints.PublishBatch(pctx, recs); err != nil {
+	last, err := g.state.Prints.PublishBatch(pctx, recs)
+	if err != nil {
 		g.printsUnshared.Add(float64(len(recs)))
 		g.log.Warn("prompt fingerprints not shared (kept on this replica)", zap.Int("records", len(recs)), zap.Error(err))
 	}
+	g.printsMu.Lock()
+	g.printsSettled = max(g.printsSettled, recs[len(recs)-1].Seq)
+	if err == nil {
+		g.printsSentID = last
+	}
+	g.printsTickLocked()
+	g.printsMu.Unlock()
+}
+
+// printsTickLocked wakes every reply waiting in awaitPrints (printsMu held).
+func (g *Gateway) printsTickLocked() {
+	close(g.printsTick)
+	g.printsTick = make(chan struct{})
 }
 
 // applyPrints records another replica's prompt once, in stream order (Follow and catchUpPrints
@@ -148,6 +166,7 @@ func (g *Gateway) applyPrints(id string, rec state.PrintsRecord, ok bool) {
 		return
 	}
 	g.printsLast = id
+	g.printsTickLocked()
 	if ok && rec.Origin != g.replicaID {
 		g.prints.Record(rec.Tenant, rec.Backends, rec.FPs, rec.At)
 	}
@@ -161,6 +180,11 @@ func (g *Gateway) catchUpPrints() {
 	if g.printsOut == nil || g.printsLive.Load() {
 		return
 	}
+	g.readPrints()
+}
+
+// readPrints reads the shared stream from the last record applied, now (one round trip).
+func (g *Gateway) readPrints() {
 	g.printsMu.Lock()
 	from := g.printsLast
 	g.printsMu.Unlock()
@@ -190,11 +214,18 @@ func (x *exchange) notePrompt() {
 		// have it about a round trip after the prompt leaves, before the engine has prefilled
 		// it, let alone served its pages to another request.
 		rec := state.PrintsRecord{Origin: x.g.replicaID, Tenant: x.tenant.Name, Backends: x.route.Backends, At: now, FPs: slices.Clone(fps)}
+		g := x.g
+		// Numbered under a lock held across the send, so records enter the queue in number
+		// order and a published record settles every lower number.
+		g.printsQueueMu.Lock()
+		rec.Seq = g.printsQueued + 1
 		select {
-		case x.g.printsOut <- rec:
+		case g.printsOut <- rec:
+			g.printsQueued, x.fp.seq = rec.Seq, rec.Seq
 		default:
-			x.g.printsUnshared.Inc()
+			g.printsUnshared.Inc()
 		}
+		g.printsQueueMu.Unlock()
 	}
 	ix.Record(x.tenant.Name, x.route.Backends, fps, now)
 }
@@ -206,10 +237,57 @@ func (x *exchange) textDetector() reply.TextDetector {
 		return nil
 	}
 	if x.fp.scanner == nil {
-		x.g.catchUpPrints()
+		x.awaitPrints()
 		x.fp.scanner = x.g.prints.NewScanner(x.tenant.Name, x.route.Backends, x.fp.own)
 	}
 	return printsDetector{x}
+}
+
+// printsWait bounds how long a reply waits for this replica's follower to apply the shared
+// stream up to the reply's own prompt record, before reading the stream itself.
+const printsWait = 200 * time.Millisecond
+
+// awaitPrints makes sure the reply is checked against every prompt that any replica published
+// before this exchange's own prompt record: the follower applies the stream in order, so once it
+// has applied (an id at or past) that record, it has applied all of them. The record was queued
+// before the prompt was forwarded, so normally both the publish and the follower's read are done
+// by the time the engine answers, and this costs no round trip; a follower that is late (or not
+// reading) is caught up with one read. A prompt that was not queued (queue full) falls back to
+// the follower's catch-up as before.
+func (x *exchange) awaitPrints() {
+	g := x.g
+	if g.printsOut == nil {
+		return
+	}
+	if x.fp.seq == 0 {
+		g.catchUpPrints()
+		return
+	}
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		g.printsMu.Lock()
+		done := g.printsSettled >= x.fp.seq && (g.printsSentID == "" || !state.IDLess(g.printsLast, g.printsSentID))
+		tick := g.printsTick
+		g.printsMu.Unlock()
+		if done {
+			return
+		}
+		if timer == nil {
+			timer = time.NewTimer(printsWait)
+		}
+		select {
+		case <-tick:
+		case <-timer.C:
+			g.printsWaitLate.Inc()
+			g.readPrints()
+			return
+		}
+	}
 }
 
 type printsDetector struct{ x *exchange }

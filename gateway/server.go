@@ -76,9 +76,15 @@ type Gateway struct {
 	printsUnshared prometheus.Counter
 	printsOut      chan state.PrintsRecord // to the shared stream (nil: replica-local)
 	replicaID      string
+	printsQueueMu  sync.Mutex // numbers records in the order they enter printsOut
+	printsQueued   uint64     // records queued so far (the last one's number)
 	printsMu       sync.Mutex
-	printsLast     string      // id of the last shared record applied
-	printsLive     atomic.Bool // the follower is reading the shared stream (prints.go)
+	printsLast     string        // id of the last shared record applied
+	printsSettled  uint64        // records numbered up to this one were published (or failed)
+	printsSentID   string        // the stream id of the last record published
+	printsTick     chan struct{} // closed (and replaced) when printsLast or printsSettled moves
+	printsLive     atomic.Bool   // the follower is reading the shared stream (prints.go)
+	printsWaitLate prometheus.Counter
 
 	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/limits.go)
 

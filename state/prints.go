@@ -20,6 +20,8 @@ type PrintsRecord struct {
 	Backends []string
 	At       time.Time
 	FPs      []uint64
+	// Seq numbers the records of one replica's queue (not shared: the publisher's bookkeeping).
+	Seq uint64
 }
 
 // RedisPrints shares prompt fingerprint records through a Redis stream, so that a reply served
@@ -45,22 +47,25 @@ func (r *RedisPrints) Key() string { return r.key }
 
 // Publish appends rec to the stream.
 func (r *RedisPrints) Publish(ctx context.Context, rec PrintsRecord) error {
-	return r.PublishBatch(ctx, []PrintsRecord{rec})
+	_, err := r.PublishBatch(ctx, []PrintsRecord{rec})
+	return err
 }
 
 // PublishBatch appends every record to the stream in one pipelined round trip, then trims it
-// once. Records keep their order.
-func (r *RedisPrints) PublishBatch(ctx context.Context, recs []PrintsRecord) error {
+// once. Records keep their order; last is the stream id of the last one (a follower that has
+// applied it has applied every record written before it).
+func (r *RedisPrints) PublishBatch(ctx context.Context, recs []PrintsRecord) (last string, err error) {
 	if len(recs) == 0 {
-		return nil
+		return "", nil
 	}
-	_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+	var lastAdd *redis.StringCmd
+	_, err = r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, rec := range recs {
 			fps := make([]byte, 8*len(rec.FPs))
 			for i, f := range rec.FPs {
 				binary.LittleEndian.PutUint64(fps[8*i:], f)
 			}
-			p.XAdd(ctx, &redis.XAddArgs{Stream: r.key, MaxLen: r.maxLen, Approx: true,
+			lastAdd = p.XAdd(ctx, &redis.XAddArgs{Stream: r.key, MaxLen: r.maxLen, Approx: true,
 				Values: []any{"o", rec.Origin, "t", rec.Tenant, "b", strings.Join(rec.Backends, "\n"), "f", fps}})
 		}
 		if r.ttl > 0 {
@@ -70,9 +75,9 @@ func (r *RedisPrints) PublishBatch(ctx context.Context, recs []PrintsRecord) err
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("sharing %d prompt fingerprint records in %s: %w", len(recs), r.key, err)
+		return "", fmt.Errorf("sharing %d prompt fingerprint records in %s: %w", len(recs), r.key, err)
 	}
-	return nil
+	return lastAdd.Val(), nil
 }
 
 // Follow calls apply with every record in the stream after the id from ("": from the start, so
