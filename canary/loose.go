@@ -43,7 +43,9 @@ import (
 //
 // Windows are looked up in sets of HoldMin-character windows (winSet: a one-word Bloom filter,
 // then a bucketed open-addressed table), so the cost per character does not depend on the number
-// of live markers.
+// of live markers. The per-character loop (scanFast) takes two marker characters a turn, the
+// run's last 7 probed in the filter at the second; everything else goes to the slow path (step),
+// which TestLooseFastPathAgreesWithSlowPath holds it to.
 const LooseMin = 12
 
 // Loose is the folded-text detector of one reply field. It is not safe for concurrent use.
@@ -63,8 +65,11 @@ type Loose struct {
 	// prompt scan of FindMarkerFragments); nothing is ever dropped or cut then.
 	collect func(rec int, lo, n int)
 	me      uint32 // the requester's tenant index (noTenant when unknown)
-	r       *ring  // the keyring state of this Feed (and the run's stretches, by recsGen)
-	recsGen uint64
+	// slowOnly (tests): every character goes through the slow path, the reference that the fast
+	// path must agree with byte for byte.
+	slowOnly bool
+	r        *ring // the keyring state of this Feed (and the run's stretches, by recsGen)
+	recsGen  uint64
 }
 
 // noTenant is the tenant index of a requester the keyring does not know.
@@ -154,7 +159,7 @@ func (l *Loose) feed(dst, text []byte, final, all bool) ([]byte, *Hit) {
 	emit := floor // b[emit:] is not copied to dst yet
 	end := len(b)
 	for i := 0; i < len(b); {
-		if !l.run.dropping && !l.run.slow && len(l.run.al) == 0 {
+		if !l.run.dropping && !l.run.slow && len(l.run.al) == 0 && !l.slowOnly {
 			// The fast path: characters that no tracked stretch continues and whose windows are
 			// in no live marker, with the run's state in registers.
 			if j := l.fast(b, i); j > i {
@@ -221,19 +226,22 @@ func (l *Loose) feed(dst, text []byte, final, all bool) ([]byte, *Hit) {
 // escape, another character). The run's state stays in registers.
 func (l *Loose) fast(b []byte, i int) int {
 	r := l.r
-	ff := fastFilter{fb: r.base.filter, fbm: r.base.fmask, fd: r.delta.filter, fdm: r.delta.fmask, hasDelta: r.nbase < len(r.recs)}
-	fk, rk, n := l.run.fk, l.run.rk, l.run.n
+	ff := fastFilter{fb: r.base.filter}
+	if r.nbase < len(r.recs) {
+		ff.fd = r.delta.filter
+	}
+	fk, n := l.run.fk, l.run.n
 	j := i
 	for {
 		var stop int
-		j, fk, rk, n, stop = scanFast(b, j, fk, rk, n, &ff)
+		j, fk, n, stop = scanFast(b, j, fk, n, &ff)
 		if stop == stopWide {
 			k, broke := wideRun(b, j)
 			if k == j {
 				break // the slow path reads it
 			}
 			if broke {
-				fk, rk, n = 0, 0, 0
+				fk, n = 0, 0
 			}
 			j = k
 			continue
@@ -241,26 +249,25 @@ func (l *Loose) fast(b []byte, i int) int {
 		if stop != stopFilter {
 			break
 		}
-		// fk and rk include b[j], n does not.
-		if r.hasWindow(runSetKey(fk, rk)) {
-			// The slow path takes this character: the run as it was before it.
-			fk = fk >> 5 & winKeyMask
-			rk = reversedKey(fk)
+		// fk includes b[j], n does not.
+		if r.hasWindow(runSetKey(fk, reversedKey(fk&winKeyMask))) {
+			fk >>= 5 // the slow path takes this character: the run as it was before it
 			break
 		}
 		// The filter passed falsely: the character is the run's, its window in no marker.
 		n++
 		j++
 	}
-	l.run.fk, l.run.rk, l.run.n = fk&winKeyMask, rk, n
+	fk &= winKeyMask
+	l.run.fk, l.run.rk, l.run.n = fk, reversedKey(fk), n
 	return j
 }
 
-// fastFilter is what scanFast probes: the ring's filters and their masks (winSet.filterWord).
+// fastFilter is what scanFast probes: the ring's filters (fd nil without a delta set). Their
+// lengths are powers of two, so a word index is the hash masked by len−1 (winSet.filterWord),
+// which also proves it in bounds.
 type fastFilter struct {
-	fb, fd   []uint64
-	fbm, fdm uint64
-	hasDelta bool
+	fb, fd []uint64
 }
 
 // reversedKey is a run's rk for its fk: the last HoldMin characters' classes read backwards.
@@ -282,10 +289,15 @@ const (
 // scanFast is fast's loop, a leaf (no calls: its state stays in registers). It consumes b from j
 // two marker characters at a time (one that makes the run's length odd, then one that makes it
 // even, where the run's last 7 characters are probed in the filters), so the parity is where the
-// code is, not a branch. It stops at a marker character whose probe passed the filter (fk and rk
-// then include it, n does not: the old fk and rk need not stay live), at a
+// code is, not a branch. Only fk is kept (fast derives rk from it). It stops at a marker character
+// whose probe passed the filter (fk then includes it, n does not: the old fk need not stay
+// live), at a
 // non-ASCII byte (wideRun reads those) and before anything else the slow path reads.
-func scanFast(b []byte, j int, fk, rk uint64, n int, f *fastFilter) (int, uint64, uint64, int, int) {
+func scanFast(b []byte, j int, fk uint64, n int, f *fastFilter) (int, uint64, int, int) {
+	fb, fd := f.fb, f.fd
+	if len(fb) == 0 {
+		return j, fk, n, stopOther // not a ring's filter (newWinSet makes one word at least)
+	}
 	if n&1 != 0 {
 		goto odd
 	}
@@ -295,7 +307,7 @@ even:
 		kd := asciiKind[b[j]]
 		if kd-1 < 32 {
 			x := uint64(kd - 1)
-			fk, rk, n = fk<<5|x, rk>>5|x<<(winKeyBits-5), n+1
+			fk, n = fk<<5|x, n+1
 			j++
 			goto odd
 		}
@@ -303,15 +315,15 @@ even:
 		case kindSep:
 			j++
 		case kindBreak:
-			fk, rk, n = 0, 0, 0
+			fk, n = 0, 0
 			j++
 		case kindWide:
-			return j, fk, rk, n, stopWide
+			return j, fk, n, stopWide
 		default:
-			return j, fk, rk, n, stopOther
+			return j, fk, n, stopOther
 		}
 	}
-	return j, fk, rk, n, stopOther
+	return j, fk, n, stopOther
 odd:
 	// n is odd: the next marker character makes it even; from HoldMin on its last 7 are probed.
 	for uint(j) < uint(len(b)) {
@@ -319,15 +331,16 @@ odd:
 		if kd-1 < 32 {
 			x := uint64(kd - 1)
 			nfk := fk<<5 | x // masked where it is used: one step less in the chain
-			nrk := rk>>5 | x<<(winKeyBits-5)
 			if n >= HoldMin-1 {
-				h := runSetKey(nfk, nrk) * hashMul
+				// The filter holds every window both ways: the run's last 7 as read.
+				h := nfk & setKeyMask * hashMul
 				m := filterMask(h)
-				if f.fb[h>>filterWordShift&f.fbm]&m == m || f.hasDelta && f.fd[h>>filterWordShift&f.fdm]&m == m {
-					return j, nfk, nrk, n, stopFilter
+				if fb[h>>filterWordShift&uint64(len(fb)-1)]&m == m ||
+					len(fd) > 0 && fd[h>>filterWordShift&uint64(len(fd)-1)]&m == m {
+					return j, nfk, n, stopFilter
 				}
 			}
-			fk, rk, n = nfk, nrk, n+1
+			fk, n = nfk, n+1
 			j++
 			goto even
 		}
@@ -335,16 +348,16 @@ odd:
 		case kindSep:
 			j++
 		case kindBreak:
-			fk, rk, n = 0, 0, 0
+			fk, n = 0, 0
 			j++
 			goto even
 		case kindWide:
-			return j, fk, rk, n, stopWide
+			return j, fk, n, stopWide
 		default:
-			return j, fk, rk, n, stopOther
+			return j, fk, n, stopOther
 		}
 	}
-	return j, fk, rk, n, stopOther
+	return j, fk, n, stopOther
 }
 
 // wideRun reads the valid 2- and 3-byte UTF-8 characters from b[j] on while they separate or
@@ -353,20 +366,18 @@ odd:
 // left to the slow path.
 func wideRun(b []byte, j int) (int, bool) {
 	broke := false
-	for j < len(b) {
-		c := b[j]
+	for {
 		var ru rune
 		var size int
-		switch {
-		case c >= 0xE0 && c <= 0xEF && j+2 < len(b) && b[j+1]&0xC0 == 0x80 && b[j+2]&0xC0 == 0x80:
-			ru = rune(c&0x0F)<<12 | rune(b[j+1]&0x3F)<<6 | rune(b[j+2]&0x3F)
-			if ru < 0x800 || ru >= 0xD800 && ru <= 0xDFFF {
+		if j+2 < len(b) && b[j]-0xE0 < 0x10 && (b[j+1]^0x80)|(b[j+2]^0x80) < 0x40 {
+			ru = rune(b[j]&0x0F)<<12 | rune(b[j+1]&0x3F)<<6 | rune(b[j+2]&0x3F)
+			if ru < 0x800 || uint32(ru)-0xD800 < 0x800 {
 				return j, broke // overlong or a surrogate: not a character
 			}
 			size = 3
-		case c >= 0xC2 && c <= 0xDF && j+1 < len(b) && b[j+1]&0xC0 == 0x80:
-			ru, size = rune(c&0x1F)<<6|rune(b[j+1]&0x3F), 2
-		default:
+		} else if j+1 < len(b) && b[j]-0xC2 < 0x1E && b[j+1]^0x80 < 0x40 {
+			ru, size = rune(b[j]&0x1F)<<6|rune(b[j+1]&0x3F), 2
+		} else {
 			return j, broke
 		}
 		switch bmpFold[ru] {
@@ -378,7 +389,6 @@ func wideRun(b []byte, j int) (int, bool) {
 		}
 		j += size
 	}
-	return j, broke
 }
 
 // unit takes one character of the text (b[i:i+size]) that reads as marker characters.
