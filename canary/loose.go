@@ -53,12 +53,15 @@ type Loose struct {
 	k      *Keyring
 	tenant string
 	echoes []string
-	held   []byte // a partial escape ("&#10", "\u00") at the end of the last Feed
-	carry  []byte // FeedAll: a partial escape that ended the last value, already emitted
-	buf    []byte
-	run    runState
-	cut    *Hit
-	hist   []byte // the last bytes emitted, for Hit.Context
+	// pend is a partial escape ("&#10", "\u00") that ended the last Feed or FeedAll, read again
+	// with the next text; its first pendDone bytes were already emitted (or withheld): all of a
+	// FeedAll's, none of a Feed's unless they were a FeedAll's before it (Feed after FeedAll).
+	pend     []byte
+	pendDone int
+	buf      []byte
+	run      runState
+	cut      *Hit
+	hist     []byte // the last bytes emitted, for Hit.Context
 	// collect, when set, is told every run of HoldMin or more characters of a live marker (the
 	// prompt scan of FindMarkerFragments); nothing is ever dropped or cut then.
 	collect func(rec int, lo, n int)
@@ -101,7 +104,7 @@ func (k *Keyring) NewLoose(tenant string, echoes []string) *Loose {
 // Reset prepares l for a new field, keeping its buffers.
 func (l *Loose) Reset(tenant string, echoes []string) {
 	l.tenant, l.echoes = tenant, echoes
-	l.held, l.carry, l.cut, l.hist = l.held[:0], l.carry[:0], nil, l.hist[:0]
+	l.pend, l.pendDone, l.cut, l.hist = l.pend[:0], 0, nil, l.hist[:0]
 	l.run.reset()
 }
 
@@ -126,17 +129,12 @@ func (l *Loose) feed(dst, text []byte, final, all bool) ([]byte, *Hit) {
 		return dst, l.cut
 	}
 	b := text
-	floor := 0 // b[:floor] was emitted with the last value (FeedAll's carry)
-	switch {
-	case len(l.held) > 0:
-		l.buf = append(append(l.buf[:0], l.held...), text...)
+	floor := 0 // b[:floor] was emitted (or withheld) before
+	if len(l.pend) > 0 {
+		l.buf = append(append(l.buf[:0], l.pend...), text...)
 		b = l.buf
-		l.held = l.held[:0]
-	case len(l.carry) > 0:
-		l.buf = append(append(l.buf[:0], l.carry...), text...)
-		b = l.buf
-		floor = len(l.carry)
-		l.carry = l.carry[:0]
+		floor = l.pendDone
+		l.pend, l.pendDone = l.pend[:0], 0
 	}
 	r := l.k.ring()
 	l.r = r
@@ -205,10 +203,14 @@ func (l *Loose) feed(dst, text []byte, final, all bool) ([]byte, *Hit) {
 		} else {
 			dst = append(dst, b[emit:]...)
 		}
-		l.carry = append(l.carry, b[end:]...)
+		l.pend, l.pendDone = append(l.pend, b[end:]...), len(b)-end
 	} else {
-		dst = append(dst, b[emit:end]...)
-		l.held = append(l.held, b[end:]...)
+		// After a FeedAll the escape that waits may begin in what that value emitted (floor >
+		// end): those bytes wait again, still counted as emitted.
+		if end > emit {
+			dst = append(dst, b[emit:end]...)
+		}
+		l.pend, l.pendDone = append(l.pend, b[end:]...), max(emit-end, 0)
 	}
 	l.remember(dst[start:])
 	return dst, nil
@@ -580,7 +582,8 @@ func (l *Loose) hit(before, match []byte, victim string, epoch uint64) Hit {
 // FeedAll is Feed for text that ends a value (the joined reading of values a client joins):
 // all of it is emitted at once (what it withholds aside), nothing is held for the next value; an
 // escape cut at its end is read again together with the next value, and the run carries on
-// into it, as a client joins the values.
+// into it, as a client joins the values. Feed and FeedAll may follow each other on one Loose: a
+// partial escape a FeedAll emitted is not emitted again by the Feed that completes it.
 func (l *Loose) FeedAll(dst, text []byte) ([]byte, *Hit) {
 	return l.feed(dst, text, false, true)
 }
