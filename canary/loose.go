@@ -360,7 +360,14 @@ func wideRun(b []byte, j int) (int, bool) {
 		var ru rune
 		var size int
 		switch {
-		case c >= 0xE0 && c <= 0xEF && j+2 < len(b) && b[j+1]&0xC0 == 0x80 && b[j+2]&0xC0 == 0x80:
+		case c&0xF0 == 0xE0 && j+2 < len(b) && b[j+1]&0xC0 == 0x80 && b[j+2]&0xC0 == 0x80:
+			if breakLead3>>(c&0x0F)&1 != 0 {
+				// All 4096 characters of this lead byte break a run (CJK ideographs, Hangul):
+				// no decoding, no table lookup.
+				broke = true
+				j += 3
+				continue
+			}
 			ru = rune(c&0x0F)<<12 | rune(b[j+1]&0x3F)<<6 | rune(b[j+2]&0x3F)
 			if ru < 0x800 || ru >= 0xD800 && ru <= 0xDFFF {
 				return j, broke // overlong or a surrogate: not a character
@@ -382,6 +389,24 @@ func wideRun(b []byte, j int) (int, bool) {
 	}
 	return j, broke
 }
+
+// breakLead3 has bit n set when every character of the 3-byte UTF-8 sequences led by 0xE0|n
+// breaks a run (bmpFold 0). Not 0xE0 (overlong forms and other classes) nor 0xED (surrogates).
+var breakLead3 = func() (m uint16) {
+	for n := 1; n < 16; n++ {
+		if n == 0xD {
+			continue
+		}
+		all := true
+		for _, v := range bmpFold[n<<12 : (n+1)<<12] {
+			all = all && v == 0
+		}
+		if all {
+			m |= 1 << n
+		}
+	}
+	return m
+}()
 
 // unit takes one character of the text (b[i:i+size]) that reads as marker characters.
 func (l *Loose) unit(dst, b []byte, emit, i, size int, reading string) ([]byte, int, *Hit) {
@@ -559,6 +584,11 @@ func (l *Loose) stop(dst []byte, h *Hit) ([]byte, *Hit) {
 }
 
 func (l *Loose) remember(out []byte) {
+	if len(out) >= contextSide {
+		// Only the end of a long output is kept: no second copy of all of it.
+		l.hist = append(l.hist[:0], out[len(out)-contextSide:]...)
+		return
+	}
 	l.hist = append(l.hist, out...)
 	if len(l.hist) > contextSide {
 		l.hist = append(l.hist[:0], l.hist[len(l.hist)-contextSide:]...)
