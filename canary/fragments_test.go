@@ -1,6 +1,7 @@
 package canary
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -9,28 +10,23 @@ func TestFindMarkerFragments(t *testing.T) {
 	k := NewKeyring([]byte("s"), time.Hour, 24*time.Hour, []string{"a", "b"})
 	a, _ := k.Current("a", time.Now())
 	b, _ := k.Current("b", time.Now())
-	// The markers change with the hour: text around a fragment is broken off by punctuation (a
-	// letter or digit there may be the marker's next character), the filler after a run is
-	// chosen not to be.
-	filler := "zzzzzzzz"
-	if a[12] == 'z' {
-		filler = "yyyyyyyy"
-	}
 	for _, c := range []struct {
 		text string
 		want []string
 	}{
 		{"nothing here", nil},
-		{"short " + a[:4+7] + " only", nil},
+		{"short " + a[:4+7] + "! only", nil},
 		{"frag " + a[:4+8] + ", whole " + b + " and again " + a, []string{a, b}},
 		{"frag " + a[:4+8] + ", whole " + b, []string{desc(a, 0, 8), b}},
-		{"capitals KVG-" + upper(a[4:12]) + " kvg-" + b[4:13], []string{desc(a, 0, 8), desc(b, 0, 9)}},
-		{"a run that goes on KVG-" + a[4:12] + filler, []string{desc(a, 0, 8)}},
-		{"-KVG " + a[4:11] + " KV- " + b[4:10] + " -", nil},
+		{"capitals KVG-" + upper(a[4:12]) + "! kvg-" + b[4:13], []string{desc(a, 0, 8), desc(b, 0, 9)}},
+		{"a run that goes on KVG-" + a[4:12] + strings.Repeat(string(notNext(a[12])), 8), []string{desc(a, 0, 8)}},
+		{"-KVG " + a[4:11] + "! KV- " + b[4:10] + " -", nil},
 		// As the folded detector reads it: any offset, any case, invisible characters between
-		// them, reversed; two pieces of one marker are one descriptor.
-		{"bare, " + upper(a[8:16]) + ", and " + b[4:8] + "\u200b" + b[8:16], []string{desc(a, 4, 12), desc(b, 0, 12)}},
-		{"back, " + string(reversed([]byte(a[10:22]))) + ", and " + a[4:12], []string{desc(a, 0, 18)}},
+		// them, reversed; two pieces of one marker are one descriptor. Separators are
+		// transparent, so every piece is fenced by '!' (a break): a neighbouring word's letter
+		// would otherwise extend the run in the hours when the marker's next character is it.
+		{"bare !" + upper(a[8:16]) + "! and " + b[4:8] + "\u200b" + b[8:16], []string{desc(a, 4, 12), desc(b, 0, 12)}},
+		{"back !" + string(reversed([]byte(a[10:22]))) + "! and " + a[4:12], []string{desc(a, 0, 18)}},
 	} {
 		got := k.FindMarkerFragments(c.text)
 		if len(got) != len(c.want) {
@@ -42,6 +38,14 @@ func TestFindMarkerFragments(t *testing.T) {
 			}
 		}
 	}
+}
+
+// notNext is a marker character other than c (so it does not continue a run at c).
+func notNext(c byte) byte {
+	if c == 'z' {
+		return 'y'
+	}
+	return 'z'
 }
 
 // desc is the echo descriptor of marker m holding body characters [lo, hi).

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/config"
@@ -33,19 +32,8 @@ state: {redis_url: "`+redistest.URL()+`", key_prefix: "kvgate-test-await-`+newID
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := state.Open(cfg, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	set, err := backends.New(cfg.Backends, backends.OptionsFrom(cfg), zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := New(cfg, set, st, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
+	g, _ := redisGateway(t, cfg)
+	st := g.state
 	route := &backends.Route{Path: policy.Path{Backends: []string{"sim"}}}
 	// publishVictim writes bob's prompt as another replica would.
 	publishVictim := func(text string) {

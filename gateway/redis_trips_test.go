@@ -88,21 +88,8 @@ state: {redis_url: "`+redistest.URL()+`", key_prefix: "`+prefix+`"}
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := state.Open(cfg, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
 	trips := &tripCounter{n: map[string]int{}}
-	st.AddHook(trips)
-	set, err := backends.New(cfg.Backends, backends.OptionsFrom(cfg), zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := New(cfg, set, st, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
+	g, set := redisGateway(t, cfg, trips)
 	g.count.WithoutExact()
 	backends.SetCapacityForTest(set.Get("sim"), &backends.Capacity{PoolTokens: 65536, MaxReqInputLen: 32000, ContextLen: 32768, ReadAt: time.Now().Add(time.Hour)})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -139,4 +126,27 @@ state: {redis_url: "`+redistest.URL()+`", key_prefix: "`+prefix+`"}
 	if pub := rest["xadd+xtrim+pexpire+xrange"]; pub < 1 || pub > n {
 		t.Fatalf("%d fingerprint publishes for %d requests, want between 1 and one each", pub, n)
 	}
+}
+
+// redisGateway is an in-process gateway over cfg's Redis state (hooks see every command); it is
+// not running: the caller starts g.Run when it needs the background work.
+func redisGateway(t *testing.T, cfg *config.Config, hooks ...redis.Hook) (*Gateway, *backends.Set) {
+	t.Helper()
+	st, err := state.Open(cfg, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	for _, h := range hooks {
+		st.AddHook(h)
+	}
+	set, err := backends.New(cfg.Backends, backends.OptionsFrom(cfg), zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := New(cfg, set, st, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g, set
 }

@@ -15,7 +15,6 @@ import (
 
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/gateway"
-	"github.com/kvgate/kvgate/internal/gcfloor"
 )
 
 const serveUsage = `usage: kvgate serve [--config PATH] [--pprof-listen ADDR]
@@ -70,10 +69,6 @@ func printUsage(w io.Writer, fs *flag.FlagSet, usage string) {
 	fs.SetOutput(io.Discard)
 }
 
-// gcHeadroom is the least allocation between garbage collections (internal/gcfloor). GOGC or
-// GOMEMLIMIT in the environment turn it off.
-const gcHeadroom = 32 << 20
-
 func runServe(args []string) int {
 	fs := newFlags("serve")
 	fs.String("pprof-listen", "", "serve Go's profiles (net/http/pprof, /debug/pprof/) on this address, e.g. 127.0.0.1:6060; off when empty. They expose the process's internals: loopback only (make bench profiles the gateway with it)")
@@ -96,10 +91,6 @@ func runServe(args []string) int {
 		return 2
 	}
 	gateway.Version = version // kvgate_build_info
-	// A few MB of live heap would be collected several times a second under load, each mark
-	// phase slowing the requests it overlaps (the tail at a steady rate): at least gcHeadroom
-	// of allocation between collections; a larger heap is collected as with GOGC=100.
-	defer gcfloor.Start(gcHeadroom)()
 	log := gateway.NewLogger()
 	defer func() { _ = log.Sync() }()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
