@@ -288,6 +288,16 @@ const (
 // then include it, n does not: the old fk and rk need not stay live), at a
 // non-ASCII byte (wideRun reads those) and before anything else the slow path reads.
 func scanFast(b []byte, j int, fk, rk uint64, n int, f *fastFilter) (int, uint64, uint64, int, int) {
+	// Below HoldMin characters the run's length is counted (even, odd); from HoldMin on only its
+	// parity matters (runState.n is read as "≥ HoldMin" and its parity), so the loops there
+	// (evenLong, oddLong) count nothing and probe at every odd turn without a length check; they
+	// return HoldMin or HoldMin+1 for the run's length.
+	if n >= HoldMin {
+		if n&1 != 0 {
+			goto oddLong
+		}
+		goto evenLong
+	}
 	if n&1 != 0 {
 		goto odd
 	}
@@ -299,6 +309,9 @@ even:
 			x := uint64(kd - 1)
 			fk, rk, n = fk<<5|x, rk>>5|x<<(winKeyBits-5), n+1
 			j++
+			if n >= HoldMin {
+				goto oddLong
+			}
 			goto odd
 		}
 		switch kd {
@@ -331,6 +344,9 @@ odd:
 			}
 			fk, rk, n = nfk, nrk, n+1
 			j++
+			if n >= HoldMin {
+				goto evenLong
+			}
 			goto even
 		}
 		switch kd {
@@ -347,6 +363,61 @@ odd:
 		}
 	}
 	return j, fk, rk, n, stopOther
+evenLong:
+	// As even, the run HoldMin or more characters long.
+	for uint(j) < uint(len(b)) {
+		kd := asciiKind[b[j]]
+		if kd-1 < 32 {
+			x := uint64(kd - 1)
+			fk, rk = fk<<5|x, rk>>5|x<<(winKeyBits-5)
+			j++
+			goto oddLong
+		}
+		switch kd {
+		case kindSep:
+			j++
+		case kindBreak:
+			fk, rk, n = 0, 0, 0
+			j++
+			goto even
+		case kindWide:
+			return j, fk, rk, HoldMin, stopWide
+		default:
+			return j, fk, rk, HoldMin, stopOther
+		}
+	}
+	return j, fk, rk, HoldMin, stopOther
+oddLong:
+	// As odd, the run HoldMin or more characters long: every turn probes.
+	for uint(j) < uint(len(b)) {
+		kd := asciiKind[b[j]]
+		if kd-1 < 32 {
+			x := uint64(kd - 1)
+			nfk := fk<<5 | x
+			nrk := rk>>5 | x<<(winKeyBits-5)
+			h := runSetKey(nfk, nrk) * hashMul
+			m := filterMask(h)
+			if f.fb[h>>filterWordShift&f.fbm]&m == m || f.hasDelta && f.fd[h>>filterWordShift&f.fdm]&m == m {
+				return j, nfk, nrk, HoldMin + 1, stopFilter
+			}
+			fk, rk = nfk, nrk
+			j++
+			goto evenLong
+		}
+		switch kd {
+		case kindSep:
+			j++
+		case kindBreak:
+			fk, rk, n = 0, 0, 0
+			j++
+			goto even
+		case kindWide:
+			return j, fk, rk, HoldMin + 1, stopWide
+		default:
+			return j, fk, rk, HoldMin + 1, stopOther
+		}
+	}
+	return j, fk, rk, HoldMin + 1, stopOther
 }
 
 // wideRun reads the valid 2- and 3-byte UTF-8 characters from b[j] on while they separate or
