@@ -55,12 +55,15 @@ type Loose struct {
 	k      *Keyring
 	tenant string
 	echoes []string
-	held   []byte // a partial escape ("&#10", "\u00") at the end of the last Feed
-	carry  []byte // FeedAll: a partial escape that ended the last value, already emitted
-	buf    []byte
-	run    runState
-	cut    *Hit
-	hist   []byte // the last bytes emitted, for Hit.Context
+	// pend is a partial escape ("&#10", "\u00") that ended the last Feed or FeedAll, read again
+	// with the next text; its first pendDone bytes were already emitted (or withheld): all of a
+	// FeedAll's, none of a Feed's unless they were a FeedAll's before it (Feed after FeedAll).
+	pend     []byte
+	pendDone int
+	buf      []byte
+	run      runState
+	cut      *Hit
+	hist     []byte // the last bytes emitted, for Hit.Context
 	// collect, when set, is told every run of HoldMin or more characters of a live marker (the
 	// prompt scan of FindMarkerFragments); nothing is ever dropped or cut then.
 	collect func(rec int, lo, n int)
@@ -106,7 +109,7 @@ func (k *Keyring) NewLoose(tenant string, echoes []string) *Loose {
 // Reset prepares l for a new field, keeping its buffers.
 func (l *Loose) Reset(tenant string, echoes []string) {
 	l.tenant, l.echoes = tenant, echoes
-	l.held, l.carry, l.cut, l.hist = l.held[:0], l.carry[:0], nil, l.hist[:0]
+	l.pend, l.pendDone, l.cut, l.hist = l.pend[:0], 0, nil, l.hist[:0]
 	l.run.reset()
 }
 
@@ -131,17 +134,12 @@ func (l *Loose) feed(dst, text []byte, final, all bool) ([]byte, *Hit) {
 		return dst, l.cut
 	}
 	b := text
-	floor := 0 // b[:floor] was emitted with the last value (FeedAll's carry)
-	switch {
-	case len(l.held) > 0:
-		l.buf = append(append(l.buf[:0], l.held...), text...)
+	floor := 0 // b[:floor] was emitted (or withheld) before
+	if len(l.pend) > 0 {
+		l.buf = append(append(l.buf[:0], l.pend...), text...)
 		b = l.buf
-		l.held = l.held[:0]
-	case len(l.carry) > 0:
-		l.buf = append(append(l.buf[:0], l.carry...), text...)
-		b = l.buf
-		floor = len(l.carry)
-		l.carry = l.carry[:0]
+		floor = l.pendDone
+		l.pend, l.pendDone = l.pend[:0], 0
 	}
 	r := l.k.ring()
 	l.r = r
@@ -210,10 +208,14 @@ func (l *Loose) feed(dst, text []byte, final, all bool) ([]byte, *Hit) {
 		} else {
 			dst = append(dst, b[emit:]...)
 		}
-		l.carry = append(l.carry, b[end:]...)
+		l.pend, l.pendDone = append(l.pend, b[end:]...), len(b)-end
 	} else {
-		dst = append(dst, b[emit:end]...)
-		l.held = append(l.held, b[end:]...)
+		// After a FeedAll the escape that waits may begin in what that value emitted (floor >
+		// end): those bytes wait again, still counted as emitted.
+		if end > emit {
+			dst = append(dst, b[emit:end]...)
+		}
+		l.pend, l.pendDone = append(l.pend, b[end:]...), max(emit-end, 0)
 	}
 	l.remember(dst[start:])
 	return dst, nil
@@ -370,6 +372,13 @@ func wideRun(b []byte, j int) (int, bool) {
 		var ru rune
 		var size int
 		if j+2 < len(b) && b[j]-0xE0 < 0x10 && (b[j+1]^0x80)|(b[j+2]^0x80) < 0x40 {
+			if breakLead3>>(b[j]&0x0F)&1 != 0 {
+				// All 4096 characters of this lead byte break a run (CJK ideographs, Hangul):
+				// no decoding, no table lookup.
+				broke = true
+				j += 3
+				continue
+			}
 			ru = rune(b[j]&0x0F)<<12 | rune(b[j+1]&0x3F)<<6 | rune(b[j+2]&0x3F)
 			if ru < 0x800 || uint32(ru)-0xD800 < 0x800 {
 				return j, broke // overlong or a surrogate: not a character
@@ -390,6 +399,24 @@ func wideRun(b []byte, j int) (int, bool) {
 		j += size
 	}
 }
+
+// breakLead3 has bit n set when every character of the 3-byte UTF-8 sequences led by 0xE0|n
+// breaks a run (bmpFold 0). Not 0xE0 (overlong forms and other classes) nor 0xED (surrogates).
+var breakLead3 = func() (m uint16) {
+	for n := 1; n < 16; n++ {
+		if n == 0xD {
+			continue
+		}
+		all := true
+		for _, v := range bmpFold[n<<12 : (n+1)<<12] {
+			all = all && v == 0
+		}
+		if all {
+			m |= 1 << n
+		}
+	}
+	return m
+}()
 
 // unit takes one character of the text (b[i:i+size]) that reads as marker characters.
 func (l *Loose) unit(dst, b []byte, emit, i, size int, reading string) ([]byte, int, *Hit) {
@@ -567,6 +594,11 @@ func (l *Loose) stop(dst []byte, h *Hit) ([]byte, *Hit) {
 }
 
 func (l *Loose) remember(out []byte) {
+	if len(out) >= contextSide {
+		// Only the end of a long output is kept: no second copy of all of it.
+		l.hist = append(l.hist[:0], out[len(out)-contextSide:]...)
+		return
+	}
 	l.hist = append(l.hist, out...)
 	if len(l.hist) > contextSide {
 		l.hist = append(l.hist[:0], l.hist[len(l.hist)-contextSide:]...)
@@ -590,7 +622,8 @@ func (l *Loose) hit(before, match []byte, victim string, epoch uint64) Hit {
 // FeedAll is Feed for text that ends a value (the joined reading of values a client joins):
 // all of it is emitted at once (what it withholds aside), nothing is held for the next value; an
 // escape cut at its end is read again together with the next value, and the run carries on
-// into it, as a client joins the values.
+// into it, as a client joins the values. Feed and FeedAll may follow each other on one Loose: a
+// partial escape a FeedAll emitted is not emitted again by the Feed that completes it.
 func (l *Loose) FeedAll(dst, text []byte) ([]byte, *Hit) {
 	return l.feed(dst, text, false, true)
 }
