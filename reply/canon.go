@@ -342,36 +342,10 @@ func (c *canonReader) lit(s string) bool {
 // num reads a number per RFC 8259.
 func (c *canonReader) num() bool {
 	s := c.i
-	if c.b[c.i] == '-' {
-		c.i++
-	}
-	digits := func() int {
-		n := 0
-		for c.i < len(c.b) && c.b[c.i] >= '0' && c.b[c.i] <= '9' {
-			c.i++
-			n++
-		}
-		return n
-	}
-	if c.i < len(c.b) && c.b[c.i] == '0' {
-		c.i++
-	} else if digits() == 0 {
+	end, ok := numberEnd(c.b, c.i)
+	c.i = end
+	if !ok {
 		return false
-	}
-	if c.i < len(c.b) && c.b[c.i] == '.' {
-		c.i++
-		if digits() == 0 {
-			return false
-		}
-	}
-	if c.i < len(c.b) && (c.b[c.i] == 'e' || c.b[c.i] == 'E') {
-		c.i++
-		if c.i < len(c.b) && (c.b[c.i] == '+' || c.b[c.i] == '-') {
-			c.i++
-		}
-		if digits() == 0 {
-			return false
-		}
 	}
 	c.toks = append(c.toks, rawTok{kind: 'n', s: int32(s), e: int32(c.i)})
 	return true

@@ -191,41 +191,52 @@ func (r *jsonReader) lit(s string) error {
 // num reads a number per RFC 8259's grammar, kept as its text.
 func (r *jsonReader) num() (any, error) {
 	s := r.i
-	if r.b[r.i] == '-' {
-		r.i++
-	}
-	digits := func() int {
-		n := 0
-		for r.i < len(r.b) && r.b[r.i] >= '0' && r.b[r.i] <= '9' {
-			r.i++
-			n++
-		}
-		return n
-	}
-	if r.i < len(r.b) && r.b[r.i] == '0' {
-		r.i++
-	} else if digits() == 0 {
+	end, ok := numberEnd(r.b, r.i)
+	r.i = end
+	if !ok {
 		return nil, r.errorf("bad number")
-	}
-	if r.i < len(r.b) && r.b[r.i] == '.' {
-		r.i++
-		if digits() == 0 {
-			return nil, r.errorf("bad number")
-		}
-	}
-	if r.i < len(r.b) && (r.b[r.i] == 'e' || r.b[r.i] == 'E') {
-		r.i++
-		if r.i < len(r.b) && (r.b[r.i] == '+' || r.b[r.i] == '-') {
-			r.i++
-		}
-		if digits() == 0 {
-			return nil, r.errorf("bad number")
-		}
 	}
 	if err := r.owe(int64(r.i-s) + costValue); err != nil {
 		return nil, err
 	}
 	return json.Number(r.b[s:r.i]), nil
+}
+
+// numberEnd reads the number at b[i] (a '-' or a digit) per RFC 8259's grammar: where it ends,
+// or where it went wrong and false. Both readers of this package use it.
+func numberEnd(b []byte, i int) (int, bool) {
+	if b[i] == '-' {
+		i++
+	}
+	digits := func() int {
+		n := 0
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+			n++
+		}
+		return n
+	}
+	if i < len(b) && b[i] == '0' {
+		i++
+	} else if digits() == 0 {
+		return i, false
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if digits() == 0 {
+			return i, false
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if digits() == 0 {
+			return i, false
+		}
+	}
+	return i, true
 }
 
 // str reads a string, escapes resolved the way encoding/json resolves them (a lone surrogate
