@@ -138,13 +138,7 @@ func TestOwnMarkerAcrossJoinedValues(t *testing.T) {
 						pieces = []string{text[:4+cut], text[4+cut : 4+cut2], text[4+cut2:]}
 					}
 					sc := Scope{Keyring: kr, Requester: "alice", Kind: kind}
-					var got string
-					var leak bool
-					if stream {
-						got, leak = runStream(t, rnd, sc, kind, pieces)
-					} else {
-						got, leak = runWhole(t, rnd, sc, kind, pieces)
-					}
+					got, leak := runPath(t, rnd, sc, kind, pieces, stream)
 					if leak || strings.Contains(got, canary.MarkerPrefix) {
 						t.Fatalf("%v stream=%v %q: leak=%v, the client assembled %q", kind, stream, pieces, leak, got)
 					}

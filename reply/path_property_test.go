@@ -59,13 +59,7 @@ func TestReplyPathProperty(t *testing.T) {
 		pieces := splitRunes(rnd, text, 1+rnd.Intn(6))
 		sc := Scope{Keyring: kr, Requester: "alice", Echoes: echoes, Kind: kind}
 		desc := fmt.Sprintf("iter %d: %v stream=%v, %d chars at %d (%s, echoed %d): %q in %q", iter, kind, stream, n, off, dname, echoed, plant, pieces)
-		var got string
-		var leak bool
-		if stream {
-			got, leak = runStream(t, rnd, sc, kind, pieces)
-		} else {
-			got, leak = runWhole(t, rnd, sc, kind, pieces)
-		}
+		got, leak := runPath(t, rnd, sc, kind, pieces, stream)
 		run := canary.LongestRun(got, victim)
 		limit := canary.HoldMin - 1
 		if echoed > 0 {
@@ -220,6 +214,15 @@ func jsonString(rnd *rand.Rand, s string) string {
 }
 
 // runStream sends pieces as the API's events through a Stream, the bytes cut at random, and
+// runPath sends pieces through the streaming or the whole-reply path and returns what the
+// client assembled and whether a leak was reported.
+func runPath(t *testing.T, rnd *rand.Rand, sc Scope, kind request.Kind, pieces []string, stream bool) (string, bool) {
+	if stream {
+		return runStream(t, rnd, sc, kind, pieces)
+	}
+	return runWhole(t, rnd, sc, kind, pieces)
+}
+
 // assembles the client's text from what came out.
 func runStream(t *testing.T, rnd *rand.Rand, sc Scope, kind request.Kind, pieces []string) (string, bool) {
 	t.Helper()
