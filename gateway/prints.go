@@ -183,10 +183,9 @@ func (x *exchange) notePrompt() {
 	x.fp.own = own
 	now := time.Now()
 	if x.g.printsOut != nil {
-		// Queued (bounded), never waited for: the publisher sends it at once when idle, or with
-		// the records queued meanwhile in one pipelined round trip. Other replicas' followers
-		// have it about a round trip after the prompt leaves, before the engine has prefilled
-		// it, let alone served its pages to another request.
+		// Queued (bounded), never waited for here: the publisher sends it at once when idle, or
+		// with the records queued meanwhile in one pipelined round trip that also reads the
+		// stream back; the reply waits for that publish (awaitPrints), not the request.
 		rec := state.PrintsRecord{Origin: x.g.replicaID, Tenant: x.tenant.Name, Backends: x.route.Backends, At: now, FPs: slices.Clone(fps)}
 		g := x.g
 		// Numbered under a lock held across the send, so records enter the queue in number
