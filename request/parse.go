@@ -338,6 +338,9 @@ func (r *Request) parseChat() *apierr.Error {
 		}
 		r.roles, r.names = append(r.roles, role), append(r.names, name)
 	}
+	if e := checkTemplateKwargs(r.Fields["chat_template_kwargs"]); e != nil {
+		return e
+	}
 	// Tool definitions, schemas and template arguments reach the engine's template: count them.
 	var extra []string
 	for _, k := range []string{"tools", "functions", "response_format", "chat_template_kwargs"} {
@@ -347,6 +350,70 @@ func (r *Request) parseChat() *apierr.Error {
 	}
 	r.extra = strings.Join(extra, "\n")
 	return r.openAIOutput()
+}
+
+// templateSwitches are the chat_template_kwargs keys the engine may receive: the switches chat
+// templates read (Qwen3's enable_thinking, DeepSeek's thinking, gpt-oss's reasoning_effort).
+// Engines pass the object into apply_chat_template(**kwargs), so any other key can replace what
+// the gateway counted: chat_template swaps the template itself (any prompt size from a short
+// body), and messages, tools, documents, bos_token, add_generation_prompt,
+// continue_final_message, tokenize or a special-token variable change the render. Those are
+// refused by name, every other key as unknown.
+var templateSwitches = AllowList("enable_thinking", "thinking", "reasoning_effort")
+
+// maxSwitchString bounds a string switch's value: templates compare it with a few words.
+const maxSwitchString = 32
+
+// checkTemplateKwargs refuses chat_template_kwargs unless it is null or an object whose keys are
+// template switches with scalar values (a string at most maxSwitchString bytes).
+func checkTemplateKwargs(raw json.RawMessage) *apierr.Error {
+	if len(raw) == 0 || isNull(raw) {
+		return nil
+	}
+	var kw map[string]json.RawMessage
+	if json.Unmarshal(raw, &kw) != nil || kw == nil {
+		return apierr.BadRequest("chat_template_kwargs", "'chat_template_kwargs' must be a JSON object.")
+	}
+	keys := make([]string, 0, len(kw))
+	for k := range kw {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys) // the same error every time
+	for _, k := range keys {
+		field := "chat_template_kwargs." + k
+		if !templateSwitches[k] {
+			return apierr.BadRequest(field, fmt.Sprintf("Template argument %q may not be set by clients: "+
+				"chat_template_kwargs accepts only %s.", k, strings.Join(sortedKeys(templateSwitches), ", ")))
+		}
+		v := bytes.TrimSpace(kw[k])
+		var s string
+		var b bool
+		switch {
+		case isNull(v), decodeBool(v, &b):
+		case decodeString(v, &s):
+			if len(s) > maxSwitchString {
+				return apierr.BadRequest(field, fmt.Sprintf("Template argument %q must be at most %d bytes.", k, maxSwitchString))
+			}
+		case len(v) > 0 && (v[0] == '-' || v[0] >= '0' && v[0] <= '9') && len(v) <= maxSwitchString:
+			var f float64
+			if json.Unmarshal(v, &f) != nil {
+				return apierr.BadRequest(field, fmt.Sprintf("Template argument %q must be a boolean, a number or a short string.", k))
+			}
+		default:
+			return apierr.BadRequest(field, fmt.Sprintf("Template argument %q must be a boolean, a number or a short string.", k))
+		}
+	}
+	return nil
+}
+
+// sortedKeys lists a set's names in order (for error messages and docs).
+func sortedKeys(set map[string]bool) []string {
+	names := make([]string, 0, len(set))
+	for k := range set {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	return names
 }
 
 // messageKeys are the message fields forwarded; anything else is refused, because whatever the
