@@ -65,7 +65,7 @@ func (s *Scanner) Feed(text string) bool {
 	}
 	text = text[:min(len(text), MaxScanBytes-s.offset)]
 	s.pending = s.pending[:0]
-	s.r.feed(text, s.offset, func(v uint64, end int) {
+	s.r.feed(text, s.offset, false, func(v uint64, end int) {
 		if !s.own.has(v) && !s.leak {
 			s.pending = append(s.pending, shingle{v, end})
 			if len(s.pending) == lookupBatch {
