@@ -54,6 +54,12 @@ func (ix *Index) NewScanner(requester string, backends []string, own *Own) *Scan
 	return &Scanner{ix: ix, r: roller{h: ix.h}, requester: id, mask: m, own: own}
 }
 
+// Fork is a new scanner of another reading of the same reply (one choice's or field's text, as
+// a client assembles it): same requester, path and own prompt, its own matches.
+func (s *Scanner) Fork() *Scanner {
+	return &Scanner{ix: s.ix, r: roller{h: s.ix.h}, requester: s.requester, mask: s.mask, own: s.own}
+}
+
 // Feed scans the next piece of the reply's text (in the order a client reads it) and reports
 // whether the reply is now a leak: Config.CutMatches distinct foreign fingerprints.
 func (s *Scanner) Feed(text string) bool {

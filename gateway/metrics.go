@@ -42,7 +42,10 @@ type metrics struct {
 	canaryInjected prometheus.Counter
 	canarySkipped  *prometheus.CounterVec
 	incidents      *prometheus.CounterVec
-	degraded       prometheus.GaugeFunc
+	// textQuarantinesRefused: corroborated prompt-text matches whose requester had triggered
+	// its share of quarantines in the window (canary.fingerprints.quarantines_per_requester)
+	textQuarantinesRefused prometheus.Counter
+	degraded               prometheus.GaugeFunc
 
 	// upstream.max_buffered_bytes (budget.go): replies refused because it was spent
 	repliesOverBudget prometheus.Counter
@@ -116,7 +119,9 @@ func newMetrics(set *backends.Set, ratio func() float64, degraded func() bool) *
 	m.overheadAfter = m.overhead.WithLabelValues(phaseAfterHeaders)
 	m.overheadStream = m.overhead.WithLabelValues(phaseStreamRead)
 	m.reg.MustRegister(m.overhead)
-	m.reg.MustRegister(m.canaryInjected, m.canarySkipped, m.incidents, m.degraded, panics.Total)
+	m.textQuarantinesRefused = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_text_quarantines_refused_total",
+		Help: "Corroborated prompt-text matches that quarantined nothing because their requester had already triggered canary.fingerprints.quarantines_per_requester quarantines in the corroboration window."})
+	m.reg.MustRegister(m.canaryInjected, m.canarySkipped, m.incidents, m.degraded, panics.Total, m.textQuarantinesRefused)
 	m.reg.MustRegister(m.decisions, m.admitSeconds, m.upstream, m.requests, m.capChanges, m.exactCalls, m.calibrations, m.ratio,
 		&backendCollector{set: set}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

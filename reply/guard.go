@@ -22,14 +22,23 @@ type Scope struct {
 	EngineRID string // the rid held text is released under (/generate)
 	// OnEcho records an echoed marker (the requester's own text coming back).
 	OnEcho func(canary.Hit)
-	// Text is a second detector (nil: none): it reads the reply's text values in the order a
-	// client joins them and says when they carry another tenant's prompt text.
+	// Text is a second detector (nil: none): it says when the reply's text carries another
+	// tenant's prompt text. It reads the text values in the order a client joins them, and in a
+	// stream also each text field on its own (per choice, per field path, per content block
+	// or output item), as a client's SDK assembles them: choices interleaved word by word
+	// break every shingle of the joined reading but none of a choice's own.
 	Text TextDetector
 }
 
-// TextDetector reads a reply's text as it streams; Feed returns the leak once the text so far is
-// one (the gateway's prompt fingerprints), nil before.
+// TextDetector reads a reply's text (the gateway's prompt fingerprints). Reading opens one
+// reading of it: the joined text, or one field's.
 type TextDetector interface {
+	Reading() TextReading
+}
+
+// TextReading reads one sequence of text as it streams; Feed returns the leak once the text so
+// far is one, nil before.
+type TextReading interface {
 	Feed(text string) *canary.Hit
 }
 
@@ -50,6 +59,12 @@ type Guard struct {
 	whole bool
 	// lastBlock: the index of the last Anthropic content block seen in a stream
 	lastBlock json.Number
+	// item is the current event's merge indexes at its top level (Anthropic's content block,
+	// the Responses API's output item and content part), which the field path does not name:
+	// the prompt-text reading of a field is per item.
+	item uint64
+	// joinText is the prompt-text detector's joined reading (nil until the first text value).
+	joinText TextReading
 	// one scans whole values (reset for each), oneIn and oneBuf its input and output buffers;
 	// kit holds it with the joined reading's scanners (all three set together: takeKit)
 	kit           *scanKit
@@ -80,6 +95,9 @@ type Guard struct {
 type fieldScan struct {
 	loose  *canary.Loose
 	strict *canary.Scanner
+	// texts are the field's prompt-text readings by item (the event's content block or output
+	// item; 0 where the path itself names the choice): made on first use, text fields only.
+	texts map[uint64]TextReading
 }
 
 // NewGuard is a guard for one reply; nil when canaries are off (no keyring).
@@ -205,6 +223,12 @@ func (gd *Guard) feedField(f *fieldScan, text []byte, join bool) ([]byte, bool) 
 // detector withholds part of it.
 func (gd *Guard) looseStage(f *fieldScan, mid []byte, join bool) ([]byte, bool) {
 	if join {
+		if gd.sc.Text != nil && !gd.whole {
+			if h := gd.fieldText(f).Feed(unsafe.String(unsafe.SliceData(mid), len(mid))); h != nil {
+				gd.noteLeak(h)
+				return nil, false
+			}
+		}
 		j, ok := gd.joinedView(mid)
 		if !ok {
 			return nil, false
@@ -218,6 +242,38 @@ func (gd *Guard) looseStage(f *fieldScan, mid []byte, join bool) ([]byte, bool) 
 		return nil, false
 	}
 	return out, true
+}
+
+// fieldText is the field's prompt-text reading for the current item.
+func (gd *Guard) fieldText(f *fieldScan) TextReading {
+	r := f.texts[gd.item]
+	if r == nil {
+		if f.texts == nil {
+			f.texts = make(map[uint64]TextReading, 1)
+		}
+		r = gd.sc.Text.Reading()
+		f.texts[gd.item] = r
+	}
+	return r
+}
+
+// setItem notes the current event's top-level merge indexes (index, output_index,
+// content_index; ok false for one that is not a canonical integer, which walk refuses).
+func (gd *Guard) setItem(index, outputIndex, contentIndex []byte) {
+	gd.item = uint64(itemIndex(index))<<42 | uint64(itemIndex(outputIndex))<<21 | uint64(itemIndex(contentIndex))
+}
+
+// itemIndex reads a canonical index (at most 9 digits) into 21 bits, wrapping: indexes that
+// wrap share a reading, which only joins their text.
+func itemIndex(b []byte) uint32 {
+	n := uint32(0)
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0
+		}
+		n = n*10 + uint32(c-'0')
+	}
+	return n & (1<<21 - 1)
 }
 
 func (gd *Guard) note(v canary.Verdict) {
@@ -568,7 +624,10 @@ func (gd *Guard) joinedView(b []byte) ([]byte, bool) {
 		}
 	}
 	if gd.sc.Text != nil {
-		if h := gd.sc.Text.Feed(s); h != nil {
+		if gd.joinText == nil {
+			gd.joinText = gd.sc.Text.Reading()
+		}
+		if h := gd.joinText.Feed(s); h != nil {
 			gd.noteLeak(h)
 			return nil, false
 		}
@@ -754,6 +813,9 @@ func (gd *Guard) event(v any) (any, bool) {
 	if idx, ok := obj["index"].(json.Number); ok && gd.sc.Kind == request.Messages {
 		gd.lastBlock = idx // where held text of a content block goes back
 	}
+	if gd.sc.Text != nil {
+		gd.setItem(numberBytes(obj["index"]), numberBytes(obj["output_index"]), numberBytes(obj["content_index"]))
+	}
 	var restore func()
 	if gd.sc.Kind == request.Generate {
 		if t, ok := obj["text"].(string); ok {
@@ -785,6 +847,14 @@ func (gd *Guard) event(v any) (any, bool) {
 		restore()
 	}
 	return obj, true
+}
+
+// numberBytes is a JSON number's text (nil for anything else).
+func numberBytes(v any) []byte {
+	if n, ok := v.(json.Number); ok {
+		return []byte(n)
+	}
+	return nil
 }
 
 // heldEvent is text the scanners held, released as an event of the reply's own shape.
