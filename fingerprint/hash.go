@@ -19,6 +19,13 @@ const (
 	Guaranteed = Shingle + Window - 1
 )
 
+// MaxQuoted is the most folded characters of one run of another tenant's prompt text that a
+// reading passes before it holds cutMatches distinct fingerprints of it. Winnowing keeps a
+// fingerprint in every Window consecutive shingles of the prompt and the reply side hashes every
+// shingle, so the cutMatches-th ends by folded character Shingle + cutMatches·Window − 1 of the
+// run; the text that completes it is not passed (cut_matches 3: 70 characters).
+func MaxQuoted(cutMatches int) int { return Shingle + cutMatches*Window - 2 }
+
 // mersenne61 is the rolling hash's modulus: 2^61−1, prime, with a cheap reduction.
 const mersenne61 = 1<<61 - 1
 
