@@ -12,7 +12,7 @@ import (
 )
 
 // Shingle and Window fix what is hashed and sampled; Guaranteed is the length of a shared run
-// (normalised characters) that always yields a common fingerprint.
+// (folded characters) that always yields a common fingerprint.
 const (
 	Shingle    = 24
 	Window     = 16 // a power of two (winnower masks indices)

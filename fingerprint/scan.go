@@ -9,7 +9,7 @@ import (
 type Match struct {
 	Fingerprint string `json:"fingerprint"` // hex of the keyed hash (meaningless without the secret)
 	End         int    `json:"end"`         // byte offset in the reply's text where the shingle ends
-	Length      int    `json:"length"`      // the shingle's length in normalised characters
+	Length      int    `json:"length"`      // the shingle's length in folded characters
 	Victim      string `json:"victim"`      // the tenant whose recent prompt holds it
 }
 

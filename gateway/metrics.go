@@ -90,7 +90,7 @@ func newMetrics(set *backends.Set, ratio func() float64, degraded func() bool) *
 	m.canarySkipped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_canary_skipped_total",
 		Help: "Requests without a marker, by reason (input_ids, opt_out)."}, []string{"reason"})
 	m.incidents = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_canary_incidents_total",
-		Help: "Foreign markers seen in replies: leak (cut, quarantined) or echo (the requester's own prompt had it). A rising echo rate is an alarm too."}, []string{"kind"})
+		Help: "Leaks seen in replies: leak (a foreign marker or another tenant's prompt text: cut or flagged, quarantined as its evidence says) or echo (a marker the requester's own prompt had). A rising echo rate is an alarm too."}, []string{"kind"})
 	m.degraded = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_state_degraded",
 		Help: "1 while the shared store (Redis) is unreachable and incident writes queue in memory."}, func() float64 { return b01(degraded()) })
 	m.ttft = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvgate_time_to_first_token_seconds",

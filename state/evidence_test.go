@@ -25,7 +25,7 @@ func testTextEvidence(t *testing.T, a, b state.TextEvidence) {
 		}
 	}
 	note(a, "eng", "bob", "alice", t0, 1, 1)
-	note(b, "eng", "bob", "alice", t0.Add(time.Minute), 1, 1) // the same pair again
+	note(b, "eng", "bob", "alice", t0.Add(time.Minute), 1, 1)  // the same pair again
 	note(a, "eng", "bob", "dave", t0.Add(2*time.Minute), 1, 2) // one requester, two victims
 	note(b, "other", "carol", "dave", t0.Add(3*time.Minute), 1, 1)
 	note(b, "eng", "carol", "dave", t0.Add(4*time.Minute), 2, 2) // corroborated, seen by either
