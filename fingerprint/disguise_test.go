@@ -64,3 +64,22 @@ func TestDisguisedPromptMatchesPlainReply(t *testing.T) {
 		}
 	}
 }
+
+// A clone reads on as the original would: the joined reading forks from a field's mid-stream.
+func TestCloneReadsOnAsTheOriginal(t *testing.T) {
+	now := time.Unix(1e9, 0)
+	ix := newTestIndex(Config{CutMatches: 1000})
+	keep(ix, "victim", []string{"u0"}, issue31Prompt, now)
+	whole := ix.NewScanner("attacker", []string{"u0"}, nil)
+	whole.Feed(issue31Prompt)
+	for _, cut := range []int{0, 7, 100, 250, len(issue31Prompt)} {
+		sc := ix.NewScanner("attacker", []string{"u0"}, nil)
+		sc.Feed(issue31Prompt[:cut] + "&#3") // ends inside an escape: the clone must carry it
+		c := sc.Clone()
+		c.Feed("2;" + issue31Prompt[cut:])
+		sc.Feed("2;" + issue31Prompt[cut:])
+		if c.Count() != sc.Count() || sc.Count() != whole.Count() {
+			t.Fatalf("cut at %d: clone %d, original %d, whole %d matches", cut, c.Count(), sc.Count(), whole.Count())
+		}
+	}
+}

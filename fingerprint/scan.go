@@ -3,6 +3,8 @@ package fingerprint
 import (
 	"encoding/binary"
 	"encoding/hex"
+	"maps"
+	"slices"
 )
 
 // Match is one foreign fingerprint found in a reply: what an incident keeps instead of text.
@@ -58,6 +60,16 @@ func (ix *Index) NewScanner(requester string, backends []string, own *Own) *Scan
 // a client assembles it): same requester, path and own prompt, its own matches.
 func (s *Scanner) Fork() *Scanner {
 	return &Scanner{ix: s.ix, r: roller{h: s.ix.h}, requester: s.requester, mask: s.mask, own: s.own}
+}
+
+// Clone is a copy of the scanner as it stands: the text read so far and its matches, read on
+// separately.
+func (s *Scanner) Clone() *Scanner {
+	c := *s
+	c.r.pend, c.r.buf = slices.Clone(s.r.pend), nil
+	c.seen, c.perVictim = maps.Clone(s.seen), maps.Clone(s.perVictim)
+	c.matches, c.pending = slices.Clone(s.matches), nil
+	return &c
 }
 
 // Feed scans the next piece of the reply's text (in the order a client reads it) and reports

@@ -286,6 +286,13 @@ type printsReading struct {
 	sc *fingerprint.Scanner
 }
 
+// Fork is a copy of the reading as it stands (the joined reading leaving a field's).
+func (r printsReading) Fork() reply.TextReading {
+	sc := r.sc.Clone()
+	r.x.fp.readings = append(r.x.fp.readings, sc)
+	return printsReading{r.x, sc}
+}
+
 // Feed reports the first match of any reading (enforce: the reply is cut there). In monitor
 // mode the match is recorded as a flagged incident and the reply goes on.
 func (r printsReading) Feed(text string) *canary.Hit {

@@ -37,9 +37,10 @@ type TextDetector interface {
 }
 
 // TextReading reads one sequence of text as it streams; Feed returns the leak once the text so
-// far is one, nil before.
+// far is one, nil before. Fork is a copy of the reading as it stands, read on separately.
 type TextReading interface {
 	Feed(text string) *canary.Hit
+	Fork() TextReading
 }
 
 // Guard scans one reply for canary markers, on the decoded values a client reads. Every string
@@ -63,8 +64,11 @@ type Guard struct {
 	// the Responses API's output item and content part), which the field path does not name:
 	// the prompt-text reading of a field is per item.
 	item uint64
-	// joinText is the prompt-text detector's joined reading (nil until the first text value).
-	joinText TextReading
+	// joinText is the prompt-text detector's joined reading (nil until needed). While the
+	// joined text so far is exactly one field reading's (a stream with one text field, the usual
+	// case), that reading, aliasText, stands for it and the text is hashed once; the joined
+	// reading forks from it when a second field or other joined text arrives.
+	joinText, aliasText TextReading
 	// one scans whole values (reset for each), oneIn and oneBuf its input and output buffers;
 	// kit holds it with the joined reading's scanners (all three set together: takeKit)
 	kit           *scanKit
@@ -223,13 +227,18 @@ func (gd *Guard) feedField(f *fieldScan, text []byte, join bool) ([]byte, bool) 
 // detector withholds part of it.
 func (gd *Guard) looseStage(f *fieldScan, mid []byte, join bool) ([]byte, bool) {
 	if join {
+		aliased := false
 		if gd.sc.Text != nil && !gd.whole {
-			if h := gd.fieldText(f).Feed(unsafe.String(unsafe.SliceData(mid), len(mid))); h != nil {
+			r := gd.fieldText(f)
+			if h := r.Feed(unsafe.String(unsafe.SliceData(mid), len(mid))); h != nil {
 				gd.noteLeak(h)
 				return nil, false
 			}
+			if gd.joinText == nil && (gd.aliasText == nil || gd.aliasText == r) {
+				gd.aliasText, aliased = r, true // the joined text so far is r's
+			}
 		}
-		j, ok := gd.joinedView(mid)
+		j, ok := gd.joinedRead(mid, aliased)
 		if !ok {
 			return nil, false
 		}
@@ -600,7 +609,10 @@ func (gd *Guard) joined(s string) (string, bool) {
 
 // joinedView is joined on bytes it only reads: it returns b itself when the joined reading
 // withheld nothing (no copy), else the reading's output. b must not be the guard's joinBuf.
-func (gd *Guard) joinedView(b []byte) ([]byte, bool) {
+func (gd *Guard) joinedView(b []byte) ([]byte, bool) { return gd.joinedRead(b, false) }
+
+// joinedRead is joinedView; aliased: the prompt-text detector read b already (aliasText).
+func (gd *Guard) joinedRead(b []byte, aliased bool) ([]byte, bool) {
 	s := unsafe.String(unsafe.SliceData(b), len(b)) // read only, never kept
 	if gd.kit == nil {
 		gd.takeKit()
@@ -623,9 +635,13 @@ func (gd *Guard) joinedView(b []byte) ([]byte, bool) {
 			s = unsafe.String(unsafe.SliceData(b), len(b))
 		}
 	}
-	if gd.sc.Text != nil {
+	if gd.sc.Text != nil && !aliased {
 		if gd.joinText == nil {
-			gd.joinText = gd.sc.Text.Reading()
+			if gd.aliasText != nil {
+				gd.joinText, gd.aliasText = gd.aliasText.Fork(), nil
+			} else {
+				gd.joinText = gd.sc.Text.Reading()
+			}
 		}
 		if h := gd.joinText.Feed(s); h != nil {
 			gd.noteLeak(h)
