@@ -132,12 +132,20 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 func (g *Gateway) textQuarantine(ctx context.Context, inc *state.Incident) bool {
 	f := g.cfg.Canary.Fingerprints
 	at := inc.Time
+	// A shared store that does not answer within a second leaves the decision to this replica's
+	// own record, which notes every match too (so it has the history when Redis goes away).
+	sctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	shared := g.state.Evidence != g.localEvidence
 	corroborated := false
 	for _, n := range inc.Backends {
-		rq, vc, err := g.state.Evidence.Note(ctx, n, inc.Requester, inc.Victim, at, f.CorroborationWindow)
-		if err != nil {
-			g.log.Warn("text evidence not shared (this replica's own record decides)", zap.String("backend", n), zap.Error(err))
-			rq, vc, _ = g.localEvidence.Note(ctx, n, inc.Requester, inc.Victim, at, f.CorroborationWindow)
+		rq, vc, _ := g.localEvidence.Note(ctx, n, inc.Requester, inc.Victim, at, f.CorroborationWindow)
+		if shared {
+			if r, v, err := g.state.Evidence.Note(sctx, n, inc.Requester, inc.Victim, at, f.CorroborationWindow); err == nil {
+				rq, vc = r, v
+			} else {
+				g.log.Warn("text evidence not shared (this replica's own record decides)", zap.String("backend", n), zap.Error(err))
+			}
 		}
 		corroborated = corroborated || rq >= f.CorroborationTenants && vc >= f.CorroborationTenants
 	}
@@ -147,7 +155,7 @@ func (g *Gateway) textQuarantine(ctx context.Context, inc *state.Incident) bool 
 		return false
 	}
 	inc.Evidence = state.EvidenceTextCorroborated
-	ok, err := g.state.Evidence.Allow(ctx, inc.Requester, f.QuarantinesPerRequester, f.CorroborationWindow, at)
+	ok, err := g.state.Evidence.Allow(sctx, inc.Requester, f.QuarantinesPerRequester, f.CorroborationWindow, at)
 	if err != nil {
 		ok, _ = g.localEvidence.Allow(ctx, inc.Requester, f.QuarantinesPerRequester, f.CorroborationWindow, at)
 	}
