@@ -1,6 +1,9 @@
 package fingerprint
 
 import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -80,6 +83,40 @@ func TestCloneReadsOnAsTheOriginal(t *testing.T) {
 		sc.Feed("2;" + issue31Prompt[cut:])
 		if c.Count() != sc.Count() || sc.Count() != whole.Count() {
 			t.Fatalf("cut at %d: clone %d, original %d, whole %d matches", cut, c.Count(), sc.Count(), whole.Count())
+		}
+	}
+}
+
+// Text split anywhere (inside a UTF-8 sequence, an HTML reference or a \u escape) scans as it
+// does whole: random text of escapes, look-alikes and separators, random pieces.
+func TestFoldedPiecesMatchWhole(t *testing.T) {
+	rng := rand.New(rand.NewPCG(31, 1))
+	units := []string{"&#32;", "&amp;", "&#x4B;", "&Kopf;", "\\u0041", "\\ud835\\udc1a", "\u200b", "\u00ad", "а", "ｂ", "é", "中文", "-", " ", "&#3", "&", "\\u00", "x", "Y", "8", ";"}
+	now := time.Unix(1e9, 0)
+	for trial := 0; trial < 200; trial++ {
+		var b strings.Builder
+		for b.Len() < 400 {
+			if rng.IntN(3) == 0 {
+				b.WriteString(units[rng.IntN(len(units))])
+			} else {
+				b.WriteString(words(uint64(rng.IntN(1000)), 1))
+			}
+		}
+		text := b.String()
+		ix := newTestIndex(Config{CutMatches: 1000})
+		keep(ix, "victim", []string{"u0"}, text, now)
+		whole := ix.NewScanner("attacker", []string{"u0"}, nil)
+		whole.Feed(text)
+		sc := ix.NewScanner("attacker", []string{"u0"}, nil)
+		for i := 0; i < len(text); {
+			j := min(len(text), i+1+rng.IntN(9))
+			sc.Feed(text[i:j])
+			i = j
+		}
+		// A partial escape at the very end waits for text that never comes; everything before
+		// it is read the same.
+		if sc.Count() != whole.Count() || fmt.Sprint(sc.Matches()) != fmt.Sprint(whole.Matches()) {
+			t.Fatalf("trial %d: pieces %d matches %v, whole %d %v\n%q", trial, sc.Count(), sc.Matches(), whole.Count(), whole.Matches(), text)
 		}
 	}
 }
