@@ -3,6 +3,7 @@ package reply
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -63,7 +64,7 @@ type Guard struct {
 	// item is the current event's merge indexes at its top level (Anthropic's content block,
 	// the Responses API's output item and content part), which the field path does not name:
 	// the prompt-text reading of a field is per item.
-	item uint64
+	item [3]uint32
 	// joinText is the prompt-text detector's joined reading (nil until needed). While the
 	// joined text so far is exactly one field reading's (a stream with one text field, the usual
 	// case), that reading, aliasText, stands for it and the text is hashed once; the joined
@@ -101,7 +102,7 @@ type fieldScan struct {
 	strict *canary.Scanner
 	// texts are the field's prompt-text readings by item (the event's content block or output
 	// item; 0 where the path itself names the choice): made on first use, text fields only.
-	texts map[uint64]TextReading
+	texts map[[3]uint32]TextReading
 }
 
 // NewGuard is a guard for one reply; nil when canaries are off (no keyring).
@@ -258,7 +259,7 @@ func (gd *Guard) fieldText(f *fieldScan) TextReading {
 	r := f.texts[gd.item]
 	if r == nil {
 		if f.texts == nil {
-			f.texts = make(map[uint64]TextReading, 1)
+			f.texts = make(map[[3]uint32]TextReading, 1)
 		}
 		r = gd.sc.Text.Reading()
 		f.texts[gd.item] = r
@@ -267,22 +268,25 @@ func (gd *Guard) fieldText(f *fieldScan) TextReading {
 }
 
 // setItem notes the current event's top-level merge indexes (index, output_index,
-// content_index; ok false for one that is not a canonical integer, which walk refuses).
+// content_index), each a distinct reading: no two indexes a client keeps apart share one.
 func (gd *Guard) setItem(index, outputIndex, contentIndex []byte) {
-	gd.item = uint64(itemIndex(index))<<42 | uint64(itemIndex(outputIndex))<<21 | uint64(itemIndex(contentIndex))
+	gd.item = [3]uint32{itemIndex(index), itemIndex(outputIndex), itemIndex(contentIndex)}
 }
 
-// itemIndex reads a canonical index (at most 9 digits) into 21 bits, wrapping: indexes that
-// wrap share a reading, which only joins their text.
+// itemIndex reads a canonical index (at most 9 digits, canonicalIndex); anything else (absent:
+// 0; not canonical: MaxUint32, and walk refuses the event) stays apart from every real one but 0.
 func itemIndex(b []byte) uint32 {
+	if len(b) > 9 {
+		return math.MaxUint32
+	}
 	n := uint32(0)
 	for _, c := range b {
 		if c < '0' || c > '9' {
-			return 0
+			return math.MaxUint32
 		}
 		n = n*10 + uint32(c-'0')
 	}
-	return n & (1<<21 - 1)
+	return n
 }
 
 func (gd *Guard) note(v canary.Verdict) {

@@ -73,6 +73,8 @@ func TestTextReadingsPerFieldAndJoined(t *testing.T) {
 			[]string{"x1x2", "x1y1x2", "y1"}},
 		{"responses output items", request.Responses, []string{resp("0", "i1 "), resp("1", "j1 "), resp("0", "i2")},
 			[]string{"i1 i2", "i1 j1 i2", "j1 "}},
+		{"output items far apart", request.Responses, []string{resp("0", "i1 "), resp("2097152", "j1 "), resp("0", "i2")},
+			[]string{"i1 i2", "i1 j1 i2", "j1 "}},
 		{"anthropic blocks", request.Messages, []string{block("0", "p1 "), block("1", "q1 "), block("0", "p2")},
 			[]string{"p1 p2", "p1 q1 p2", "q1 "}},
 	} {
