@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"html"
 	"sort"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -180,27 +181,93 @@ func foldText(s string) (reading string, sep bool) {
 // b32alphabet bytes, classes), or sep, or neither (a break); its size. wait: b may begin an
 // escape that continues past its end (final: no more text comes, so it does not).
 func readUnit(b []byte, final bool) (reading string, sep bool, size int, wait bool) {
+	reading, _, sep, size, wait = foldUnit(b, final)
+	return reading, sep, size, wait
+}
+
+// foldUnit is readUnit that also says which character a break is (brk: the character, or the
+// first of an escape's text), for the prompt-text fingerprints, which read every character.
+func foldUnit(b []byte, final bool) (reading string, brk rune, sep bool, size int, wait bool) {
 	switch kd := asciiKind[b[0]]; {
 	case kd >= 1 && kd <= 32:
-		return b32alphabet[kd-1 : kd], false, 1, false
+		return b32alphabet[kd-1 : kd], 0, false, 1, false
 	case kd == kindSep:
-		return "", true, 1, false
+		return "", 0, true, 1, false
 	case kd == kindBreak:
-		return "", false, 1, false
+		return "", rune(b[0]), false, 1, false
 	case kd == kindWide:
 		r, size := utf8.DecodeRune(b)
 		if r == utf8.RuneError && size == 1 {
-			return "", false, 1, false
+			return "", utf8.RuneError, false, 1, false
 		}
 		reading, sep = foldRune(r)
-		return reading, sep, size, false
+		return reading, r, sep, size, false
 	}
 	s, n, partial := escapeAt(b)
 	if n == 0 {
-		return "", false, 1, partial && !final
+		return "", rune(b[0]), false, 1, partial && !final
 	}
 	reading, sep = foldText(s)
-	return reading, sep, n, false
+	r, _ := utf8.DecodeRuneInString(s)
+	return reading, r, sep, n, false
+}
+
+// The folded reading shared with the prompt-text fingerprints (package fingerprint): a reply
+// that disguises another tenant's prompt the ways a marker can be disguised (look-alikes,
+// compatibility forms, HTML references and \u escapes, separators and format characters
+// sprinkled in, combining marks) reads the same as the prompt did. Both sides (the prompt
+// recorded, the reply scanned) fold through FoldByte and FoldUnit.
+
+// Folded-byte codes (FoldByte): a separator reads as nothing; FoldSlow needs FoldUnit.
+const (
+	FoldSkip = 0
+	FoldSlow = 0xFF
+)
+
+// foldedByte is FoldByte's table.
+var foldedByte = func() (t [256]byte) {
+	for c := 0; c < 256; c++ {
+		switch kd := asciiKind[c]; {
+		case kd >= 1 && kd <= 32:
+			t[c] = b32alphabet[kd-1]
+		case kd == kindSep:
+			t[c] = FoldSkip
+		case kd == kindBreak:
+			t[c] = byte(c) // (ASCII: kindWide covers 0x80 and above)
+		default:
+			t[c] = FoldSlow
+		}
+	}
+	return t
+}()
+
+// FoldByte is how both detectors read one byte of text: the folded ASCII character (a marker
+// character's class, or the byte itself when it reads as none: digits 8 and 9, punctuation),
+// FoldSkip for a separator (white space, '-', '.', '_'), FoldSlow for a byte that begins a
+// character or escape FoldUnit reads (non-ASCII, '&', '\\').
+func FoldByte(c byte) byte { return foldedByte[c] }
+
+// FoldUnit reads the character or escape at b[0] as both detectors read it: the folded
+// characters it stands for (reading: marker-character classes, 1 to 4), else the one character
+// it is (r: lower case, fullwidth ASCII forms as ASCII), else nothing (a separator: reading ""
+// and r 0); size is the bytes read. wait: b may begin an escape that continues past its end
+// (final: no more text comes).
+func FoldUnit(b []byte, final bool) (reading string, r rune, size int, wait bool) {
+	reading, r, sep, size, wait := foldUnit(b, final)
+	if reading != "" || sep || wait {
+		return reading, 0, size, wait
+	}
+	if r >= 0xFF01 && r <= 0xFF5E {
+		r -= 0xFEE0 // fullwidth ASCII punctuation and digits (letters have readings)
+		if c := foldedByte[r]; c != FoldSlow {
+			if c == FoldSkip {
+				return "", 0, size, false
+			}
+			return "", rune(c), size, false
+		}
+		return "", r, size, false
+	}
+	return "", unicode.ToLower(r), size, false
 }
 
 // Inert says whether s cannot hold a marker, a fragment the detector withholds, or a disguise of

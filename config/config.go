@@ -413,9 +413,20 @@ type Fingerprints struct {
 	Off bool `yaml:"off"`
 	// MaxBytes caps this replica's fingerprint index; the oldest prompts go first. Default 64 MiB.
 	MaxBytes int64 `yaml:"max_bytes"`
-	// CutMatches distinct foreign fingerprints in a reply are a leak (cut, incident,
-	// quarantine); fewer are counted only. Default 3.
+	// CutMatches distinct foreign fingerprints in a reply are a text match (cut, incident);
+	// fewer are counted only. Default 3.
 	CutMatches int `yaml:"cut_matches"`
+	// Mode is enforce (default: a text match cuts the reply) or monitor (the reply is passed
+	// on and the incident recorded as flagged; never a quarantine).
+	Mode Mode `yaml:"mode"`
+	// A text match alone quarantines nothing: matches on one backend from at least
+	// CorroborationTenants requesters against at least CorroborationTenants victims within
+	// CorroborationWindow do (shared by replicas through the state store). Defaults 1h and 2.
+	CorroborationWindow  time.Duration `yaml:"corroboration_window"`
+	CorroborationTenants int           `yaml:"corroboration_tenants"`
+	// QuarantinesPerRequester bounds the quarantines one requester's text matches trigger per
+	// corroboration window. Default 1.
+	QuarantinesPerRequester int `yaml:"quarantines_per_requester"`
 	// CommonTenants: text this many distinct tenants sent is boilerplate, never evidence.
 	// Default 3.
 	CommonTenants int `yaml:"common_tenants"`
@@ -613,6 +624,18 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Canary.Fingerprints.CommonTenants == 0 {
 		c.Canary.Fingerprints.CommonTenants = 3
+	}
+	if c.Canary.Fingerprints.Mode == "" {
+		c.Canary.Fingerprints.Mode = ModeEnforce
+	}
+	if c.Canary.Fingerprints.CorroborationWindow == 0 {
+		c.Canary.Fingerprints.CorroborationWindow = time.Hour
+	}
+	if c.Canary.Fingerprints.CorroborationTenants == 0 {
+		c.Canary.Fingerprints.CorroborationTenants = 2
+	}
+	if c.Canary.Fingerprints.QuarantinesPerRequester == 0 {
+		c.Canary.Fingerprints.QuarantinesPerRequester = 1
 	}
 	if c.Capacity.PollInterval == 0 {
 		c.Capacity.PollInterval = 2 * time.Second
@@ -816,6 +839,13 @@ func (c *Config) Validate() error {
 	if f := c.Canary.Fingerprints; f.CutMatches < 1 || f.CutMatches > 1000 {
 		bad("canary.fingerprints.cut_matches", "must be 1 to 1000, got %d", f.CutMatches)
 	}
+	oneOf("canary.fingerprints.mode", string(c.Canary.Fingerprints.Mode), string(ModeEnforce), string(ModeMonitor))
+	if f := c.Canary.Fingerprints; f.CorroborationTenants < 2 || f.CorroborationTenants > 1000 {
+		bad("canary.fingerprints.corroboration_tenants", "must be 2 to 1000 (one requester or one victim is no corroboration), got %d", f.CorroborationTenants)
+	}
+	if f := c.Canary.Fingerprints; f.QuarantinesPerRequester < 1 || f.QuarantinesPerRequester > 1000 {
+		bad("canary.fingerprints.quarantines_per_requester", "must be 1 to 1000, got %d", f.QuarantinesPerRequester)
+	}
 	if f := c.Canary.Fingerprints; f.CommonTenants < 2 || f.CommonTenants > 1000 {
 		bad("canary.fingerprints.common_tenants", "must be 2 to 1000 (text that many tenants sent is boilerplate), got %d", f.CommonTenants)
 	}
@@ -857,6 +887,7 @@ func (c *Config) Validate() error {
 		{"tokenizer.calibration_retry_max", c.Tokenizer.CalibrationRetryMax},
 		{"canary.epoch", c.Canary.Epoch}, {"canary.detect_window", c.Canary.DetectWindow},
 		{"canary.quarantine_ttl", c.Canary.QuarantineTTL}, {"canary.incident_ttl", c.Canary.IncidentTTL},
+		{"canary.fingerprints.corroboration_window", c.Canary.Fingerprints.CorroborationWindow},
 		{"server.header_timeout", c.Server.HeaderTimeout}, {"server.read_timeout", c.Server.ReadTimeout},
 		{"server.idle_timeout", c.Server.IdleTimeout},
 	} {

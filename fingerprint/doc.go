@@ -7,15 +7,18 @@
 // prompt, and that fewer than Config.CommonTenants tenants sent (a shared system prompt, a
 // licence text, popular code): Config.CutMatches such fingerprints are a leak.
 //
-// Text is normalised first: letters case-folded, every run of white space one space. A shingle
-// is Shingle consecutive normalised characters (runes). Its keyed hash is a Karp–Rabin rolling
+// Text is folded first, as the canary detector reads a marker (canary.FoldByte and FoldUnit, one
+// table for both): case, compatibility forms and look-alikes folded, HTML references and \u
+// escapes read, separators (white space, dashes, dots, format characters, combining marks)
+// skipped; prompts and replies alike, so a disguised quote matches the plain prompt. A shingle is
+// Shingle consecutive folded characters. Its keyed hash is a Karp–Rabin rolling
 // hash modulo 2^61−1 with a secret base (so the sampling is keyed too), then SipHash-2-4 of that
 // value under a key derived from the canary secret with HMAC-SHA256: a PRF per fingerprint at the
 // cost of one short SipHash, where HMAC-SHA256 per shingle would cost about 1 µs.
 //
 // Sampling is winnowing (Schleimer, Wilkerson, Aiken 2003) with a window of Window shingles: the
 // smallest hash of every Window consecutive shingles is kept. Any shared run of at least
-// Guaranteed = Shingle+Window−1 normalised characters therefore holds a window whose minimum the
+// Guaranteed = Shingle+Window−1 folded characters therefore holds a window whose minimum the
 // prompt kept; the reply side hashes every shingle (replies are short), so such a run always
 // yields a common fingerprint. About 2/(Window+1) of a prompt's positions are kept.
 //

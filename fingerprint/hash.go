@@ -5,17 +5,26 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"math/bits"
-	"unicode"
 	"unicode/utf8"
+	"unsafe"
+
+	"github.com/kvgate/kvgate/canary"
 )
 
 // Shingle and Window fix what is hashed and sampled; Guaranteed is the length of a shared run
-// (normalised characters) that always yields a common fingerprint.
+// (folded characters) that always yields a common fingerprint.
 const (
 	Shingle    = 24
 	Window     = 16 // a power of two (winnower masks indices)
 	Guaranteed = Shingle + Window - 1
 )
+
+// MaxQuoted is the most folded characters of one run of another tenant's prompt text that a
+// reading passes before it holds cutMatches distinct fingerprints of it. Winnowing keeps a
+// fingerprint in every Window consecutive shingles of the prompt and the reply side hashes every
+// shingle, so the cutMatches-th ends by folded character Shingle + cutMatches·Window − 1 of the
+// run; the text that completes it is not passed (cut_matches 3: 70 characters).
+func MaxQuoted(cutMatches int) int { return Shingle + cutMatches*Window - 2 }
 
 // mersenne61 is the rolling hash's modulus: 2^61−1, prime, with a cheap reduction.
 const mersenne61 = 1<<61 - 1
@@ -64,78 +73,88 @@ func addMod(a, b uint64) uint64 {
 	return r
 }
 
-// fold is the normalisation of one rune: white space becomes ' ', letters their lower case.
-func fold(r rune) rune {
-	if r < utf8.RuneSelf {
-		switch {
-		case r >= 'A' && r <= 'Z':
-			return r + 'a' - 'A'
-		case r == ' ' || r == '\n' || r == '\t' || r == '\r' || r == '\v' || r == '\f':
-			return ' '
-		}
-		return r
-	}
-	if unicode.IsSpace(r) {
-		return ' '
-	}
-	return unicode.ToLower(r)
-}
-
-// roller is the streaming state of normalisation and the rolling hash: the last Shingle
-// characters and their hash. Pieces may end anywhere, even inside a UTF-8 sequence.
+// roller is the streaming state of folding and the rolling hash: the last Shingle folded
+// characters and their hash. Text is folded as the canary detector reads a marker
+// (canary.FoldByte, canary.FoldUnit): case, compatibility forms and look-alikes folded, HTML
+// references and \u escapes read, separators (white space, dashes, dots, zero-width and other
+// format characters, combining marks) skipped; the prompt and the reply are read the same way,
+// so a reply that disguises a prompt the ways a marker can be disguised still matches it.
+// Pieces may end anywhere, even inside a UTF-8 sequence or an escape.
 type roller struct {
-	h       *Hasher
-	ring    [Shingle]uint64
-	n       int    // characters rolled in so far
-	value   uint64 // hash of the last min(n, Shingle) characters
-	space   bool   // the last character rolled in was a space
-	partial []byte // an incomplete UTF-8 sequence at the end of the last piece
+	h     *Hasher
+	ring  [Shingle]uint64
+	n     int    // characters rolled in so far
+	value uint64 // hash of the last min(n, Shingle) characters
+	pend  []byte // an incomplete character or escape at the end of the last piece
+	buf   []byte // pend joined to the start of the next piece
 }
 
-// feed normalises s and calls emit with the rolling hash and the end offset (in bytes of all
-// text fed so far, before normalisation) of every complete shingle.
-func (r *roller) feed(s string, offset int, emit func(v uint64, end int)) {
-	if len(r.partial) > 0 {
-		need := 0
-		for need < len(s) && len(r.partial)+need < utf8.UTFMax && !utf8.FullRune(append(r.partial, s[:need]...)) {
-			need++
+// maxPend bounds what a character or escape may need of the next piece (the longest HTML
+// reference the folding reads is 34 bytes).
+const maxPend = 64
+
+// feed folds s and calls emit with the rolling hash and the end offset (in bytes of all text fed
+// so far, before folding) of every complete shingle. final: no text follows (a partial escape at
+// the end is read as the characters it is).
+func (r *roller) feed(s string, offset int, final bool, emit func(v uint64, end int)) {
+	if len(r.pend) > 0 {
+		p, k := len(r.pend), min(len(s), maxPend)
+		r.buf = append(append(r.buf[:0], r.pend...), s[:k]...)
+		r.pend = r.pend[:0]
+		i := 0
+		for i < p {
+			n, wait := r.unit(r.buf, i, final && k == len(s), offset-p, emit)
+			if wait {
+				if k == len(s) {
+					r.pend = append(r.pend, r.buf[i:]...) // still incomplete: all of s waits too
+					return
+				}
+				n, _ = r.unit(r.buf, i, true, offset-p, emit) // cannot wait with maxPend more bytes
+			}
+			i += n
 		}
-		buf := append(r.partial, s[:need]...)
-		r.partial = r.partial[:0]
-		if utf8.FullRune(buf) {
-			c, _ := utf8.DecodeRune(buf)
-			r.roll(c, offset+need, emit)
-			s, offset = s[need:], offset+need
-		} else if need == len(s) {
-			r.partial = append(r.partial, buf...)
+		s, offset = s[i-p:], offset+i-p
+	}
+	b := unsafe.Slice(unsafe.StringData(s), len(s)) // read only
+	for i := 0; i < len(b); {
+		if c := canary.FoldByte(b[i]); c != canary.FoldSlow {
+			i++
+			if c != canary.FoldSkip {
+				r.roll(uint64(c)+1, offset+i, emit)
+			}
+			continue
+		}
+		n, wait := r.unit(b, i, final, offset, emit)
+		if wait {
+			r.pend = append(r.pend[:0], b[i:]...)
 			return
 		}
-	}
-	for i := 0; i < len(s); {
-		c, size := rune(s[i]), 1
-		if c >= utf8.RuneSelf {
-			if !utf8.FullRuneInString(s[i:]) {
-				r.partial = append(r.partial[:0], s[i:]...)
-				return
-			}
-			c, size = utf8.DecodeRuneInString(s[i:])
-		}
-		i += size
-		r.roll(c, offset+i, emit)
+		i += n
 	}
 }
 
-func (r *roller) roll(c rune, end int, emit func(uint64, int)) {
-	c = fold(c)
-	if c == ' ' {
-		if r.space || r.n == 0 {
-			return // a run of white space is one space; leading space is none
-		}
-		r.space = true
-	} else {
-		r.space = false
+// unit folds the character or escape at b[i] (offset: where b begins in the text); wait: it
+// continues past b's end.
+func (r *roller) unit(b []byte, i int, final bool, offset int, emit func(uint64, int)) (int, bool) {
+	if !final && b[i] >= utf8.RuneSelf && !utf8.FullRune(b[i:]) {
+		return 0, true
 	}
-	v := uint64(c) + 1
+	reading, c, size, wait := canary.FoldUnit(b[i:], final)
+	if wait {
+		return 0, true
+	}
+	end := offset + i + size
+	for j := 0; j < len(reading); j++ {
+		r.roll(uint64(reading[j])+1, end, emit)
+	}
+	if c != 0 {
+		r.roll(uint64(c)+1, end, emit)
+	}
+	return size, false
+}
+
+// roll takes in one folded character (its value: the character plus one).
+func (r *roller) roll(v uint64, end int, emit func(uint64, int)) {
 	slot := r.n % Shingle
 	r.value = mulMod(r.value, r.h.base)
 	if r.n >= Shingle {
@@ -155,17 +174,14 @@ func (h *Hasher) final(v uint64) uint64 { return sipHash64(h.k0, h.k1, v) }
 // Sample appends to dst the fingerprints winnowing keeps from text (duplicates removed only
 // where consecutive windows keep the same position).
 func (h *Hasher) Sample(dst []uint64, text string) []uint64 {
-	w := newWinnower()
+	w := newEdgeWinnower()
 	r := roller{h: h}
-	r.feed(text, 0, func(v uint64, _ int) {
+	r.feed(text, 0, true, func(v uint64, _ int) {
 		if keep, ok := w.push(v); ok {
 			dst = append(dst, h.final(keep))
 		}
 	})
-	if w.n > 0 && w.n < Window {
-		// Text shorter than one window: its smallest shingle stands for it.
-		dst = append(dst, h.final(w.min()))
-	}
+	w.tail(func(keep uint64) { dst = append(dst, h.final(keep)) })
 	return dst
 }
 
@@ -180,11 +196,19 @@ type winnower struct {
 	size uint
 	n    int // values pushed
 	last int // position of the last reported minimum
+	// edges: also report the minimum of every window the text's start cuts short (and, with
+	// tail, its end). A prompt's text may sit inside another tenant's longer prompt, whose
+	// windows across the edges keep positions near them that the prompt's own full windows
+	// need not: with the edges kept, every position that any text around this one keeps in it
+	// is this prompt's own too, so a tenant's earlier prompt is never another's evidence.
+	edges bool
 }
 
 const windowMask = Window - 1
 
 func newWinnower() *winnower { return &winnower{last: -1} }
+
+func newEdgeWinnower() *winnower { return &winnower{last: -1, edges: true} }
 
 func (w *winnower) push(v uint64) (uint64, bool) {
 	i := w.n
@@ -201,8 +225,8 @@ func (w *winnower) push(v uint64) (uint64, bool) {
 	b := (w.head + w.size) & windowMask
 	w.vals[b], w.pos[b] = v, i
 	w.size++
-	if w.n < Window {
-		return 0, false // the first window is not full yet (a shorter text: see Sample)
+	if w.n < Window && !w.edges {
+		return 0, false // the first window is not full yet
 	}
 	if p := w.pos[w.head&windowMask]; p != w.last {
 		w.last = p
@@ -211,5 +235,14 @@ func (w *winnower) push(v uint64) (uint64, bool) {
 	return 0, false
 }
 
-// min is the smallest value pushed in the current window.
-func (w *winnower) min() uint64 { return w.vals[w.head&windowMask] }
+// tail reports, at the text's end, the minimum of every window its end cuts short (the
+// suffixes of the last window): the queue holds exactly those, positions increasing.
+func (w *winnower) tail(emit func(uint64)) {
+	for k := uint(0); k < w.size; k++ {
+		j := (w.head + k) & windowMask
+		if w.pos[j] != w.last {
+			w.last = w.pos[j]
+			emit(w.vals[j])
+		}
+	}
+}

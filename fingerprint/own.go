@@ -59,17 +59,15 @@ func (o *Own) Bytes() int { return len(o.bits) * 8 }
 // all its shingles for the reply's scanner.
 func (h *Hasher) Prompt(text string) (fps []uint64, own *Own) {
 	own = newOwn(len(text)) // bytes ≥ characters
-	w := newWinnower()
+	w := newEdgeWinnower()
 	r := roller{h: h}
 	fps = make([]uint64, 0, len(text)*2/(Window+1)+1)
-	r.feed(text, 0, func(v uint64, _ int) {
+	r.feed(text, 0, true, func(v uint64, _ int) {
 		own.add(v)
 		if keep, ok := w.push(v); ok {
 			fps = append(fps, h.final(keep))
 		}
 	})
-	if w.n > 0 && w.n < Window {
-		fps = append(fps, h.final(w.min()))
-	}
+	w.tail(func(keep uint64) { fps = append(fps, h.final(keep)) })
 	return fps, own
 }

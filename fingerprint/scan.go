@@ -3,13 +3,15 @@ package fingerprint
 import (
 	"encoding/binary"
 	"encoding/hex"
+	"maps"
+	"slices"
 )
 
 // Match is one foreign fingerprint found in a reply: what an incident keeps instead of text.
 type Match struct {
 	Fingerprint string `json:"fingerprint"` // hex of the keyed hash (meaningless without the secret)
 	End         int    `json:"end"`         // byte offset in the reply's text where the shingle ends
-	Length      int    `json:"length"`      // the shingle's length in normalised characters
+	Length      int    `json:"length"`      // the shingle's length in folded characters
 	Victim      string `json:"victim"`      // the tenant whose recent prompt holds it
 }
 
@@ -54,6 +56,22 @@ func (ix *Index) NewScanner(requester string, backends []string, own *Own) *Scan
 	return &Scanner{ix: ix, r: roller{h: ix.h}, requester: id, mask: m, own: own}
 }
 
+// Fork is a new scanner of another reading of the same reply (one choice's or field's text, as
+// a client assembles it): same requester, path and own prompt, its own matches.
+func (s *Scanner) Fork() *Scanner {
+	return &Scanner{ix: s.ix, r: roller{h: s.ix.h}, requester: s.requester, mask: s.mask, own: s.own}
+}
+
+// Clone is a copy of the scanner as it stands: the text read so far and its matches, read on
+// separately.
+func (s *Scanner) Clone() *Scanner {
+	c := *s
+	c.r.pend, c.r.buf = slices.Clone(s.r.pend), nil
+	c.seen, c.perVictim = maps.Clone(s.seen), maps.Clone(s.perVictim)
+	c.matches, c.pending = slices.Clone(s.matches), nil
+	return &c
+}
+
 // Feed scans the next piece of the reply's text (in the order a client reads it) and reports
 // whether the reply is now a leak: Config.CutMatches distinct foreign fingerprints.
 func (s *Scanner) Feed(text string) bool {
@@ -65,7 +83,7 @@ func (s *Scanner) Feed(text string) bool {
 	}
 	text = text[:min(len(text), MaxScanBytes-s.offset)]
 	s.pending = s.pending[:0]
-	s.r.feed(text, s.offset, func(v uint64, end int) {
+	s.r.feed(text, s.offset, false, func(v uint64, end int) {
 		if !s.own.has(v) && !s.leak {
 			s.pending = append(s.pending, shingle{v, end})
 			if len(s.pending) == lookupBatch {

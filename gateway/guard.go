@@ -59,14 +59,19 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 	g.metrics.incidents.WithLabelValues(kind).Inc()
 	// A short fragment in the reply to a token-id prompt whose text could not be read may be the
 	// client's own: the reply is cut and the incident kept, but nothing is quarantined on it.
-	quarantine := kind == state.KindLeak && (printed || !(x.idsUnread && shortFragment(h.Marker)))
+	// Prompt text alone quarantines nothing either (textQuarantine decides, in the background).
+	quarantine := kind == state.KindLeak && !printed && !(x.idsUnread && shortFragment(h.Marker))
+	if kind == state.KindLeak && !printed {
+		inc.Evidence, inc.Quarantined = state.EvidenceMarker, quarantine
+	}
 	if printed {
-		g.log.Error("another tenant's prompt text in an engine reply: reply cut, backends quarantined",
+		msg := "another tenant's prompt text in an engine reply: reply cut"
+		if inc.Flagged {
+			msg = "another tenant's prompt text in an engine reply: flagged (canary.fingerprints.mode monitor), reply passed on"
+		}
+		g.log.Error(msg,
 			zap.String("request_id", x.rid), zap.String("engine_rid", x.engineRID), zap.String("requester", x.tenant.Name), zap.String("victim", h.Victim),
 			zap.Int("matches", inc.Matches), zap.Int("victims", inc.Victims), zap.Strings("backends", names))
-		for _, n := range names {
-			g.quarantine.Mark(n, g.cfg.Canary.QuarantineTTL, "prompt text leak "+x.rid)
-		}
 	} else if kind == state.KindLeak && !quarantine {
 		g.log.Error("foreign canary marker fragment in the reply to an unreadable token-id prompt: reply cut, no quarantine",
 			zap.String("request_id", x.rid), zap.String("requester", x.tenant.Name), zap.String("victim", h.Victim), zap.Strings("backends", names))
@@ -84,6 +89,11 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 	work := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
+		if printed && !inc.Flagged {
+			if g.textQuarantine(ctx, &inc) {
+				quarantine = true
+			}
+		}
 		if err := g.state.Incidents.Record(ctx, inc); err != nil {
 			g.log.Error("incident not recorded", zap.String("request_id", x.rid), zap.Error(err))
 		}
@@ -109,6 +119,59 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 		defer panics.Recover(g.log, "incident_record")
 		work()
 	}()
+}
+
+// textQuarantine decides whether a prompt-text match quarantines its backends: only when text
+// matches on one of them, within canary.fingerprints.corroboration_window, came from at least
+// corroboration_tenants requesters against at least as many victims (shared by replicas
+// through the state store; this replica's own record while it is away), and the requester has
+// not triggered quarantines_per_requester quarantines in the window already. One tenant can make
+// a reply look like another's text (the ROT13 of a paragraph, asked to be decoded; boilerplate
+// two tenants pasted): that alone must not take an engine away from everyone. It marks the
+// backends and fills inc (evidence, quarantined); true when it quarantined.
+func (g *Gateway) textQuarantine(ctx context.Context, inc *state.Incident) bool {
+	f := g.cfg.Canary.Fingerprints
+	at := inc.Time
+	// A shared store that does not answer within a second leaves the decision to this replica's
+	// own record, which notes every match too (so it has the history when Redis goes away).
+	sctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	shared := g.state.Evidence != g.localEvidence
+	corroborated := false
+	for _, n := range inc.Backends {
+		rq, vc, _ := g.localEvidence.Note(ctx, n, inc.Requester, inc.Victim, at, f.CorroborationWindow)
+		if shared {
+			if r, v, err := g.state.Evidence.Note(sctx, n, inc.Requester, inc.Victim, at, f.CorroborationWindow); err == nil {
+				rq, vc = r, v
+			} else {
+				g.log.Warn("text evidence not shared (this replica's own record decides)", zap.String("backend", n), zap.Error(err))
+			}
+		}
+		corroborated = corroborated || rq >= f.CorroborationTenants && vc >= f.CorroborationTenants
+	}
+	if !corroborated {
+		g.log.Warn("prompt-text match alone: no quarantine (needs matches from more requesters against more victims on the engine)",
+			zap.String("request_id", inc.RequestID), zap.String("requester", inc.Requester), zap.Strings("backends", inc.Backends))
+		return false
+	}
+	inc.Evidence = state.EvidenceTextCorroborated
+	ok, err := g.state.Evidence.Allow(sctx, inc.Requester, f.QuarantinesPerRequester, f.CorroborationWindow, at)
+	if err != nil {
+		ok, _ = g.localEvidence.Allow(ctx, inc.Requester, f.QuarantinesPerRequester, f.CorroborationWindow, at)
+	}
+	if !ok {
+		g.metrics.textQuarantinesRefused.Inc()
+		g.log.Warn("corroborated prompt-text match: quarantine refused (the requester triggered its share in the window)",
+			zap.String("request_id", inc.RequestID), zap.String("requester", inc.Requester), zap.Strings("backends", inc.Backends))
+		return false
+	}
+	g.log.Error("corroborated prompt-text leak: backends quarantined", zap.String("request_id", inc.RequestID),
+		zap.String("requester", inc.Requester), zap.String("victim", inc.Victim), zap.Strings("backends", inc.Backends))
+	for _, n := range inc.Backends {
+		g.quarantine.Mark(n, g.cfg.Canary.QuarantineTTL, "corroborated prompt text leak "+inc.RequestID)
+	}
+	inc.Quarantined = true
+	return true
 }
 
 // shortFragment says a hit carries fewer than canary.LooseMin marker characters: only the prefix

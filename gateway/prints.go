@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/canary"
+	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/fingerprint"
 	"github.com/kvgate/kvgate/internal/panics"
 	"github.com/kvgate/kvgate/reply"
@@ -25,9 +26,14 @@ type printsState struct {
 	text    string // the client's own prompt text (request.OwnText), saved by inject
 	idsText string // text of token-id prompts as an engine detokenized it (coverTokenIDs)
 	own     *fingerprint.Own
-	scanner *fingerprint.Scanner
-	hit     *canary.Hit // the leak the scanner reported, if it did
-	seq     uint64      // this prompt's number in the shared stream's queue (0: not queued)
+	scanner *fingerprint.Scanner // the first reading's (the joined text); the others fork it
+	// readings are every reading of the reply's text the guard opened (the joined one first,
+	// then one per field, choice and item), hitBy the one that reported the match
+	readings []*fingerprint.Scanner
+	hit      *canary.Hit // the match a reading reported, if one did
+	hitBy    *fingerprint.Scanner
+	flagged  bool   // the match was recorded, the reply passed on (canary.fingerprints.mode monitor)
+	seq      uint64 // this prompt's number in the shared stream's queue (0: not queued)
 }
 
 // initPrints builds this replica's fingerprint index (nil: canaries or fingerprints off) and its
@@ -263,15 +269,49 @@ func (x *exchange) awaitPrints() {
 
 type printsDetector struct{ x *exchange }
 
-func (d printsDetector) Feed(text string) *canary.Hit {
+// Reading opens one reading of the reply's text: the first is the scanner made for the reply,
+// every later one a fork of it (same requester, path and own prompt).
+func (d printsDetector) Reading() reply.TextReading {
 	fp := &d.x.fp
+	sc := fp.scanner
+	if len(fp.readings) > 0 {
+		sc = sc.Fork()
+	}
+	fp.readings = append(fp.readings, sc)
+	return printsReading{d.x, sc}
+}
+
+type printsReading struct {
+	x  *exchange
+	sc *fingerprint.Scanner
+}
+
+// Fork is a copy of the reading as it stands (the joined reading leaving a field's).
+func (r printsReading) Fork() reply.TextReading {
+	sc := r.sc.Clone()
+	r.x.fp.readings = append(r.x.fp.readings, sc)
+	return printsReading{r.x, sc}
+}
+
+// Feed reports the first match of any reading (enforce: the reply is cut there). In monitor
+// mode the match is recorded as a flagged incident and the reply goes on.
+func (r printsReading) Feed(text string) *canary.Hit {
+	fp := &r.x.fp
 	if fp.hit != nil {
+		if fp.flagged {
+			return nil
+		}
 		return fp.hit
 	}
-	if !fp.scanner.Feed(text) {
+	if !r.sc.Feed(text) {
 		return nil
 	}
-	fp.hit = &canary.Hit{Victim: fp.scanner.Victim()}
+	fp.hit, fp.hitBy = &canary.Hit{Victim: r.sc.Victim()}, r.sc
+	if r.x.g.cfg.Canary.Fingerprints.Mode == config.ModeMonitor {
+		fp.flagged = true
+		r.x.g.recordIncident(r.x, state.KindLeak, *fp.hit)
+		return nil
+	}
 	return fp.hit
 }
 
@@ -281,8 +321,8 @@ func (x *exchange) printsEvidence(inc *state.Incident, h canary.Hit) bool {
 	if x.fp.hit == nil || *x.fp.hit != h {
 		return false
 	}
-	sc := x.fp.scanner
-	inc.Detector = state.DetectorFingerprint
+	sc := x.fp.hitBy
+	inc.Detector, inc.Evidence, inc.Flagged = state.DetectorFingerprint, state.EvidenceText, x.fp.flagged
 	inc.Matches, inc.Victims = sc.Count(), sc.Victims()
 	for _, m := range sc.Matches() {
 		inc.Fingerprints = append(inc.Fingerprints, state.FingerprintMatch{Fingerprint: m.Fingerprint, End: m.End, Length: m.Length, Victim: m.Victim})
@@ -293,8 +333,16 @@ func (x *exchange) printsEvidence(inc *state.Incident, h canary.Hit) bool {
 // printsDone counts a reply that carried fewer foreign fingerprints than a cut needs: a weak
 // match (one shared phrase is not a leak), logged without text.
 func (x *exchange) printsDone() {
-	sc := x.fp.scanner
-	if sc == nil || sc.Leak() || sc.Count() == 0 {
+	if x.fp.hit != nil {
+		return
+	}
+	var sc *fingerprint.Scanner
+	for _, r := range x.fp.readings {
+		if r.Count() > 0 && (sc == nil || r.Count() > sc.Count()) {
+			sc = r
+		}
+	}
+	if sc == nil {
 		return
 	}
 	x.g.printsWeak.Inc()

@@ -134,6 +134,8 @@ func replyText(r reply, path string) (text string, integrity bool) {
 
 type incidentRecord struct {
 	Kind, Victim, Requester, Detector, Context string
+	Evidence                                   string
+	Flagged, Quarantined                       bool
 	RequestID                                  string `json:"request_id"`
 	Matches, Victims                           int
 	Fingerprints                               []struct {
@@ -168,6 +170,31 @@ func waitIncident(t *testing.T, url, rid string) (incidentRecord, bool) {
 			return incidentRecord{}, false
 		}
 		time.Sleep(30 * time.Millisecond)
+	}
+}
+
+// releaseAfter settles the incident inc of a leak: a marker's quarantine is released
+// (releaseAll); a prompt-text match alone (issue 31: evidence "text") quarantined nothing, and
+// every gateway goes on routing to the pair.
+func releaseAfter(t *testing.T, gws []*testkit.Gateway, prefix string, inc incidentRecord) {
+	t.Helper()
+	if inc.Evidence != "text" {
+		releaseAll(t, gws, prefix)
+		return
+	}
+	if inc.Quarantined {
+		t.Fatalf("a text match alone quarantined: %+v", inc)
+	}
+	c := redistest.Client(t)
+	keys := state.Keys{Prefix: prefix}
+	if n := c.Exists(context.Background(), keys.QuarantineFlag("p0"), keys.QuarantineFlag("d0")).Val(); n != 0 {
+		t.Fatalf("a text match alone quarantined %d backends: %+v", n, inc)
+	}
+	small := `{"model":"sim","messages":[{"role":"user","content":"hello"}],"max_tokens":1}`
+	for _, gw := range gws {
+		if r := post(t, gw.URL, "/v1/chat/completions", "sk-t0", small); r.status != 200 {
+			t.Fatalf("%s refuses a bystander after a text match alone: %d %s", gw.URL, r.status, r.body)
+		}
 	}
 }
 
@@ -281,7 +308,7 @@ func TestPromptTextLeakIsCutWithDefaultSettings(t *testing.T) {
 			t.Fatalf("trial %d %s: a whole leaking reply must be a 502 with no text: %d %q", trial, path, r.status, text)
 		}
 		t.Logf("trial %d %s stream=%v: cut by %s after %d bytes of text, %d matches from %d tenants", trial, path, stream, inc.Detector, len(text), inc.Matches, inc.Victims)
-		releaseAll(t, gws, prefix)
+		releaseAfter(t, gws, prefix, inc)
 	}
 	if leaks < 2*len(paths)-1 || streamedLeaks == 0 {
 		t.Fatalf("only %d of %d trials leaked (%d streamed): the scenario does not reproduce the leak", leaks, 2*len(paths), streamedLeaks)
@@ -325,14 +352,15 @@ func TestPromptTextLeakAcrossFourReplicas(t *testing.T) {
 					continue
 				}
 				caught++
-				if _, ok := waitIncident(t, zgw.URL, r.header.Get("X-Request-Id")); !ok {
+				inc, ok := waitIncident(t, zgw.URL, r.header.Get("X-Request-Id"))
+				if !ok {
 					t.Fatalf("trial %d: cut without an incident", trial)
 				}
 				if stream {
 					streamed++
 					streamedBytes += len(text)
 				}
-				releaseAll(t, gws, prefix)
+				releaseAfter(t, gws, prefix, inc)
 			}
 			if leaks < trials-1 {
 				t.Fatalf("only %d of %d trials leaked", leaks, trials)

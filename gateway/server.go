@@ -70,6 +70,9 @@ type Gateway struct {
 	bgMu       sync.Mutex     // guards bgClosed and bg.Add against Shutdown's Wait
 	bgClosed   bool
 	quarantine *state.Quarantines
+	// localEvidence is this replica's own record of prompt-text matches: it decides while the
+	// shared one (state.Evidence) is away.
+	localEvidence state.TextEvidence
 	// prints: prompt fingerprints of this replica (prints.go); nil when off.
 	prints         *fingerprint.Index
 	printsWeak     prometheus.Counter
@@ -111,6 +114,10 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	g := &Gateway{cfg: cfg, log: log.Named("gateway"), access: log.Named("access"), backends: set}
 	g.state = st
 	g.quarantine = state.NewQuarantines(st.Quarantine, set.SetQuarantine)
+	g.localEvidence = state.NewMemoryTextEvidence()
+	if st.Evidence == nil {
+		st.Evidence = g.localEvidence
+	}
 	if cfg.Canary.Enabled {
 		names := make([]string, len(cfg.Tenants))
 		for i, t := range cfg.Tenants {

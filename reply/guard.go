@@ -3,6 +3,7 @@ package reply
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,15 +23,25 @@ type Scope struct {
 	EngineRID string // the rid held text is released under (/generate)
 	// OnEcho records an echoed marker (the requester's own text coming back).
 	OnEcho func(canary.Hit)
-	// Text is a second detector (nil: none): it reads the reply's text values in the order a
-	// client joins them and says when they carry another tenant's prompt text.
+	// Text is a second detector (nil: none): it says when the reply's text carries another
+	// tenant's prompt text. It reads the text values in the order a client joins them, and in a
+	// stream also each text field on its own (per choice, per field path, per content block
+	// or output item), as a client's SDK assembles them: choices interleaved word by word
+	// break every shingle of the joined reading but none of a choice's own.
 	Text TextDetector
 }
 
-// TextDetector reads a reply's text as it streams; Feed returns the leak once the text so far is
-// one (the gateway's prompt fingerprints), nil before.
+// TextDetector reads a reply's text (the gateway's prompt fingerprints). Reading opens one
+// reading of it: the joined text, or one field's.
 type TextDetector interface {
+	Reading() TextReading
+}
+
+// TextReading reads one sequence of text as it streams; Feed returns the leak once the text so
+// far is one, nil before. Fork is a copy of the reading as it stands, read on separately.
+type TextReading interface {
 	Feed(text string) *canary.Hit
+	Fork() TextReading
 }
 
 // Guard scans one reply for canary markers, on the decoded values a client reads. Every string
@@ -50,6 +61,15 @@ type Guard struct {
 	whole bool
 	// lastBlock: the index of the last Anthropic content block seen in a stream
 	lastBlock json.Number
+	// item is the current event's merge indexes at its top level (Anthropic's content block,
+	// the Responses API's output item and content part), which the field path does not name:
+	// the prompt-text reading of a field is per item.
+	item [3]uint32
+	// joinText is the prompt-text detector's joined reading (nil until needed). While the
+	// joined text so far is exactly one field reading's (a stream with one text field, the usual
+	// case), that reading, aliasText, stands for it and the text is hashed once; the joined
+	// reading forks from it when a second field or other joined text arrives.
+	joinText, aliasText TextReading
 	// one scans whole values (reset for each), oneIn and oneBuf its input and output buffers;
 	// kit holds it with the joined reading's scanners (all three set together: takeKit)
 	kit           *scanKit
@@ -80,6 +100,9 @@ type Guard struct {
 type fieldScan struct {
 	loose  *canary.Loose
 	strict *canary.Scanner
+	// texts are the field's prompt-text readings by item (the event's content block or output
+	// item; 0 where the path itself names the choice): made on first use, text fields only.
+	texts map[[3]uint32]TextReading
 }
 
 // NewGuard is a guard for one reply; nil when canaries are off (no keyring).
@@ -205,7 +228,18 @@ func (gd *Guard) feedField(f *fieldScan, text []byte, join bool) ([]byte, bool) 
 // detector withholds part of it.
 func (gd *Guard) looseStage(f *fieldScan, mid []byte, join bool) ([]byte, bool) {
 	if join {
-		j, ok := gd.joinedView(mid)
+		aliased := false
+		if gd.sc.Text != nil && !gd.whole {
+			r := gd.fieldText(f)
+			if h := r.Feed(unsafe.String(unsafe.SliceData(mid), len(mid))); h != nil {
+				gd.noteLeak(h)
+				return nil, false
+			}
+			if gd.joinText == nil && (gd.aliasText == nil || gd.aliasText == r) {
+				gd.aliasText, aliased = r, true // the joined text so far is r's
+			}
+		}
+		j, ok := gd.joinedRead(mid, aliased)
 		if !ok {
 			return nil, false
 		}
@@ -218,6 +252,41 @@ func (gd *Guard) looseStage(f *fieldScan, mid []byte, join bool) ([]byte, bool) 
 		return nil, false
 	}
 	return out, true
+}
+
+// fieldText is the field's prompt-text reading for the current item.
+func (gd *Guard) fieldText(f *fieldScan) TextReading {
+	r := f.texts[gd.item]
+	if r == nil {
+		if f.texts == nil {
+			f.texts = make(map[[3]uint32]TextReading, 1)
+		}
+		r = gd.sc.Text.Reading()
+		f.texts[gd.item] = r
+	}
+	return r
+}
+
+// setItem notes the current event's top-level merge indexes (index, output_index,
+// content_index), each a distinct reading: no two indexes a client keeps apart share one.
+func (gd *Guard) setItem(index, outputIndex, contentIndex []byte) {
+	gd.item = [3]uint32{itemIndex(index), itemIndex(outputIndex), itemIndex(contentIndex)}
+}
+
+// itemIndex reads a canonical index (at most 9 digits, canonicalIndex); anything else (absent:
+// 0; not canonical: MaxUint32, and walk refuses the event) stays apart from every real one but 0.
+func itemIndex(b []byte) uint32 {
+	if len(b) > 9 {
+		return math.MaxUint32
+	}
+	n := uint32(0)
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return math.MaxUint32
+		}
+		n = n*10 + uint32(c-'0')
+	}
+	return n
 }
 
 func (gd *Guard) note(v canary.Verdict) {
@@ -544,7 +613,10 @@ func (gd *Guard) joined(s string) (string, bool) {
 
 // joinedView is joined on bytes it only reads: it returns b itself when the joined reading
 // withheld nothing (no copy), else the reading's output. b must not be the guard's joinBuf.
-func (gd *Guard) joinedView(b []byte) ([]byte, bool) {
+func (gd *Guard) joinedView(b []byte) ([]byte, bool) { return gd.joinedRead(b, false) }
+
+// joinedRead is joinedView; aliased: the prompt-text detector read b already (aliasText).
+func (gd *Guard) joinedRead(b []byte, aliased bool) ([]byte, bool) {
 	s := unsafe.String(unsafe.SliceData(b), len(b)) // read only, never kept
 	if gd.kit == nil {
 		gd.takeKit()
@@ -567,8 +639,15 @@ func (gd *Guard) joinedView(b []byte) ([]byte, bool) {
 			s = unsafe.String(unsafe.SliceData(b), len(b))
 		}
 	}
-	if gd.sc.Text != nil {
-		if h := gd.sc.Text.Feed(s); h != nil {
+	if gd.sc.Text != nil && !aliased {
+		if gd.joinText == nil {
+			if gd.aliasText != nil {
+				gd.joinText, gd.aliasText = gd.aliasText.Fork(), nil
+			} else {
+				gd.joinText = gd.sc.Text.Reading()
+			}
+		}
+		if h := gd.joinText.Feed(s); h != nil {
 			gd.noteLeak(h)
 			return nil, false
 		}
@@ -754,6 +833,9 @@ func (gd *Guard) event(v any) (any, bool) {
 	if idx, ok := obj["index"].(json.Number); ok && gd.sc.Kind == request.Messages {
 		gd.lastBlock = idx // where held text of a content block goes back
 	}
+	if gd.sc.Text != nil {
+		gd.setItem(numberBytes(obj["index"]), numberBytes(obj["output_index"]), numberBytes(obj["content_index"]))
+	}
 	var restore func()
 	if gd.sc.Kind == request.Generate {
 		if t, ok := obj["text"].(string); ok {
@@ -785,6 +867,14 @@ func (gd *Guard) event(v any) (any, bool) {
 		restore()
 	}
 	return obj, true
+}
+
+// numberBytes is a JSON number's text (nil for anything else).
+func numberBytes(v any) []byte {
+	if n, ok := v.(json.Number); ok {
+		return []byte(n)
+	}
+	return nil
 }
 
 // heldEvent is text the scanners held, released as an event of the reply's own shape.

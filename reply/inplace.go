@@ -91,12 +91,16 @@ func fastEligible(c *canonReader, gd *Guard, name string) bool {
 	if !plainKeys(c) {
 		return false
 	}
-	c.top = topMembers{-1, -1, -1, -1, -1}
+	c.top = topMembers{-1, -1, -1, -1, -1, -1, -1}
 	for i := int32(1); c.toks[i].kind == 'k'; i = c.next(i + 1) { // the top-level members
 		k, v := c.toks[i], c.toks[i+1]
 		switch string(c.b[k.s:k.e]) {
 		case "index":
 			c.top.index = i + 1
+		case "output_index":
+			c.top.outputIndex = i + 1
+		case "content_index":
+			c.top.contentIndex = i + 1
 		case "choices":
 			c.top.choices = i + 1
 		case "delta":
@@ -206,7 +210,15 @@ func (c *canonReader) carriesText() bool {
 
 // topMembers are the value tokens of the top-level object's members the fast path reads
 // (fastEligible notes them; -1: absent).
-type topMembers struct{ index, choices, delta, text, typ int32 }
+type topMembers struct{ index, choices, delta, text, typ, outputIndex, contentIndex int32 }
+
+// topBytes is the text of a top-level member's value token (nil when absent).
+func (c *canonReader) topBytes(v int32) []byte {
+	if v < 0 {
+		return nil
+	}
+	return c.b[c.toks[v].s:c.toks[v].e]
+}
 
 // emitFast takes the fast path for ev when it may; false: nothing was done (no scanner was fed),
 // the slow path takes the event.
@@ -258,6 +270,9 @@ func (e *Stream) emitFast(ev sse.Event) bool {
 			if n := c.b[c.toks[idx].s:c.toks[idx].e]; string(n) != string(gd.lastBlock) {
 				gd.lastBlock = json.Number(n) // where held text of a content block goes back
 			}
+		}
+		if gd.sc.Text != nil {
+			gd.setItem(c.topBytes(c.top.index), c.topBytes(c.top.outputIndex), c.topBytes(c.top.contentIndex))
 		}
 		if !e.scanFast(gd, 0) {
 			if gd.malformed && gd.leak == nil {

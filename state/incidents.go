@@ -44,6 +44,12 @@ type Incident struct {
 	// Context: up to 200 bytes around a marker hit, markers redacted; only with
 	// canary.incident_context.
 	Context string `json:"context,omitempty"`
+	// Evidence is what a leak rests on: EvidenceMarker, EvidenceText (one reply's text match:
+	// cut or flagged, no quarantine) or EvidenceTextCorroborated. Flagged: the reply was passed
+	// on, not cut (canary.fingerprints.mode monitor). Quarantined: the backends were taken out.
+	Evidence    string `json:"evidence,omitempty"`
+	Flagged     bool   `json:"flagged,omitempty"`
+	Quarantined bool   `json:"quarantined,omitempty"`
 }
 
 // FingerprintMatch is one foreign fingerprint in a reply: no text, only where and whose.

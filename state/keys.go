@@ -15,6 +15,8 @@ package state
 //	prefix{kvgate}:tenant-keys             key hash → tenant name
 //	prefix{kvgate}:tenants:version         bumped on every tenant write
 //	prefix{kvgate}:prints                  stream of prompt fingerprint records (keyed hashes, no text)
+//	prefix{kvgate}:text-evidence:<backend> prompt-text matches on a backend (requester, victim), by time
+//	prefix{kvgate}:requester-quarantines:<tenant> quarantines a requester's matches triggered, expiring
 //
 // The {kvgate} keys are the control plane: written rarely (an incident, a quarantine, an admin
 // call), read by one poll per replica a second, and changed together atomically (a flag with its
@@ -31,6 +33,14 @@ func (k Keys) Incidents() string { return k.base() + "incidents" }
 
 // Prints is the stream of prompt fingerprint records replicas share.
 func (k Keys) Prints() string { return k.base() + "prints" }
+
+// TextEvidence is the prompt-text matches on backend (TextEvidence).
+func (k Keys) TextEvidence(backend string) string { return k.base() + "text-evidence:" + backend }
+
+// RequesterQuarantines counts the quarantines requester's matches triggered in a window.
+func (k Keys) RequesterQuarantines(requester string) string {
+	return k.base() + "requester-quarantines:" + requester
+}
 
 // QuarantineFlag is backend's quarantine flag.
 func (k Keys) QuarantineFlag(backend string) string { return k.base() + "quarantine:" + backend }

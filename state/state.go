@@ -28,6 +28,8 @@ type State struct {
 	Limits *RedisLimits
 	// Prints shares prompt fingerprints between replicas; nil for memory state.
 	Prints *RedisPrints
+	// Evidence keeps the prompt-text matches that decide a quarantine (TextEvidence).
+	Evidence TextEvidence
 	// Run carries background work (the incident flusher); nil for memory state.
 	Run    func(ctx context.Context)
 	client redis.UniversalClient
@@ -41,7 +43,7 @@ func Open(cfg *config.Config, log *zap.Logger) (*State, error) {
 	if cfg.State.RedisURL == "" {
 		inc := NewMemoryIncidents(10000)
 		inc.TTL = cfg.Canary.IncidentTTL
-		return &State{Incidents: inc, Quarantine: NewMemoryQuarantine(), Tenants: NewMemoryTenants()}, nil
+		return &State{Incidents: inc, Quarantine: NewMemoryQuarantine(), Tenants: NewMemoryTenants(), Evidence: NewMemoryTextEvidence()}, nil
 	}
 	client, err := NewClient(cfg.State.RedisURL, string(cfg.State.RedisMode))
 	if err != nil {
@@ -59,7 +61,7 @@ func Open(cfg *config.Config, log *zap.Logger) (*State, error) {
 	}
 	return &State{Incidents: inc, Quarantine: NewRedisQuarantine(client, cfg.State.KeyPrefix),
 		Tenants: NewRedisTenants(client, cfg.State.KeyPrefix), Limits: NewRedisLimits(client, cfg.State.KeyPrefix),
-		Degraded: inc.Degraded, Run: inc.Run, client: client, unlog: unlog,
+		Degraded: inc.Degraded, Run: inc.Run, client: client, unlog: unlog, Evidence: NewRedisTextEvidence(client, cfg.State.KeyPrefix),
 		Prints: NewRedisPrints(client, cfg.State.KeyPrefix, cfg.Canary.DetectWindow, 0)}, nil
 }
 
