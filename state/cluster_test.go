@@ -7,9 +7,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/kvgate/kvgate/internal/redistest"
 	"github.com/kvgate/kvgate/policy"
 	"github.com/kvgate/kvgate/state"
+	"github.com/kvgate/kvgate/tests/redistest"
 )
 
 // Every store on a real 3-master Redis Cluster (two clients, as two replicas): the control-plane

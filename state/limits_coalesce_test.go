@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/redistest"
 	"github.com/kvgate/kvgate/policy"
 	"github.com/kvgate/kvgate/state"
+	"github.com/kvgate/kvgate/tests/redistest"
 )
 
 // opsFor is a random run of admissions, each after the settlements that queued before it, over

@@ -12,9 +12,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/kvgate/kvgate/internal/redistest"
 	"github.com/kvgate/kvgate/policy"
 	"github.com/kvgate/kvgate/state"
+	"github.com/kvgate/kvgate/tests/redistest"
 )
 
 // testRedis is the shared test Redis and this test's key prefix.
