@@ -36,7 +36,9 @@ func localCounter(t *testing.T) (*admission.Counter, tokenize.Encoder) {
 	return admission.New(admission.Options{Encoder: enc, Ratio: tokenize.NewSafetyRatio(1.1, 2), LocalExact: true}), enc
 }
 
-func prose(words int) string { return strings.TrimSpace(strings.Repeat("the quick brown fox jumps ", words/5+1)) }
+func prose(words int) string {
+	return strings.TrimSpace(strings.Repeat("the quick brown fox jumps ", words/5+1))
+}
 
 func TestRoomiestIsTheLargestAdmittedPrompt(t *testing.T) {
 	routes := []backends.Route{unified("small", 1000, 8192), unified("big", 6000, 8192), unified("short", 9000, 2048)}
