@@ -14,7 +14,7 @@ import (
 )
 
 // The admin API's tenant records: the body of a create or update, its validation, and the
-// answers for store errors. The HTTP handlers are the gateway's.
+// answers for store errors. The HTTP handlers are the admin package's (admin/tenants.go).
 
 // Fields is a POST or PATCH body; nil fields are absent (PATCH keeps them).
 type Fields struct {
