@@ -16,9 +16,9 @@ import (
 	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/config"
-	"github.com/kvgate/kvgate/internal/redistest"
 	"github.com/kvgate/kvgate/state"
 	"github.com/kvgate/kvgate/tenants"
+	"github.com/kvgate/kvgate/tests/redistest"
 )
 
 func api(t *testing.T, key string) *admin.API {

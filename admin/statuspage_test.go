@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/admin/ui"
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // noRedirect is a client that hands back the 303s the login answers with.

@@ -84,7 +84,7 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 // configView shows a tenant of the config file as the store's tenants are shown.
 func configView(t tenants.Tenant) tenants.View {
 	return tenants.ViewOf(state.TenantRecord{Name: t.Name, KeySHA256: t.KeySHA256, MaxPromptTokens: t.MaxPromptTokens,
-		CanaryOptOut: t.CanaryOptOut, Limits: t.Limits()}, "config")
+		CanaryOptOut: t.CanaryOptOut, Rates: t.Limits()}, "config")
 }
 
 func (g *API) listTenants(ctx *fasthttp.RequestCtx) {

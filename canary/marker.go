@@ -1,14 +1,14 @@
-// Package canary owns kvgate's cross-tenant leak detection: deriving each tenant's secret marker,
-// placing it into prompts, scanning reply text for markers as it streams, and the state that a
-// detection produces (an incident log and backend quarantine flags, each in memory or in Redis).
+// Package canary is pure leak-detection text work: deriving each tenant's secret marker from the
+// shared secret, the injection helpers that place it into prompt text, the prefix scanner and
+// the folded-text (loose) detector that find markers in reply text as it streams, and the
+// folding that the prompt-text fingerprints share. What a detection produces (incidents,
+// quarantine flags) is state's; decoding replies into text is reply's; HTTP is the gateway's.
 //
 // It must never let a "KVG-" byte reach a client (the prefix is reserved: own markers are
 // stripped, unknown ones redacted, foreign ones cut the reply before the marker), never let more
 // than 7 consecutive characters of another tenant's marker through in any form a reader decodes
-// (loose.go), never delay or alter text beyond that, and never make a Redis round trip on the
-// request path:
-// markers are derived locally from the shared secret. It knows nothing about HTTP or JSON; the
-// gateway decodes events and hands this package plain text.
+// (loose.go), never delay or alter text beyond that, and never make a network round trip:
+// markers are derived locally from the shared secret.
 package canary
 
 import (

@@ -20,7 +20,8 @@ import (
 	"github.com/prometheus/common/model"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 var metricName = regexp.MustCompile(`\bkvgate_[a-z0-9_]+`)
@@ -232,7 +233,7 @@ func TestDashboardsQueryTheDatasourceVariable(t *testing.T) {
 // The product binary links neither the Kubernetes API types nor the browser driver that these
 // tests use.
 func TestProductLinksNoDeployTestDependencies(t *testing.T) {
-	root, err := testkit.ModuleRoot()
+	root, err := procs.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/disguise"
+	"github.com/kvgate/kvgate/tests/disguise"
 )
 
 // issue31Prompt is a private system prompt of 438 characters, as issue 31's attack replayed.

@@ -9,7 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // HTTP abuse on raw loopback connections: request smuggling shapes, slow clients, oversized
@@ -19,13 +20,13 @@ const abuseServer = `max_body_bytes: 1048576
 server: {header_timeout: 1s, read_timeout: 1s, max_header_bytes: 8192}
 `
 
-func abuseRig(t *testing.T, extra string) (*testkit.Sim, *testkit.Gateway) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+func abuseRig(t *testing.T, extra string) (*procs.Sim, *testkit.Gateway) {
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML(extra, [3]string{"sim", sim.URL, "unified"})))
 	return sim, gw
 }
 
-func engineRequests(t *testing.T, sim *testkit.Sim) int {
+func engineRequests(t *testing.T, sim *procs.Sim) int {
 	n := 0
 	for _, v := range sim.Stats(t).Requests {
 		n += v

@@ -7,7 +7,8 @@ import (
 
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // accessLine is the one access line of request id rid.
@@ -44,7 +45,7 @@ func durationField(t *testing.T, m map[string]any, k string) time.Duration {
 // a stream's line also says when its first bytes and its first generated token reached the
 // client. A tenant without limits (no usage read) gets the same line without the usage.
 func TestAccessLogFields(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
 	gw, logs := observedGateway(t, testkit.ParseConfig(t, limitsYAML("", "", "rpm: 1000, tpm: 1000000", "", sim.URL)))
 
 	common := func(m map[string]any, route string) {

@@ -17,7 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // Issue 15's property: whatever an engine's /server_info, /v1/models, /v1/loads and /tokenize
@@ -48,10 +49,10 @@ func TestAdmissionHoldsAgainstLyingEngines(t *testing.T) {
 			// Pools smaller than the context (the incident's shape), asymmetric across the pair,
 			// whose limit (the prefill's) is above the unified engine's so that it serves too; the
 			// prefill has the leak bug, so a prompt admitted over its pool is served (and leaks).
-			uni := testkit.StartSim(t, append([]string{"--mode", "combined", "--pool-tokens", "4096", "--context-length", "16384"}, common...)...)
-			pre := testkit.StartSim(t, append([]string{"--mode", "prefill", "--pool-tokens", "5120", "--context-length", "16384",
+			uni := procs.StartSim(t, append([]string{"--mode", "combined", "--pool-tokens", "4096", "--context-length", "16384"}, common...)...)
+			pre := procs.StartSim(t, append([]string{"--mode", "prefill", "--pool-tokens", "5120", "--context-length", "16384",
 				"--bootstrap-port", "0", "--bug", "admit-rejected"}, common...)...)
-			dec := testkit.StartSim(t, append([]string{"--mode", "decode", "--pool-tokens", "6144", "--context-length", "16384"}, common...)...)
+			dec := procs.StartSim(t, append([]string{"--mode", "decode", "--pool-tokens", "6144", "--context-length", "16384"}, common...)...)
 			engines := []*lyingEngine{
 				newLyingEngine(t, "u", uni, rng.Int63()), newLyingEngine(t, "p", pre, rng.Int63()), newLyingEngine(t, "d", dec, rng.Int63()),
 			}
@@ -178,7 +179,7 @@ var propertyRoutes = []struct {
 // /tokenize answers 404 for the first second (an engine whose tokenizer comes up late).
 type lyingEngine struct {
 	name      string
-	sim       *testkit.Sim
+	sim       *procs.Sim
 	url       string
 	mril      int // the simulator's own numbers
 	pool      int
@@ -203,7 +204,7 @@ var lies = map[string][]string{
 		"count_float", "count_zero", "count_one", "count_huge", "count_disagrees", "count_over_bytes"},
 }
 
-func newLyingEngine(t *testing.T, name string, sim *testkit.Sim, seed int64) *lyingEngine {
+func newLyingEngine(t *testing.T, name string, sim *procs.Sim, seed int64) *lyingEngine {
 	t.Helper()
 	e := &lyingEngine{name: name, sim: sim, rng: rand.New(rand.NewSource(seed)), current: map[string]string{}, told: map[string]int{},
 		tokDownTo: time.Now().Add(time.Second)}
@@ -413,7 +414,7 @@ const honesty = 0.8
 // prompt over the byte bound gets 503 count_unavailable (never the engine); once it is up,
 // calibration is retried and succeeds, and exact counts decide both ways.
 func TestCalibrationDownAtStartFailsClosedThenRetries(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--tokenizer", "chunk4", "--pool-tokens", "4096", "--context-length", "16384", "--page-size", "16")
+	sim := procs.StartSim(t, "--mode", "combined", "--tokenizer", "chunk4", "--pool-tokens", "4096", "--context-length", "16384", "--page-size", "16")
 	target, _ := url.Parse(sim.URL)
 	rp := httputil.NewSingleHostReverseProxy(target)
 	var mu sync.Mutex

@@ -7,7 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // badInput is one malformed request of the table. status 0 means "any 4xx".
@@ -168,7 +169,7 @@ func badInputs() []badInput {
 // of a real simulator process: each gets a 4xx in OpenAI's envelope, none reaches the engine
 // (/sim/stats), and a normal request still succeeds afterwards.
 func TestBadInputTable(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
 	// A 10 MB body keeps both cores busy for a while: the capacity reading must not age out
 	// meanwhile (this test is about bad input, not about stale capacity).
 	yaml := strings.Replace(gatewayYAML("max_body_bytes: 12582912\n", [3]string{"sim", sim.URL, "unified"}),

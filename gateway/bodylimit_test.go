@@ -10,14 +10,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // A declared Content-Length over max_body_bytes is refused from the headers: 413
 // request_too_large at once, whether the client sends no body at all, a little of it, or asks
 // "Expect: 100-continue" (which must not be invited to upload).
 func TestBodyLimitRefusedFromHeader(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("max_body_bytes: 65536\n", [3]string{"sim", sim.URL, "unified"})))
 	for _, c := range []struct {
 		name, extra, body string

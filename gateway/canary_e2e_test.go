@@ -11,8 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/redistest"
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/redistest"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 var anyMarker = regexp.MustCompile(`KVG-[a-z2-7]{20}`)
@@ -50,8 +51,8 @@ func canaryYAML(prefix, mode string, backends ...[3]string) string {
 // will not route to the quarantined backends until an operator releases them.
 func TestCanaryCutsALeakAndQuarantinesAcrossReplicas(t *testing.T) {
 	common := []string{"--context-length", "16384", "--bug", "admit-rejected", "--page-size", "16", "--seed", "3"}
-	prefill := testkit.StartSim(t, append([]string{"--mode", "prefill", "--pool-tokens", "4096", "--bootstrap-port", "0"}, common...)...)
-	decode := testkit.StartSim(t, append([]string{"--mode", "decode", "--pool-tokens", "16384"}, common...)...)
+	prefill := procs.StartSim(t, append([]string{"--mode", "prefill", "--pool-tokens", "4096", "--bootstrap-port", "0"}, common...)...)
+	decode := procs.StartSim(t, append([]string{"--mode", "decode", "--pool-tokens", "16384"}, common...)...)
 	prefix := uniquePrefix(t)
 	yaml := canaryYAML(prefix, "monitor", [3]string{"p0", prefix2url(prefill), "prefill"}, [3]string{"d0", prefix2url(decode), "decode"})
 	gw1 := testkit.StartGateway(t, testkit.ParseConfig(t, yaml))
@@ -147,12 +148,12 @@ func TestCanaryCutsALeakAndQuarantinesAcrossReplicas(t *testing.T) {
 	}
 }
 
-func prefix2url(s *testkit.Sim) string { return s.URL }
+func prefix2url(s *procs.Sim) string { return s.URL }
 
 // Tenant b pasting tenant a's (leaked) marker into its own prompt gets an echo: the marker is
 // stripped from the reply, the echo recorded, and nothing is quarantined.
 func TestForgedMarkerIsAnEchoNotAQuarantine(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "16384")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "16384")
 	prefix := uniquePrefix(t)
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, canaryYAML(prefix, "enforce", [3]string{"sim", sim.URL, "unified"})))
 	// Learn a's current marker the way an attacker might: from a's own prompt as the engine saw

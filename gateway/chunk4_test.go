@@ -7,7 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // chunk4Count is the simulator's chunk4 tokenizer on ASCII words separated by single spaces:
@@ -33,7 +34,7 @@ func randomWord(rng *rand.Rand) string {
 // than cl100k on the same text), 1,000 prompts whose engine count lies within ±5% of the limit:
 // the gateway must never admit one that the engine then rejects for length.
 func TestNoAdmitTheEngineRejectsWithForeignTokenizer(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--tokenizer", "chunk4", "--pool-tokens", "2048", "--context-length", "4096")
+	sim := procs.StartSim(t, "--mode", "combined", "--tokenizer", "chunk4", "--pool-tokens", "2048", "--context-length", "4096")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("", [3]string{"sim", sim.URL, "unified"})))
 	const limit = 2041 // max_req_input_len 2042 − 1; max_new_tokens 1 keeps P + O under the context
 	rng := rand.New(rand.NewSource(2026))
@@ -122,7 +123,7 @@ func prose(rng *rand.Rand, target int) (string, int) {
 // must never receive a prompt over its limit (/sim/stats: no length rejection, largest prompt
 // under the limit), and prompts that fit must still be admitted.
 func TestChunk4ProseNeverOverMaxReqInputLen(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--tokenizer", "chunk4", "--pool-tokens", "4096", "--context-length", "16384")
+	sim := procs.StartSim(t, "--mode", "combined", "--tokenizer", "chunk4", "--pool-tokens", "4096", "--context-length", "16384")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("policy: {mode: enforce}\n", [3]string{"sim", sim.URL, "unified"})))
 	const mril = 4090 // min(16383, 4095) − 5
 	rng := rand.New(rand.NewSource(12))
@@ -159,9 +160,9 @@ func TestChunk4ProseNeverOverMaxReqInputLen(t *testing.T) {
 // an exact count from the cl100k engine (listed first) says nothing about what the chunk4 pair
 // will count. No engine may receive a prompt over its own max_req_input_len.
 func TestChunk4TwoPathsOnlyOneForeign(t *testing.T) {
-	plain := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "2048", "--context-length", "16384", "--page-size", "16")
-	pre := testkit.StartSim(t, "--mode", "prefill", "--tokenizer", "chunk4", "--pool-tokens", "8192", "--context-length", "16384", "--page-size", "16", "--bootstrap-port", "0", "--bug", "admit-rejected")
-	dec := testkit.StartSim(t, "--mode", "decode", "--tokenizer", "chunk4", "--pool-tokens", "8192", "--context-length", "16384", "--page-size", "16")
+	plain := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "2048", "--context-length", "16384", "--page-size", "16")
+	pre := procs.StartSim(t, "--mode", "prefill", "--tokenizer", "chunk4", "--pool-tokens", "8192", "--context-length", "16384", "--page-size", "16", "--bootstrap-port", "0", "--bug", "admit-rejected")
+	dec := procs.StartSim(t, "--mode", "decode", "--tokenizer", "chunk4", "--pool-tokens", "8192", "--context-length", "16384", "--page-size", "16")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("policy: {mode: enforce}\n",
 		[3]string{"plain", plain.URL, "unified"}, [3]string{"p4", pre.URL, "prefill"}, [3]string{"d4", dec.URL, "decode"})))
 	const plainMRIL, pdMRIL = 2042, 8186
@@ -188,7 +189,7 @@ func TestChunk4TwoPathsOnlyOneForeign(t *testing.T) {
 			counts["over_pd_limit_admitted_to_plain"]++
 		}
 	}
-	for name, s := range map[string]*testkit.Sim{"plain": plain, "prefill": pre, "decode": dec} {
+	for name, s := range map[string]*procs.Sim{"plain": plain, "prefill": pre, "decode": dec} {
 		st := s.Stats(t)
 		limit := pdMRIL
 		if name == "plain" {
@@ -209,8 +210,8 @@ func TestChunk4TwoPathsOnlyOneForeign(t *testing.T) {
 // calibration tells them apart, so the exact count is asked of both and the larger decides; the
 // decode never receives a prompt over its max_req_input_len.
 func TestChunk4PairWithForeignDecode(t *testing.T) {
-	pre := testkit.StartSim(t, "--mode", "prefill", "--pool-tokens", "8192", "--context-length", "16384", "--page-size", "16", "--bootstrap-port", "0")
-	dec := testkit.StartSim(t, "--mode", "decode", "--tokenizer", "chunk4", "--pool-tokens", "4096", "--context-length", "16384", "--page-size", "16")
+	pre := procs.StartSim(t, "--mode", "prefill", "--pool-tokens", "8192", "--context-length", "16384", "--page-size", "16", "--bootstrap-port", "0")
+	dec := procs.StartSim(t, "--mode", "decode", "--tokenizer", "chunk4", "--pool-tokens", "4096", "--context-length", "16384", "--page-size", "16")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("policy: {mode: enforce}\n",
 		[3]string{"p", pre.URL, "prefill"}, [3]string{"d4", dec.URL, "decode"})))
 	const mril = 4090 // the pair's: min(8186, 4090)

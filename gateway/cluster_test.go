@@ -8,9 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/redistest"
-	"github.com/kvgate/kvgate/internal/testkit"
 	"github.com/kvgate/kvgate/state"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/redistest"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // A real 3-master Redis Cluster on loopback behind two gateway replicas: six tenants, each with
@@ -20,7 +21,7 @@ import (
 // with the tenants spread over all three masters.
 func TestRedisClusterLimitsPerTenantSlot(t *testing.T) {
 	cl := redistest.StartCluster(t, 3)
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
 	const prefix, tenantsN, rpm, each = "kvgcl:", 6, 4, 8
 	var y strings.Builder
 	fmt.Fprintf(&y, "backends:\n  - {name: sim, url: %q, role: unified}\ntenants:\n", sim.URL)

@@ -12,7 +12,8 @@ import (
 
 	"github.com/miekg/dns"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // dnsServer answers A queries for one name from a list the test changes; anything else is
@@ -67,12 +68,12 @@ func (d *dnsServer) set(ips ...string) {
 // once polled, the dead address never takes a request. Then the answer drops 127.0.0.2 while a
 // slow stream runs on it: the stream finishes whole, and new requests go to the members left.
 func TestDiscoveryDNS(t *testing.T) {
-	port := testkit.FreePort(t)
+	port := procs.FreePort(t)
 	simArgs := func(host string) []string {
 		return []string{"--listen", fmt.Sprintf("%s:%d", host, port), "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192", "--token-delay", "20ms"}
 	}
-	a := testkit.StartSim(t, simArgs("127.0.0.2")...)
-	b := testkit.StartSim(t, simArgs("127.0.0.3")...)
+	a := procs.StartSim(t, simArgs("127.0.0.2")...)
+	b := procs.StartSim(t, simArgs("127.0.0.3")...)
 	d := startDNS(t, "engines.test", "127.0.0.2")
 	yaml := fmt.Sprintf(`backends:
   - {name: pool, url: "http://engines.test:%d", role: unified, discover: dns}
@@ -82,7 +83,7 @@ tenants:
 capacity: {poll_interval: 100ms}
 `, port, d.addr, testkit.KeySHA256(tenantKey))
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, yaml))
-	chats := func(s *testkit.Sim) int { return s.Stats(t).Requests["/v1/chat/completions"] }
+	chats := func(s *procs.Sim) int { return s.Stats(t).Requests["/v1/chat/completions"] }
 	if r := post(t, gw.URL, "/v1/chat/completions", tenantKey, smallChat); r.status != 200 {
 		t.Fatalf("via the one discovered member: %d %s", r.status, r.body)
 	}

@@ -9,14 +9,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // Gateway.Drain in process: StartDrain turns /readyz to 503 while requests are still served; at
 // the drain deadline a stream blocked on its engine ends with a shutting_down error event, a
 // non-streaming request waiting on its engine gets 503 shutting_down, and the result names both.
 func TestDrainCutsAtTheDeadline(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--token-delay", "50ms")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--token-delay", "50ms")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("", [3]string{"sim", sim.URL, "unified"})))
 
 	gw.GW.StartDrain()
@@ -94,7 +95,7 @@ func TestDrainCutsAtTheDeadline(t *testing.T) {
 
 // Nothing in flight: Drain returns at once with nothing cut.
 func TestDrainNothingInFlight(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("", [3]string{"sim", sim.URL, "unified"})))
 	if r := post(t, gw.URL, "/generate", tenantKey, `{"text":"hi","sampling_params":{"max_new_tokens":2}}`); r.status != 200 {
 		t.Fatalf("%d %s", r.status, r.body)

@@ -7,7 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // OpenAI's x-ratelimit-* headers, over two replicas sharing Redis: the limit, what remains of it
@@ -15,7 +16,7 @@ import (
 // duration format as OpenAI writes it ("1s", "6m0s"). A 429 carries them too; a tenant without
 // limits gets none.
 func TestRateLimitHeaders(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
 	gws := twoReplicas(t, limitsYAML(testRedisURL(), uniquePrefix(t), "rpm: 3, tpm: 100000", "", sim.URL))
 	var last reply
 	for i := 0; i < 3; i++ {
@@ -65,7 +66,7 @@ func TestRateLimitHeaders(t *testing.T) {
 // policy.overflow_status: 400 for clients that only treat OpenAI's 400 as context_length_exceeded;
 // the envelope is otherwise the same, on every route's shape.
 func TestOverflowStatus400(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "2048", "--context-length", "4096")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "2048", "--context-length", "4096")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, limitsYAML("", "", "rpm: 100", "policy: {overflow_status: 400}\n", sim.URL)))
 	huge := fmt.Sprintf(`{"model":"sim","messages":[{"role":"user","content":%q}],"max_tokens":4}`, words(5000))
 	r := post(t, gw.URL, "/v1/chat/completions", tenantKey, huge)

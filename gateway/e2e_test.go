@@ -11,7 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 const tenantKey = "sk-test-alice"
@@ -95,7 +96,7 @@ func words(n int) string {
 }
 
 func TestUnifiedAdmissionEndToEnd(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("", [3]string{"sim", sim.URL, "unified"})))
 
 	t.Run("oversized prompt gets 413 and never reaches the engine", func(t *testing.T) {
@@ -225,7 +226,7 @@ func TestUnifiedAdmissionEndToEnd(t *testing.T) {
 }
 
 func TestBadInputsAreRefusedAndNeverReachTheEngine(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("max_body_bytes: 65536\n", [3]string{"sim", sim.URL, "unified"})))
 	before := sim.Stats(t)
 	cases := []struct {
@@ -291,7 +292,7 @@ func TestBadInputsAreRefusedAndNeverReachTheEngine(t *testing.T) {
 
 func TestStreamArrivesEventByEvent(t *testing.T) {
 	const delay = 150 * time.Millisecond
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192", "--token-delay", delay.String())
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192", "--token-delay", delay.String())
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("", [3]string{"sim", sim.URL, "unified"})))
 	for _, c := range []struct{ path, body string }{
 		{"/v1/chat/completions", `{"model":"sim","messages":[{"role":"user","content":"count with me please"}],"max_tokens":5,"stream":true}`},
@@ -331,7 +332,7 @@ func TestStreamArrivesEventByEvent(t *testing.T) {
 }
 
 func TestRestartedSmallerPoolLowersTheLimitAndStoppedEngineGives503(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "16384")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "16384")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("", [3]string{"sim", sim.URL, "unified"})))
 	limit := func() int {
 		r := get(t, gw.URL+"/v1/models", tenantKey)
@@ -399,7 +400,7 @@ func dataLines(body []byte) []string {
 // A client that goes away mid-stream must not leave the engine generating for nobody: the
 // gateway closes the upstream and aborts the request, so the engine's pages come back.
 func TestClientDisconnectAbortsTheEngine(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192", "--token-delay", "100ms")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192", "--token-delay", "100ms")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("", [3]string{"sim", sim.URL, "unified"})))
 	total := sim.Stats(t).Pool.PagesTotal
 	req, _ := http.NewRequest("POST", gw.URL+"/generate", strings.NewReader(`{"text":"`+words(300)+`","sampling_params":{"max_new_tokens":600},"stream":true}`))

@@ -13,7 +13,8 @@ import (
 
 	"github.com/tiktoken-go/tokenizer"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // echoYAML: tenants a and b (keys sk-a, sk-b), canaries on, state in memory.
@@ -69,9 +70,9 @@ func waitIncidents(t *testing.T, gw *testkit.Gateway, n int) incidentList {
 // prompt, as token ids (unified and PD) and as text: each reply is an echo (stripped, recorded),
 // never a leak, and nothing is quarantined: the backends keep serving.
 func TestEchoFragmentInTokenIDsOrTextDoesNotQuarantine(t *testing.T) {
-	uni := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--seed", "4")
-	pre := testkit.StartSim(t, "--mode", "prefill", "--pool-tokens", "8192", "--context-length", "8192", "--bootstrap-port", "0", "--seed", "4")
-	dec := testkit.StartSim(t, "--mode", "decode", "--pool-tokens", "8192", "--context-length", "8192", "--seed", "4")
+	uni := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--seed", "4")
+	pre := procs.StartSim(t, "--mode", "prefill", "--pool-tokens", "8192", "--context-length", "8192", "--bootstrap-port", "0", "--seed", "4")
+	dec := procs.StartSim(t, "--mode", "decode", "--pool-tokens", "8192", "--context-length", "8192", "--seed", "4")
 	frag := markerFor(t, "test-secret-of-at-least-32-bytes", "a")[:4+8] // "KVG-" + 8 characters
 	bare := markerFor(t, "test-secret-of-at-least-32-bytes", "a")[4 : 4+12]
 	// "!" ends each run: separators are transparent, so " back" could extend the run by one

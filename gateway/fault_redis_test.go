@@ -10,16 +10,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // Redis stopped and restarted while streams are in flight (the sequential cases are in
 // limits_test.go and outage_test.go): every request is answered, none hangs, none is a 5xx, and
 // streams admitted before the stop run to their end.
 func TestFaultRedisStopUnderLoad(t *testing.T) {
-	port := testkit.FreePort(t)
+	port := procs.FreePort(t)
 	stop := startRedis(t, port)
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--token-delay", "20ms")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--token-delay", "20ms")
 	url := fmt.Sprintf("redis://127.0.0.1:%d/0", port)
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, limitsYAML(url, uniquePrefix(t), "rpm: 100000, tpm: 100000000, max_concurrent: 64",
 		"limits: {redis_timeout: 50ms}\n", sim.URL)))

@@ -16,7 +16,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // Faults on loopback: engines that die, stall, lie about or hide their capacity, refuse
@@ -45,7 +46,7 @@ func streamAll(t *testing.T, url, path, body string, within time.Duration) (int,
 // A backend killed mid-stream: the client gets an error event promptly, never a stream that
 // looks finished (no finish_reason "stop"/"length" after the cut, an upstream_error event).
 func TestFaultBackendKilledMidStream(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192", "--token-delay", "100ms")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192", "--token-delay", "100ms")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("", [3]string{"sim", sim.URL, "unified"})))
 	for _, c := range []struct{ path, body string }{
 		{"/generate", `{"text":"tell me everything","sampling_params":{"max_new_tokens":200},"stream":true}`},
@@ -346,7 +347,7 @@ func TestFaultConnectionRefused(t *testing.T) {
 		return r.status == 503 && r.header.Get("Retry-After") != ""
 	})
 	// A backend that was never reachable (a closed port from the start).
-	dead := testkit.FreePort(t)
+	dead := procs.FreePort(t)
 	gw2 := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("", [3]string{"dead", fmt.Sprintf("http://127.0.0.1:%d", dead), "unified"})))
 	r = post(t, gw2.URL, "/generate", tenantKey, `{"text":"hi"}`)
 	if r.status != 503 || strings.Contains(string(r.body), fmt.Sprint(dead)) {

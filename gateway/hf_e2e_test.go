@@ -7,7 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/hfref"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 	"github.com/kvgate/kvgate/tokenize/hf"
 )
 
@@ -18,12 +20,12 @@ import (
 // + @huggingface/tokenizers, run with node), the tier says "local", and the engine's /tokenize is
 // never called.
 func TestHFTokenizerCountsLikeTheEngine(t *testing.T) {
-	dir := testkit.HFModelDir(t, "qwen3")
+	dir := hfref.ModelDir(t, "qwen3")
 	tk, err := hf.Load(dir) // only to size the prompts around the limit
 	if err != nil {
 		t.Fatal(err)
 	}
-	sim := testkit.StartSim(t, "--mode", "combined", "--tokenizer", "hf:"+dir, "--pool-tokens", "2048", "--context-length", "4096")
+	sim := procs.StartSim(t, "--mode", "combined", "--tokenizer", "hf:"+dir, "--pool-tokens", "2048", "--context-length", "4096")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML(fmt.Sprintf("tokenizer: {hf_dir: %q}\n", dir), [3]string{"sim", sim.URL, "unified"})))
 	const limit = 2041 // max_req_input_len 2042 − 1; max_tokens 1 keeps P + O under the context
 
@@ -31,7 +33,7 @@ func TestHFTokenizerCountsLikeTheEngine(t *testing.T) {
 	pieces := []string{"alpha", "beta", "gamma", "delta", "缓存", "数据", "😀", "x=1;", "\n", "don't", "  ", "Ünïcödé", "<think>", "42"}
 	rng := rand.New(rand.NewSource(19))
 	var bodies []string
-	var chats []testkit.HFChat
+	var chats []hfref.Chat
 	for i := range 24 {
 		target := limit - 24 + 2*i // engine counts from limit−24 to limit+22
 		withTools := i%3 == 0
@@ -54,7 +56,7 @@ func TestHFTokenizerCountsLikeTheEngine(t *testing.T) {
 			b.WriteString(pieces[rng.Intn(len(pieces))])
 			b.WriteByte(' ')
 		}
-		chat := testkit.HFChat{Messages: json.RawMessage(msgs), AddGenerationPrompt: true}
+		chat := hfref.Chat{Messages: json.RawMessage(msgs), AddGenerationPrompt: true}
 		body := fmt.Sprintf(`{"model": "m", "messages": %s, "max_tokens": 1`, msgs)
 		if withTools {
 			chat.Tools = json.RawMessage(tools)
@@ -62,7 +64,7 @@ func TestHFTokenizerCountsLikeTheEngine(t *testing.T) {
 		}
 		chats, bodies = append(chats, chat), append(bodies, body+"}")
 	}
-	ref := testkit.HFReference(t, "qwen3", nil, chats)
+	ref := hfref.Reference(t, "qwen3", nil, chats)
 	outcomes := map[string]int{}
 	for i, body := range bodies {
 		want := ref.RenderCounts[i]

@@ -21,8 +21,8 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvgate/kvgate/canary"
-	"github.com/kvgate/kvgate/internal/testkit"
 	"github.com/kvgate/kvgate/state"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // This file is the adversarial probe of issue 12, class 1 and 5, made permanent: an untrusted

@@ -18,7 +18,8 @@ import (
 
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // Tenant isolation: only the bearer key picks the tenant; admin routes need the admin key;
@@ -40,7 +41,7 @@ capacity: {poll_interval: 200ms}
 // Headers and body fields that name a tenant are ignored: bob (max_prompt_tokens 40) stays bob
 // whatever he claims, and alice stays alice.
 func TestIsolationOnlyTheKeyPicksTheTenant(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, isolationYAML(sim.URL, "")))
 	long := words(60) // well over bob's 40 tokens, far under the pool
 	claims := []struct {
@@ -115,7 +116,7 @@ func TestIsolationOnlyTheKeyPicksTheTenant(t *testing.T) {
 
 // Every admin route refuses everything but the admin key; no route lets a tenant read incidents.
 func TestIsolationAdminRoutesNeedTheAdminKey(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, isolationYAML(sim.URL, "")))
 	routes := []struct{ method, path, body string }{
 		{"GET", "/admin/backends", ""},
@@ -272,7 +273,7 @@ func TestIsolationNoKeyOrMarkerInErrorsOrLogs(t *testing.T) {
 // walks away (which aborts its engine request) does not touch the other's stream; the engine sees
 // the gateway's own rids.
 func TestIsolationRequestIDsCannotReachAnotherRequest(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--token-delay", "30ms")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--token-delay", "30ms")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, isolationYAML(sim.URL, "")))
 	const rid = "shared-request-id-1"
 	open := func(key string) (*http.Response, *bufio.Reader) {

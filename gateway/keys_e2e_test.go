@@ -4,14 +4,15 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // Through a real gateway to a real simulator: bodies whose keys a Python engine reads
 // differently from the gateway are refused with an OpenAI-style 400 naming the field path, and
 // the engine never sees them; the same body with exact keys is served.
 func TestKeysRefusedBeforeTheEngine(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("", [3]string{"sim", sim.URL, "unified"})))
 	long := strings.Repeat("lorem ", 6000)
 	for _, c := range []struct{ path, body, param string }{

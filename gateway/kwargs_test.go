@@ -6,7 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // TestTemplateKwargsRefused: chat_template_kwargs reaches the engine's apply_chat_template as
@@ -15,7 +16,7 @@ import (
 // but the template switches is refused with 400 naming it, on every route, and no engine sees the
 // body; the switches themselves still pass.
 func TestTemplateKwargsRefused(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("", [3]string{"sim", sim.URL, "unified"})))
 
 	loop := func(n string) string {

@@ -20,7 +20,7 @@ import (
 
 	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/backends"
-	"github.com/kvgate/kvgate/policy"
+	"github.com/kvgate/kvgate/limits"
 	"github.com/kvgate/kvgate/state"
 	"github.com/kvgate/kvgate/tenants"
 )
@@ -28,7 +28,7 @@ import (
 // limitsState is the gateway's limiter and the run-time tenant store.
 type limitsState struct {
 	g         *Gateway
-	limiter   *policy.Limiter
+	limiter   *limits.Limiter
 	store     state.TenantStore
 	redis     *state.RedisLimits // nil in memory mode
 	replicaID string
@@ -47,14 +47,14 @@ func newLimitsState(g *Gateway) *limitsState {
 	}
 	s.store = g.state.Tenants
 	if s.redis = g.state.Limits; s.redis != nil {
-		s.limiter = policy.NewLimiter(s.redis, cfg.Limits.Replicas, s.timeout)
+		s.limiter = limits.NewLimiter(s.redis, cfg.Limits.Replicas, s.timeout)
 		s.limiter.SetHeartbeat(func() (int, error) {
 			ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 			defer cancel()
 			return s.redis.Heartbeat(ctx, s.replicaID)
 		})
 	} else {
-		s.limiter = policy.NewLimiter(nil, cfg.Limits.Replicas, s.timeout)
+		s.limiter = limits.NewLimiter(nil, cfg.Limits.Replicas, s.timeout)
 	}
 	s.limiter.OnChange = func(degraded bool, err error) {
 		if degraded {
@@ -91,7 +91,7 @@ func (s *limitsState) run(ctx context.Context) {
 // Every admitted exchange has one, tenant limits or not (ticket nil): its usage is what
 // kvgate_tokens_total counts for every tenant.
 type limitHold struct {
-	ticket   *policy.Ticket // nil: the tenant has no limits
+	ticket   *limits.Ticket // nil: the tenant has no limits
 	prompt   int64          // reserved prompt tokens (our count, every item)
 	output   int64          // reserved output tokens (every item)
 	once     sync.Once
@@ -126,7 +126,7 @@ func (x *exchange) reserveLimits(ctx *fasthttp.RequestCtx) *apierr.Error {
 // reserve is the 429 decision for tokens of tenant t's limits, on any route: nil ticket and nil
 // error when t has no limits; on a refusal, the limit that refused and the client's 429. Either
 // way the reply gets OpenAI's x-ratelimit-* headers for the tenant's rpm and tpm (setHeadroom).
-func (g *Gateway) reserve(h *fasthttp.ResponseHeader, t *tenants.Tenant, tokens int64) (*policy.Ticket, string, *apierr.Error) {
+func (g *Gateway) reserve(h *fasthttp.ResponseHeader, t *tenants.Tenant, tokens int64) (*limits.Ticket, string, *apierr.Error) {
 	lim := t.Limits()
 	if g.lim == nil || lim.None() {
 		return nil, "", nil
@@ -134,9 +134,9 @@ func (g *Gateway) reserve(h *fasthttp.ResponseHeader, t *tenants.Tenant, tokens 
 	ticket, v := g.lim.limiter.Admit(t.Name, lim, tokens)
 	decided := lim
 	if ticket != nil {
-		decided = ticket.Limits()
+		decided = ticket.Rates()
 	}
-	setHeadroom(h, policy.HeadroomAfter(decided, v))
+	setHeadroom(h, limits.HeadroomAfter(decided, v))
 	if !v.Allowed {
 		g.lim.ratelimited.WithLabelValues(t.Name, v.Limit).Inc()
 		return nil, v.Limit, rateLimited(v, lim, tokens)
@@ -149,7 +149,7 @@ func (g *Gateway) reserve(h *fasthttp.ResponseHeader, t *tenants.Tenant, tokens 
 // x-ratelimit-limit-requests, -remaining-requests, -reset-requests (a Go duration such as "1s" or
 // "6m0s", OpenAI's format) and the same for -tokens, each pair only for a limit that is set.
 // Remaining tokens are after this request's reservation; settlement may refund some.
-func setHeadroom(h *fasthttp.ResponseHeader, r policy.Headroom) {
+func setHeadroom(h *fasthttp.ResponseHeader, r limits.Headroom) {
 	if r.RPM > 0 {
 		h.Set("x-ratelimit-limit-requests", strconv.Itoa(r.RPM))
 		h.Set("x-ratelimit-remaining-requests", strconv.FormatInt(r.RemainingRequests, 10))
@@ -163,7 +163,7 @@ func setHeadroom(h *fasthttp.ResponseHeader, r policy.Headroom) {
 }
 
 // settle ends a ticket from reserve with what was used (nil ticket: nothing to do).
-func (g *Gateway) settle(t *tenants.Tenant, ticket *policy.Ticket, used int64) {
+func (g *Gateway) settle(t *tenants.Tenant, ticket *limits.Ticket, used int64) {
 	if ticket == nil {
 		return
 	}
@@ -172,17 +172,17 @@ func (g *Gateway) settle(t *tenants.Tenant, ticket *policy.Ticket, used int64) {
 	g.lim.settled.WithLabelValues(t.Name).Add(float64(used))
 }
 
-func rateLimited(v policy.Verdict, lim policy.Limits, tokens int64) *apierr.Error {
+func rateLimited(v limits.Verdict, lim limits.Rates, tokens int64) *apierr.Error {
 	e := &apierr.Error{Status: 429, Type: "requests", Code: "rate_limit_exceeded", RetryAfter: max(int((v.RetryAfter+time.Second-1)/time.Second), 1)}
 	switch v.Limit {
-	case policy.LimitTPM:
+	case limits.TPM:
 		e.Type = "tokens"
 		if v.Never {
 			e.Message = fmt.Sprintf("Request too large: it needs %d tokens (prompt and requested output), more than this API key's limit of %d tokens per minute. Reduce the prompt or max_tokens.", tokens, lim.TPM)
 		} else {
 			e.Message = fmt.Sprintf("Rate limit reached for tokens per minute: limit %d, this request needs %d. Please try again in %ds.", lim.TPM, tokens, e.RetryAfter)
 		}
-	case policy.LimitConcurrent:
+	case limits.Concurrent:
 		e.Message = fmt.Sprintf("Too many requests in flight for this API key: limit %d concurrent requests. Please try again when one has finished.", lim.MaxConcurrent)
 	default:
 		e.Message = fmt.Sprintf("Rate limit reached for requests per minute: limit %d. Please try again in %ds.", lim.RPM, e.RetryAfter)

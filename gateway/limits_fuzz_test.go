@@ -15,7 +15,7 @@ import (
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/internal/panics"
-	"github.com/kvgate/kvgate/policy"
+	"github.com/kvgate/kvgate/limits"
 )
 
 // engineScript is what the fake engine answers: its capacity, its load, and its reply to any
@@ -157,7 +157,7 @@ func FuzzHostileEngine(f *testing.F) {
 		}
 		// A fresh limiter per input: one input's charges (up to what its capacity allows) must
 		// not refuse the next input's requests.
-		g.lim.limiter = policy.NewLimiter(nil, 1, 100*time.Millisecond)
+		g.lim.limiter = limits.NewLimiter(nil, 1, 100*time.Millisecond)
 		panicsBefore := panicsTotal()
 		r := fuzzRoutes[int(route)%len(fuzzRoutes)]
 		streamField := ""

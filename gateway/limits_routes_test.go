@@ -9,7 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // checkRateLimitedOn asserts a 429 with a Retry-After in the route's envelope: Anthropic's on
@@ -57,7 +58,7 @@ func largest(re *regexp.Regexp, body []byte) int64 {
 // refill of the elapsed time), and what the gateway charged is what was used. Before issue 15,
 // /v1/messages and /v1/responses admitted 30 of 30 (their usage was read as nothing).
 func TestLimitTPMEveryGenerationRoute(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "16384", "--context-length", "16384")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "16384", "--context-length", "16384")
 	const tpm, maxTokens, tries = 5000, 450, 30
 	prompt := "Write a long story about a lighthouse keeper and the ships that pass by at night."
 	msgs := fmt.Sprintf(`[{"role":"user","content":%q}]`, prompt)

@@ -12,7 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // limitsYAML: tenant alice (key tenantKey) with the given limits, and bob (sk-bob) without,
@@ -92,7 +93,7 @@ const smallChat = `{"model":"sim","messages":[{"role":"user","content":"hello th
 // of 1 per 3 s) and the rest 429s that never reach the engine; a prompt that can never fit is
 // still a 413.
 func TestLimitRPMAcrossReplicas(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
 	gws := twoReplicas(t, limitsYAML(testRedisURL(), uniquePrefix(t), "rpm: 20", "", sim.URL))
 	before := sim.Stats(t).Requests["/v1/chat/completions"]
 	start := time.Now()
@@ -196,7 +197,7 @@ func streamUsage(t *testing.T, url, path, body string) (int, int64, int64) {
 // plus max_tokens and is settled from the usage its stream reported, so the refunds admit more
 // requests than the reservations alone would, and what was charged is exactly what was used.
 func TestLimitTPMStreamsSettledFromUsage(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
 	const tpm, maxTokens = 2000, 40
 	gws := twoReplicas(t, limitsYAML(testRedisURL(), uniquePrefix(t), "tpm: 2000", "", sim.URL))
 	prompt := strings.Repeat("a fine sentence of plain words. ", 6) // ~190 bytes, far fewer tokens
@@ -260,7 +261,7 @@ func TestLimitTPMStreamsSettledFromUsage(t *testing.T) {
 // max_concurrent 3 over two replicas: of 10 slow streams started together, 3 run and 7 get a
 // 429; once they end, the slots are free again.
 func TestLimitMaxConcurrentAcrossReplicas(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192", "--token-delay", "50ms")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192", "--token-delay", "50ms")
 	gws := twoReplicas(t, limitsYAML(testRedisURL(), uniquePrefix(t), "max_concurrent: 3", "", sim.URL))
 	slow := `{"model":"sim","messages":[{"role":"user","content":"take your time"}],"max_tokens":40,"stream":true}`
 	var mu sync.Mutex
@@ -315,7 +316,7 @@ func admin(t *testing.T, method, url, body string) reply {
 // A tenant created on replica 1 calls replica 2 within a second; its limits change at run time;
 // deleted, it gets 401 on both within a second. Keys only ever go in as hashes.
 func TestTenantAdminAcrossReplicas(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
 	gws := twoReplicas(t, limitsYAML(testRedisURL(), uniquePrefix(t), "rpm: 0", "", sim.URL))
 	const key = "sk-carol-new"
 	if r := post(t, gws[1].URL, "/v1/chat/completions", key, smallChat); r.status != 401 {
@@ -397,9 +398,9 @@ func TestTenantAdminAcrossReplicas(t *testing.T) {
 // /readyz and a metric, and no request hangs; Redis back, the limit is shared again and what was
 // admitted during the outage still counts (no fresh burst).
 func TestLimitsRedisOutage(t *testing.T) {
-	port := testkit.FreePort(t)
+	port := procs.FreePort(t)
 	stop := startRedis(t, port)
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
 	url := fmt.Sprintf("redis://127.0.0.1:%d/0", port)
 	gws := twoReplicas(t, limitsYAML(url, "outage:", "rpm: 20", "limits: {replicas: 2, redis_timeout: 50ms}\n", sim.URL))
 	client := &http.Client{Timeout: 3 * time.Second} // a hung request fails the test
@@ -461,7 +462,7 @@ func TestLimitsRedisOutage(t *testing.T) {
 // A PD request whose legs are retried is admitted and charged once, and a reply that failed
 // releases its token reservation.
 func TestLimitPDRetryChargedOnce(t *testing.T) {
-	decode := testkit.StartSim(t, "--mode", "decode", "--pool-tokens", "16384", "--context-length", "16384", "--page-size", "16", "--transfer-timeout", "20s")
+	decode := procs.StartSim(t, "--mode", "decode", "--pool-tokens", "16384", "--context-length", "16384", "--page-size", "16", "--transfer-timeout", "20s")
 	purl, calls := brokenPrefill(t)
 	hash := testkit.KeySHA256(tenantKey)
 	yaml := strings.Replace(gatewayYAML(fmt.Sprintf("state: {redis_url: %q, key_prefix: %q}\n", testRedisURL(), uniquePrefix(t)),
@@ -488,7 +489,7 @@ func TestLimitPDRetryChargedOnce(t *testing.T) {
 // that carried text, a token each), not with its whole reservation; a chat stream whose client
 // did not ask for usage is settled by the usage the gateway asked the engine for.
 func TestLimitCutStreamSettlesWhatWasProduced(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192", "--token-delay", "40ms")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192", "--token-delay", "40ms")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, limitsYAML(testRedisURL(), uniquePrefix(t), "tpm: 100000", "", sim.URL)))
 	settled := func() float64 { return metric(t, gw.URL, "kvgate_tokens_settled_total", `tenant="alice"`) }
 
@@ -544,7 +545,7 @@ func TestLimitCutStreamSettlesWhatWasProduced(t *testing.T) {
 
 // Without Redis (one replica) tenants and limits live in memory, with the same API.
 func TestTenantAdminInMemory(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, limitsYAML("", "", "rpm: 0", "", sim.URL)))
 	if r := admin(t, "POST", gw.URL+"/admin/tenants", fmt.Sprintf(`{"name":"erin","key_sha256":%q,"rpm":1}`, testkit.KeySHA256("sk-erin"))); r.status != 201 {
 		t.Fatalf("create: %d %s", r.status, r.body)
@@ -566,9 +567,9 @@ func TestTenantAdminInMemory(t *testing.T) {
 // choice), and a second request in flight on one replica gets a 429 that says the limits are
 // degraded and why, not a bare "too many in flight".
 func TestDegradedSmallLimitNotLockedOut(t *testing.T) {
-	port := testkit.FreePort(t)
+	port := procs.FreePort(t)
 	stop := startRedis(t, port)
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--token-delay", "50ms")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--token-delay", "50ms")
 	url := fmt.Sprintf("redis://127.0.0.1:%d/0", port)
 	gws := twoReplicas(t, limitsYAML(url, uniquePrefix(t), "max_concurrent: 1", "limits: {replicas: 2, redis_timeout: 50ms}\n", sim.URL))
 	stop()

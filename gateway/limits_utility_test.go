@@ -11,7 +11,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // The utility routes send the client's bytes to an engine, so they are under the tenant's
@@ -19,7 +20,7 @@ import (
 // route's envelope with a Retry-After, and the engine sees only the 2 (before issue 15: 20 of
 // 20 answered at rpm 2). Another tenant is not affected.
 func TestLimitUtilityRoutesRPM(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
 	msgs := `[{"role":"user","content":"how many tokens is this?"}]`
 	for _, c := range []struct{ path, body string }{
 		{"/tokenize", `{"model":"sim","prompt":"count these words"}`},
@@ -78,7 +79,7 @@ func TestLimitUtilityRoutesRPM(t *testing.T) {
 // engine's own count, so tokenizing is charged what it tokenized and refused once the minute's
 // tokens are spent.
 func TestLimitUtilityRoutesTPM(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, limitsYAML("", "", "tpm: 1000", "", sim.URL)))
 	body := fmt.Sprintf(`{"model":"sim","prompt":%q}`, words(120))
 	var counted int64

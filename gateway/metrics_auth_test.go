@@ -5,14 +5,15 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // Issue 15: the unauthenticated /metrics listed tenant names with their token volumes. With
 // server.metrics_auth: admin, no series (tenant-labelled ones included) is readable without the
 // admin key: not anonymously, not with a tenant's key; the admin key reads them all.
 func TestMetricsBehindTheAdminKey(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
 	yaml := fmt.Sprintf(`admin_key_sha256: %q
 backends: [{name: sim, url: %q, role: unified}]
 tenants: [{name: tenant-with-a-secret-name, key_sha256: %q, tpm: 100000}]

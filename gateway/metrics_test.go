@@ -11,7 +11,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // The per-request families, against the simulator: time to first token and inter-token latency
@@ -19,7 +20,7 @@ import (
 // the engine advertises; a model no engine advertises is "other"; build info; one quantity per
 // capacity family.
 func TestRequestMetricsByModel(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--token-delay", "20ms")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--token-delay", "20ms")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("", [3]string{"sim", sim.URL, "unified"})))
 
 	// A stream of 6 tokens (alice has no limits: her tokens are counted all the same).

@@ -7,7 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // Two models with different pools behind one gateway (two simulators): a prompt the small
@@ -15,8 +16,8 @@ import (
 // each model's own max_model_len in /v1/models; an unknown model is 404 model_not_found in every
 // route's envelope; native routes without a model field go to the first model.
 func TestTwoModelsRouteByModel(t *testing.T) {
-	small := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "2048", "--context-length", "4096")
-	big := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "16384", "--context-length", "32768")
+	small := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "2048", "--context-length", "4096")
+	big := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "16384", "--context-length", "32768")
 	yaml := fmt.Sprintf(`backends:
   - {name: small-0, url: %q, role: unified, model: small}
   - {name: big-0, url: %q, role: unified, model: big}
@@ -31,7 +32,7 @@ capacity: {poll_interval: 200ms}
 	chat := func(model, content string) string {
 		return fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}],"max_tokens":4}`, model, content)
 	}
-	count := func(s *testkit.Sim) int { return s.Stats(t).Requests["/v1/chat/completions"] }
+	count := func(s *procs.Sim) int { return s.Stats(t).Requests["/v1/chat/completions"] }
 	s0, b0 := count(small), count(big)
 
 	long := words(1500)
@@ -119,7 +120,7 @@ capacity: {poll_interval: 200ms}
 
 // One model (no model anywhere): /v1/models/{id} answers for the engines' own id.
 func TestSingleModelByID(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("", [3]string{"sim", sim.URL, "unified"})))
 	var list struct {
 		Data []struct {

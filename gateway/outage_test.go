@@ -11,7 +11,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // startRedis runs a private redis-server on port (nothing on disk) until stopped.
@@ -45,9 +46,9 @@ func startRedis(t *testing.T, port int) func() {
 // With Redis gone the gateway keeps serving and scanning, says so in /readyz and metrics, and
 // queues incidents; once Redis is back they are all in the stream.
 func TestRedisOutageQueuesIncidents(t *testing.T) {
-	port := testkit.FreePort(t)
+	port := procs.FreePort(t)
 	stop := startRedis(t, port)
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "16384")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "16384")
 	yaml := strings.Replace(canaryYAML("outage:", "enforce", [3]string{"sim", sim.URL, "unified"}),
 		fmt.Sprintf("redis_url: %q", testRedisURL()), fmt.Sprintf("redis_url: \"redis://127.0.0.1:%d/0\"", port), 1)
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, yaml))

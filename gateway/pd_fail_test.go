@@ -11,7 +11,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // fakePrefill reports itself as a healthy prefill engine whose bootstrap port accepts and never
@@ -83,7 +84,7 @@ func brokenPrefill(t *testing.T) (url string, calls *atomic.Int32) {
 // A failing prefill leg fails the request at once (decode is aborted instead of waiting out its
 // transfer timeout), after one retry with a new room; decode's pages all come back.
 func TestFailingPrefillLegCancelsDecode(t *testing.T) {
-	decode := testkit.StartSim(t, "--mode", "decode", "--pool-tokens", "16384", "--context-length", "16384", "--page-size", "16", "--transfer-timeout", "20s")
+	decode := procs.StartSim(t, "--mode", "decode", "--pool-tokens", "16384", "--context-length", "16384", "--page-size", "16", "--transfer-timeout", "20s")
 	purl, calls := brokenPrefill(t)
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("", [3]string{"p", purl, "prefill"}, [3]string{"d", decode.URL, "decode"})))
 	total := decode.Stats(t).Pool.PagesTotal
@@ -117,7 +118,7 @@ func TestPrefillErrorWithForeignMarkerIsALeak(t *testing.T) {
 		ctx.SetStatusCode(400)
 		ctx.SetBodyString(`{"error":{"message":"cannot parse: ` + bob + `"}}`)
 	})
-	decode := testkit.StartSim(t, "--mode", "decode", "--pool-tokens", "16384", "--context-length", "16384", "--page-size", "16", "--transfer-timeout", "20s")
+	decode := procs.StartSim(t, "--mode", "decode", "--pool-tokens", "16384", "--context-length", "16384", "--page-size", "16", "--transfer-timeout", "20s")
 	prefix := uniquePrefix(t)
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, canaryYAML(prefix, "enforce",
 		[3]string{"p", purl, "prefill"}, [3]string{"d", decode.URL, "decode"})))

@@ -8,20 +8,21 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // Two PD pairs with different pools behind one gateway, the leak bug on in every engine: the
 // gateway must route each prompt to a pair that holds it and refuse the rest, so no engine ever
 // sees a prompt its pool cannot hold (and the bug is never triggered).
 func TestPDRoutingByCapacity(t *testing.T) {
-	sims := map[string]*testkit.Sim{}
+	sims := map[string]*procs.Sim{}
 	start := func(name, mode, pool string) {
 		args := []string{"--mode", mode, "--pool-tokens", pool, "--context-length", "16384", "--bug", "admit-rejected", "--page-size", "16"}
 		if mode == "prefill" {
 			args = append(args, "--bootstrap-port", "0")
 		}
-		sims[name] = testkit.StartSim(t, args...)
+		sims[name] = procs.StartSim(t, args...)
 	}
 	start("p-small", "prefill", "2048")
 	start("d-small", "decode", "2048")
@@ -141,7 +142,7 @@ func TestPDRoutingByCapacity(t *testing.T) {
 
 // A backend whose reported role differs from its configured one leaves the pool.
 func TestRoleMismatchTakesBackendOut(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "decode", "--pool-tokens", "4096", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "decode", "--pool-tokens", "4096", "--context-length", "8192")
 	cfg := testkit.ParseConfig(t, gatewayYAML("", [3]string{"wrong", sim.URL, "unified"}))
 	gw := testkit.StartGateway(t, cfg)
 	r := post(t, gw.URL, "/generate", tenantKey, `{"text":"hello","sampling_params":{"max_new_tokens":1}}`)

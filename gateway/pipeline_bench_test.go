@@ -5,7 +5,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // The whole pipeline over loopback, in one process: a small chat request through the gateway to

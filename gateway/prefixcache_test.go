@@ -9,7 +9,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // saltEngine is an engine that records the prefix-cache salt of every generation body it gets:

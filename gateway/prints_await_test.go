@@ -10,9 +10,9 @@ import (
 
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/config"
-	"github.com/kvgate/kvgate/internal/redistest"
 	"github.com/kvgate/kvgate/policy"
 	"github.com/kvgate/kvgate/state"
+	"github.com/kvgate/kvgate/tests/redistest"
 )
 
 // A reply is checked against every prompt published to the shared stream before the reply's

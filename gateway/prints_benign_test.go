@@ -5,7 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // Boilerplate that many tenants share: one system prompt, licence texts, code.
@@ -28,7 +29,7 @@ var benignCode = []string{
 // their own prompts and the shared text (the simulator's model quotes its context), on every
 // generation route, streaming and not. Not one incident, not one cut.
 func TestSharedBoilerplateRaisesNoIncident(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "65536", "--context-length", "16384", "--seed", "9")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "65536", "--context-length", "16384", "--seed", "9")
 	prefix := uniquePrefix(t)
 	const tenants = 60
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, printsYAML(prefix, "enforce", tenants, "", [3]string{"u0", sim.URL, "unified"})))

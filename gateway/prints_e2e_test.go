@@ -9,9 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/redistest"
-	"github.com/kvgate/kvgate/internal/testkit"
 	"github.com/kvgate/kvgate/state"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/redistest"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // These tests are issue 18's "done when": the leaking simulator pair behind kvgate with the
@@ -235,17 +236,17 @@ func releaseAll(t *testing.T, gws []*testkit.Gateway, prefix string) {
 
 // leakPair starts the leaking prefill/decode pair: prefill's max_req_input_len is about 4,090
 // tokens, the context 16,384, and the decode pool reads the stale pages of earlier prompts.
-func leakPair(t *testing.T, seed string) (prefill, decode *testkit.Sim) {
+func leakPair(t *testing.T, seed string) (prefill, decode *procs.Sim) {
 	common := []string{"--context-length", "16384", "--bug", "admit-rejected", "--page-size", "16", "--seed", seed}
-	prefill = testkit.StartSim(t, append([]string{"--mode", "prefill", "--pool-tokens", "4096", "--bootstrap-port", "0"}, common...)...)
-	decode = testkit.StartSim(t, append([]string{"--mode", "decode", "--pool-tokens", "16384"}, common...)...)
+	prefill = procs.StartSim(t, append([]string{"--mode", "prefill", "--pool-tokens", "4096", "--bootstrap-port", "0"}, common...)...)
+	decode = procs.StartSim(t, append([]string{"--mode", "decode", "--pool-tokens", "16384"}, common...)...)
 	return prefill, decode
 }
 
 // leakTrial: warm tenants (prompts through gws in turn) write their pages; z's oversized prompt
 // then reads them. It returns z's reply, whether the decode engine says it read foreign pages,
 // and the text that reached z.
-func leakTrial(t *testing.T, gws []*testkit.Gateway, zgw *testkit.Gateway, decode *testkit.Sim, trial int, path string, stream bool) (r reply, leaked bool, text string, integrity bool) {
+func leakTrial(t *testing.T, gws []*testkit.Gateway, zgw *testkit.Gateway, decode *procs.Sim, trial int, path string, stream bool) (r reply, leaked bool, text string, integrity bool) {
 	t.Helper()
 	for i := 0; i < 6; i++ {
 		tenant := fmt.Sprintf("t%d", (trial*6+i)%40)

@@ -13,10 +13,10 @@ import (
 
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/fingerprint"
-	"github.com/kvgate/kvgate/internal/disguise"
-	"github.com/kvgate/kvgate/internal/redistest"
-	"github.com/kvgate/kvgate/internal/testkit"
 	"github.com/kvgate/kvgate/state"
+	"github.com/kvgate/kvgate/tests/disguise"
+	"github.com/kvgate/kvgate/tests/redistest"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // Issue 31: a hostile engine replays another tenant's private system prompt (438 characters)

@@ -7,7 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // readyBody is /readyz's answer.
@@ -40,7 +41,7 @@ func waitReady(t *testing.T, url string, want func(int, readyBody) bool) readyBo
 // The only engine goes down: /readyz turns 503 naming the cause (it answered 200 while every
 // request got 503 no_backend), and 200 again once the engine is back.
 func TestReadyOnlyBackendDown(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("", [3]string{"sim", sim.URL, "unified"})))
 	waitReady(t, gw.URL, func(s int, b readyBody) bool { return s == 200 && b.Status == "ready" })
 	sim.Stop()
@@ -58,7 +59,7 @@ func TestReadyOnlyBackendDown(t *testing.T) {
 // Every backend quarantined through the admin API: /readyz 503 naming the quarantine; releasing
 // one makes it ready again.
 func TestReadyAllQuarantined(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("",
 		[3]string{"one", sim.URL, "unified"}, [3]string{"two", sim.URL, "unified"})))
 	waitReady(t, gw.URL, func(s int, b readyBody) bool { return s == 200 })
@@ -99,9 +100,9 @@ func TestReadyAllQuarantined(t *testing.T) {
 // Redis stops: the very next probe reports it (degraded, still 200: serving goes on from local
 // state), before any request or limiter call has touched Redis; Redis back, ready again.
 func TestReadyRedisUnreachable(t *testing.T) {
-	port := testkit.FreePort(t)
+	port := procs.FreePort(t)
 	stop := startRedis(t, port)
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML(
 		fmt.Sprintf("state: {redis_url: \"redis://127.0.0.1:%d/0\", key_prefix: \"ready-%d:\"}\n", port, time.Now().UnixNano()),
 		[3]string{"sim", sim.URL, "unified"})))

@@ -14,9 +14,9 @@ import (
 
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/config"
-	"github.com/kvgate/kvgate/internal/redistest"
 	"github.com/kvgate/kvgate/lab/enginesim"
 	"github.com/kvgate/kvgate/state"
+	"github.com/kvgate/kvgate/tests/redistest"
 )
 
 // tripCounter counts Redis round trips by what they carried: each command sent alone or

@@ -5,14 +5,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // Reload in process: a second model (its own engine), a new tenant and a new overflow status
 // apply at once; a file the set cannot build (a missing CA) changes nothing.
 func TestReloadModelsTenantsPolicy(t *testing.T) {
-	small := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "2048", "--context-length", "4096")
-	big := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "16384", "--context-length", "32768")
+	small := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "2048", "--context-length", "4096")
+	big := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "16384", "--context-length", "32768")
 	one := fmt.Sprintf("backends:\n  - {name: small-0, url: %q, role: unified, model: small}\ntenants:\n  - {name: alice, key_sha256: %q}\ncapacity: {poll_interval: 100ms}\n",
 		small.URL, testkit.KeySHA256(tenantKey))
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, one))

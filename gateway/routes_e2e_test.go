@@ -9,7 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // Every route of the inference API through a real simulator: a normal request is served in the
@@ -47,7 +48,7 @@ func postH(t testing.TB, url, body string, h map[string]string) reply {
 }
 
 func TestEveryRouteAdmitsAndServes(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, routesYAML("", [3]string{"sim", sim.URL, "unified"})))
 	big := words(6000) // far over the 4,090-token max_req_input_len, under the 8,192 context
 	small := "what is the capital of France"
@@ -210,8 +211,8 @@ func TestEveryRouteAdmitsAndServes(t *testing.T) {
 // envelope, and the client sees no marker.
 func TestGenerationRoutesCutLeaks(t *testing.T) {
 	common := []string{"--context-length", "16384", "--bug", "admit-rejected", "--page-size", "16", "--seed", "5"}
-	prefill := testkit.StartSim(t, append([]string{"--mode", "prefill", "--pool-tokens", "4096", "--bootstrap-port", "0"}, common...)...)
-	decode := testkit.StartSim(t, append([]string{"--mode", "decode", "--pool-tokens", "16384"}, common...)...)
+	prefill := procs.StartSim(t, append([]string{"--mode", "prefill", "--pool-tokens", "4096", "--bootstrap-port", "0"}, common...)...)
+	decode := procs.StartSim(t, append([]string{"--mode", "decode", "--pool-tokens", "16384"}, common...)...)
 	yaml := canaryYAML(uniquePrefix(t), "monitor", [3]string{"p0", prefill.URL, "prefill"}, [3]string{"d0", decode.URL, "decode"})
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, yaml))
 	oversized := strings.Repeat("tell me more ", 1800) // past prefill's 4,090, under the context

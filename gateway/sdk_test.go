@@ -7,7 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // The bodies the official SDKs send (recorded from openai and @anthropic-ai/sdk on npm, see the
@@ -28,7 +29,7 @@ func TestOfficialSDKShapes(t *testing.T) {
 	if err := json.Unmarshal(raw, &rec); err != nil || len(rec.Requests) < 9 {
 		t.Fatalf("recorded requests: %v (%d)", err, len(rec.Requests))
 	}
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, routesYAML("", [3]string{"sim", sim.URL, "unified"})))
 	for name, r := range rec.Requests {
 		path, kind, _ := strings.Cut(name, " ")

@@ -6,14 +6,15 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // The output the admission rule reserves is multiplied by every count of generated sequences:
 // chat and completions n, completions best_of, /generate sampling_params.n. With a 4,096-token
 // context, 1,500 output tokens fit once but not three times.
 func TestOutputTimesNInTheCheck(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "16384", "--context-length", "4096")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "16384", "--context-length", "4096")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("", [3]string{"sim", sim.URL, "unified"})))
 	for _, c := range []struct {
 		path, body string
@@ -48,9 +49,9 @@ func TestOutputTimesNInTheCheck(t *testing.T) {
 // get are the gateway's own), on a unified backend and on both legs of a PD pair; the client
 // still gets its own id back.
 func TestEngineNeverSeesClientRequestID(t *testing.T) {
-	uni := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
-	pre := testkit.StartSim(t, "--mode", "prefill", "--pool-tokens", "8192", "--context-length", "8192", "--bootstrap-port", "0")
-	dec := testkit.StartSim(t, "--mode", "decode", "--pool-tokens", "8192", "--context-length", "8192")
+	uni := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
+	pre := procs.StartSim(t, "--mode", "prefill", "--pool-tokens", "8192", "--context-length", "8192", "--bootstrap-port", "0")
+	dec := procs.StartSim(t, "--mode", "decode", "--pool-tokens", "8192", "--context-length", "8192")
 	gwU := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("", [3]string{"u", uni.URL, "unified"})))
 	gwPD := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("", [3]string{"p", pre.URL, "prefill"}, [3]string{"d", dec.URL, "decode"})))
 	const clientID = "client-chosen-id-4417"
@@ -75,7 +76,7 @@ func TestEngineNeverSeesClientRequestID(t *testing.T) {
 			}
 		}
 	}
-	for name, s := range map[string]*testkit.Sim{"unified": uni, "prefill": pre, "decode": dec} {
+	for name, s := range map[string]*procs.Sim{"unified": uni, "prefill": pre, "decode": dec} {
 		ids := s.Stats(t).RequestIDs
 		if len(ids) != 3 {
 			t.Fatalf("%s: want 3 generation requests recorded, got %q", name, ids)

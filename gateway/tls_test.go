@@ -6,7 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // tlsYAML is a gateway with one unified backend at url and the given tls settings.
@@ -21,7 +22,7 @@ func tlsYAML(url, tlsSettings string) string {
 // missing server_name, a missing client certificate and a plaintext URL each leave the backend
 // down (the request is a 503, never sent in clear) with the reason in the backend's last error.
 func TestTLSUpstream(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
 	ca := testkit.NewCA(t, "engines")
 	serverCert, _, _ := ca.Issue(t, "engine", []string{"engine.internal"}, nil)
 	_, clientCert, clientKey := ca.Issue(t, "gateway", []string{"gateway.internal"}, nil)

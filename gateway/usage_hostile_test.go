@@ -7,7 +7,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // An engine's usage numbers are untrusted. Before issue 15 a negative prompt_tokens panicked in

@@ -7,9 +7,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/kvgate/kvgate/internal/redistest"
-	"github.com/kvgate/kvgate/policy"
+	"github.com/kvgate/kvgate/limits"
 	"github.com/kvgate/kvgate/state"
+	"github.com/kvgate/kvgate/tests/redistest"
 )
 
 // Every store on a real 3-master Redis Cluster (two clients, as two replicas): the control-plane
@@ -50,13 +50,13 @@ func TestStoresOnRedisCluster(t *testing.T) {
 		}
 		return string(s)
 	}
-	if err := ta.Create(ctx, state.TenantRecord{Name: "acme", KeySHA256: key('a'), Limits: policy.Limits{RPM: 7}}); err != nil {
+	if err := ta.Create(ctx, state.TenantRecord{Name: "acme", KeySHA256: key('a'), Rates: limits.Rates{RPM: 7}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := tb.Create(ctx, state.TenantRecord{Name: "other", KeySHA256: key('a')}); !errors.Is(err, state.ErrKeyInUse) {
 		t.Fatalf("a second tenant with acme's key: %v, want ErrKeyInUse", err)
 	}
-	if err := tb.Update(ctx, state.TenantRecord{Name: "acme", KeySHA256: key('b'), Limits: policy.Limits{RPM: 9}}); err != nil {
+	if err := tb.Update(ctx, state.TenantRecord{Name: "acme", KeySHA256: key('b'), Rates: limits.Rates{RPM: 9}}); err != nil {
 		t.Fatal(err)
 	}
 	// acme's old key was freed with the update: another tenant may take it.
@@ -78,10 +78,10 @@ func TestStoresOnRedisCluster(t *testing.T) {
 
 	la, lb := state.NewRedisLimits(a, prefix), state.NewRedisLimits(b, prefix)
 	for _, tenant := range []string{"acme", "globex", "initech"} {
-		adm := policy.Admission{Tenant: tenant, Limits: policy.Limits{RPM: 3, TPM: 1000, MaxConcurrent: 10}, Tokens: 10}
+		adm := limits.Admission{Tenant: tenant, Rates: limits.Rates{RPM: 3, TPM: 1000, MaxConcurrent: 10}, Tokens: 10}
 		allowed := 0
 		for i := 0; i < 6; i++ {
-			s := policy.LimitStore(la)
+			s := limits.Store(la)
 			if i%2 == 1 {
 				s = lb
 			}
@@ -100,13 +100,13 @@ func TestStoresOnRedisCluster(t *testing.T) {
 	}
 	// One pipeline of admissions over tenants on different slots (and masters), settlements
 	// carried to other tenants' cells: one script call per tenant, each on its own node.
-	lim := policy.Limits{RPM: 2, MaxConcurrent: 5}
+	lim := limits.Rates{RPM: 2, MaxConcurrent: 5}
 	var items []state.BatchItem
 	for i := 0; i < 3; i++ {
 		for _, tenant := range []string{"umbrella", "hooli", "wayne", "stark"} {
-			it := state.BatchItem{Admit: policy.Admission{Tenant: tenant, Limits: lim, Lease: tenant + string(rune('0'+i))}}
+			it := state.BatchItem{Admit: limits.Admission{Tenant: tenant, Rates: lim, Lease: tenant + string(rune('0'+i))}}
 			if i == 1 {
-				it.Settle = []policy.Settlement{{Tenant: "acme", Limits: policy.Limits{MaxConcurrent: 10}, Lease: "acme" + string(rune('a'+i))}}
+				it.Settle = []limits.Settlement{{Tenant: "acme", Rates: limits.Rates{MaxConcurrent: 10}, Lease: "acme" + string(rune('a'+i))}}
 			}
 			items = append(items, it)
 		}

@@ -8,24 +8,24 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/kvgate/kvgate/policy"
+	"github.com/kvgate/kvgate/limits"
 )
 
 // BatchItem is one queued admission with the settlements it carries.
 type BatchItem struct {
-	Settle []policy.Settlement
-	Admit  policy.Admission
+	Settle []limits.Settlement
+	Admit  limits.Admission
 }
 
 // AdmitBatchForTest decides items in one pipeline, as the queue does when they all arrived while
 // another pipeline was on the wire.
-func (r *RedisLimits) AdmitBatchForTest(ctx context.Context, items []BatchItem) ([]policy.Verdict, []error) {
+func (r *RedisLimits) AdmitBatchForTest(ctx context.Context, items []BatchItem) ([]limits.Verdict, []error) {
 	calls := make([]*admitCall, len(items))
 	for i, it := range items {
 		calls[i] = &admitCall{ctx: ctx, settle: it.Settle, a: it.Admit, done: make(chan struct{})}
 	}
 	r.sendBatch(calls)
-	vs, errs := make([]policy.Verdict, len(items)), make([]error, len(items))
+	vs, errs := make([]limits.Verdict, len(items)), make([]error, len(items))
 	for i, c := range calls {
 		<-c.done
 		vs[i], errs[i] = r.verdict(c.a, c.res, c.err)
@@ -38,14 +38,14 @@ func (r *RedisLimits) AdmitBatchForTest(ctx context.Context, items []BatchItem) 
 // script must decide every operation as these did.
 type PerRequestStore struct{ R *RedisLimits }
 
-func (p PerRequestStore) Admit(ctx context.Context, a policy.Admission) (policy.Verdict, error) {
-	args := []any{a.Limits.RPM, a.Limits.TPM, a.Limits.MaxConcurrent, a.Tokens, a.Lease, policy.LeaseTTL.Milliseconds(),
+func (p PerRequestStore) Admit(ctx context.Context, a limits.Admission) (limits.Verdict, error) {
+	args := []any{a.Rates.RPM, a.Rates.TPM, a.Rates.MaxConcurrent, a.Tokens, a.Lease, limits.LeaseTTL.Milliseconds(),
 		strconv.FormatFloat(a.CarryRPM, 'f', 3, 64), strconv.FormatFloat(a.CarryTPM, 'f', 3, 64), a.ExtraInflight, b01(a.CarryOnly)}
 	res, err := refAdmitScript.Run(ctx, p.R.client, p.R.keys(a.Tenant), args...).Slice()
 	return refVerdict(a, res, err)
 }
 
-func (p PerRequestStore) Settle(ctx context.Context, tenant string, lim policy.Limits, delta int64, lease string) error {
+func (p PerRequestStore) Settle(ctx context.Context, tenant string, lim limits.Rates, delta int64, lease string) error {
 	k := p.R.keys(tenant)
 	return refSettleScript.Run(ctx, p.R.client, []string{k[1], k[2]}, lim.TPM, delta, lease).Err()
 }
@@ -117,12 +117,12 @@ if ARGV[3] ~= '' then redis.call('ZREM', KEYS[2], ARGV[3]) end
 return 0`)
 
 // refVerdict reads the per-request script's reply.
-func refVerdict(a policy.Admission, res []any, err error) (policy.Verdict, error) {
+func refVerdict(a limits.Admission, res []any, err error) (limits.Verdict, error) {
 	if err != nil {
-		return policy.Verdict{}, fmt.Errorf("rate limit check for tenant %q: %w", a.Tenant, err)
+		return limits.Verdict{}, fmt.Errorf("rate limit check for tenant %q: %w", a.Tenant, err)
 	}
 	if len(res) != 6 {
-		return policy.Verdict{}, fmt.Errorf("rate limit check: unexpected reply %v", res)
+		return limits.Verdict{}, fmt.Errorf("rate limit check: unexpected reply %v", res)
 	}
 	num := func(v any) float64 {
 		switch x := v.(type) {
@@ -135,6 +135,6 @@ func refVerdict(a policy.Admission, res []any, err error) (policy.Verdict, error
 		return 0
 	}
 	limit, _ := res[1].(string)
-	return policy.Verdict{Allowed: num(res[0]) == 1, Limit: limit, RetryAfter: time.Duration(num(res[2])) * time.Millisecond,
+	return limits.Verdict{Allowed: num(res[0]) == 1, Limit: limit, RetryAfter: time.Duration(num(res[2])) * time.Millisecond,
 		Never: num(res[3]) == 1, RPMFill: num(res[4]), TPMFill: num(res[5])}, nil
 }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/kvgate/kvgate/policy"
+	"github.com/kvgate/kvgate/limits"
 )
 
 // RedisLimits keeps every tenant's cells in Redis, shared by every replica with the same prefix
@@ -34,8 +34,8 @@ type RedisLimits struct {
 // admitCall is one admission waiting for the next pipeline, with the settlements it carries.
 type admitCall struct {
 	ctx    context.Context
-	settle []policy.Settlement
-	a      policy.Admission
+	settle []limits.Settlement
+	a      limits.Admission
 	res    string // the script's verdict (see batchScript)
 	err    error
 	done   chan struct{}
@@ -51,7 +51,7 @@ func NewRedisLimits(client redis.UniversalClient, prefix string) *RedisLimits {
 
 func (r *RedisLimits) keys(tenant string) []string { return Keys{r.prefix}.LimitCells(tenant) }
 
-// batchScript is gcra (policy/limits.go) in Lua, plus the lease set, over one tenant's cells for
+// batchScript is gcra (limits/limiter.go) in Lua, plus the lease set, over one tenant's cells for
 // a run of operations in the order they were queued: settlements (move the token cell, free a
 // lease) and admissions (check and charge). It reads Redis's clock once and each cell at most
 // once, keeps the cells in Lua locals and writes each at most once at the end, so N requests
@@ -163,16 +163,16 @@ for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', exp, ARGV[i]) end
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]) * 2)
 return 0`)
 
-var _ policy.BatchStore = (*RedisLimits)(nil)
+var _ limits.BatchStore = (*RedisLimits)(nil)
 
-func (r *RedisLimits) Admit(ctx context.Context, a policy.Admission) (policy.Verdict, error) {
+func (r *RedisLimits) Admit(ctx context.Context, a limits.Admission) (limits.Verdict, error) {
 	return r.AdmitAfter(ctx, nil, a)
 }
 
 // AdmitAfter applies the settlements s, then decides a, in one round trip: the next pipeline,
 // shared with the admissions that queued meanwhile (on a Cluster, one per master involved,
 // sent together).
-func (r *RedisLimits) AdmitAfter(ctx context.Context, s []policy.Settlement, a policy.Admission) (policy.Verdict, error) {
+func (r *RedisLimits) AdmitAfter(ctx context.Context, s []limits.Settlement, a limits.Admission) (limits.Verdict, error) {
 	c := &admitCall{ctx: ctx, settle: s, a: a, done: make(chan struct{})}
 	r.mu.Lock()
 	r.queue = append(r.queue, c)
@@ -187,7 +187,7 @@ func (r *RedisLimits) AdmitAfter(ctx context.Context, s []policy.Settlement, a p
 		return r.verdict(a, c.res, c.err)
 	case <-ctx.Done():
 		// Its pipeline may still run (as a call that timed out may have): the safe side.
-		return policy.Verdict{}, fmt.Errorf("rate limit check for tenant %q: %w", a.Tenant, ctx.Err())
+		return limits.Verdict{}, fmt.Errorf("rate limit check for tenant %q: %w", a.Tenant, ctx.Err())
 	}
 }
 
@@ -229,8 +229,8 @@ type tenantRun struct {
 // are one move of the token cell by their sum (exact: a run of charges never reaches the floor at
 // now, and a run of refunds that reaches it stays there either way), so the script does one
 // step, not one per request; their leases follow as lease-only operations.
-func (t *tenantRun) settle(st policy.Settlement) {
-	if t.lastDelta > 0 && t.lastTPM == st.Limits.TPM {
+func (t *tenantRun) settle(st limits.Settlement) {
+	if t.lastDelta > 0 && t.lastTPM == st.Rates.TPM {
 		if sum := t.args[t.lastDelta].(int64); sum >= 0 && st.TokenDelta >= 0 || sum <= 0 && st.TokenDelta <= 0 {
 			t.args[t.lastDelta] = sum + st.TokenDelta
 			if st.Lease == "" {
@@ -239,12 +239,12 @@ func (t *tenantRun) settle(st policy.Settlement) {
 			st.TokenDelta = 0
 		}
 	}
-	t.args = append(t.args, "s", st.Limits.TPM, st.TokenDelta, st.Lease)
-	t.lastDelta, t.lastTPM = len(t.args)-2, st.Limits.TPM
+	t.args = append(t.args, "s", st.Rates.TPM, st.TokenDelta, st.Lease)
+	t.lastDelta, t.lastTPM = len(t.args)-2, st.Rates.TPM
 }
 
-func (t *tenantRun) admit(a policy.Admission) {
-	t.args = append(t.args, "a", a.Limits.RPM, a.Limits.TPM, a.Limits.MaxConcurrent, a.Tokens, a.Lease,
+func (t *tenantRun) admit(a limits.Admission) {
+	t.args = append(t.args, "a", a.Rates.RPM, a.Rates.TPM, a.Rates.MaxConcurrent, a.Tokens, a.Lease,
 		strconv.FormatFloat(a.CarryRPM, 'f', 3, 64), strconv.FormatFloat(a.CarryTPM, 'f', 3, 64), a.ExtraInflight, b01(a.CarryOnly))
 	t.lastDelta = 0
 }
@@ -260,7 +260,7 @@ func (rs *runs) of(tenant string) *tenantRun {
 	if t := rs.by[tenant]; t != nil {
 		return t
 	}
-	t := &tenantRun{tenant: tenant, args: []any{policy.LeaseTTL.Milliseconds()}}
+	t := &tenantRun{tenant: tenant, args: []any{limits.LeaseTTL.Milliseconds()}}
 	if rs.by == nil {
 		rs.by = map[string]*tenantRun{}
 	}
@@ -355,7 +355,7 @@ func (r *RedisLimits) sendBatch(batch []*admitCall) {
 }
 
 // SettleBatch applies every settlement in one pipelined round trip, one script call per tenant.
-func (r *RedisLimits) SettleBatch(ctx context.Context, s []policy.Settlement) error {
+func (r *RedisLimits) SettleBatch(ctx context.Context, s []limits.Settlement) error {
 	var rs runs
 	for _, st := range s {
 		rs.of(st.Tenant).settle(st)
@@ -371,44 +371,44 @@ func (r *RedisLimits) SettleBatch(ctx context.Context, s []policy.Settlement) er
 
 func isNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }
 
-func (r *RedisLimits) verdict(a policy.Admission, res string, err error) (policy.Verdict, error) {
+func (r *RedisLimits) verdict(a limits.Admission, res string, err error) (limits.Verdict, error) {
 	if err != nil {
-		return policy.Verdict{}, fmt.Errorf("rate limit check for tenant %q: %w", a.Tenant, err)
+		return limits.Verdict{}, fmt.Errorf("rate limit check for tenant %q: %w", a.Tenant, err)
 	}
 	var f [6]string
 	rest := res
 	for i := range f {
 		var ok bool
 		if f[i], rest, ok = strings.Cut(rest, ","); !ok && i < len(f)-1 {
-			return policy.Verdict{}, fmt.Errorf("rate limit check: unexpected reply %q", res)
+			return limits.Verdict{}, fmt.Errorf("rate limit check: unexpected reply %q", res)
 		}
 	}
 	num := func(s string) float64 {
 		v, _ := strconv.ParseFloat(s, 64)
 		return v
 	}
-	v := policy.Verdict{Allowed: f[0] == "1", RetryAfter: time.Duration(num(f[2])) * time.Millisecond,
+	v := limits.Verdict{Allowed: f[0] == "1", RetryAfter: time.Duration(num(f[2])) * time.Millisecond,
 		Never: f[3] == "1", RPMFill: num(f[4]), TPMFill: num(f[5])}
 	switch f[1] { // the package's constants: the reply's bytes are not kept
 	case "":
-	case policy.LimitRPM:
-		v.Limit = policy.LimitRPM
-	case policy.LimitTPM:
-		v.Limit = policy.LimitTPM
-	case policy.LimitConcurrent:
-		v.Limit = policy.LimitConcurrent
+	case limits.RPM:
+		v.Limit = limits.RPM
+	case limits.TPM:
+		v.Limit = limits.TPM
+	case limits.Concurrent:
+		v.Limit = limits.Concurrent
 	default:
-		return policy.Verdict{}, fmt.Errorf("rate limit check: unexpected limit in reply %q", res)
+		return limits.Verdict{}, fmt.Errorf("rate limit check: unexpected limit in reply %q", res)
 	}
 	return v, nil
 }
 
-func (r *RedisLimits) Settle(ctx context.Context, tenant string, lim policy.Limits, tokenDelta int64, lease string) error {
+func (r *RedisLimits) Settle(ctx context.Context, tenant string, lim limits.Rates, tokenDelta int64, lease string) error {
 	if (lim.TPM <= 0 || tokenDelta == 0) && lease == "" {
 		return nil // nothing to move: no round trip
 	}
 	var rs runs
-	rs.of(tenant).settle(policy.Settlement{Tenant: tenant, Limits: lim, TokenDelta: tokenDelta, Lease: lease})
+	rs.of(tenant).settle(limits.Settlement{Tenant: tenant, Rates: lim, TokenDelta: tokenDelta, Lease: lease})
 	r.exec(ctx, &rs)
 	if err := rs.list[0].err; err != nil {
 		return fmt.Errorf("settling tenant %q: %w", tenant, err)
@@ -421,9 +421,9 @@ func (r *RedisLimits) Renew(ctx context.Context, leases map[string]string) error
 	for lease, tenant := range leases {
 		byTenant[tenant] = append(byTenant[tenant], lease)
 	}
-	// One call per tenant, every policy.LeaseTTL/4: off the request path, so no pipelining needed.
+	// One call per tenant, every limits.LeaseTTL/4: off the request path, so no pipelining needed.
 	for tenant, ls := range byTenant {
-		if err := renewScript.Run(ctx, r.client, []string{r.keys(tenant)[2]}, append([]any{policy.LeaseTTL.Milliseconds()}, ls...)...).Err(); err != nil {
+		if err := renewScript.Run(ctx, r.client, []string{r.keys(tenant)[2]}, append([]any{limits.LeaseTTL.Milliseconds()}, ls...)...).Err(); err != nil {
 			return fmt.Errorf("renewing concurrency leases: %w", err)
 		}
 	}

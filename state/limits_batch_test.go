@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/kvgate/kvgate/policy"
+	"github.com/kvgate/kvgate/limits"
 	"github.com/kvgate/kvgate/state"
 )
 
@@ -53,10 +53,10 @@ func TestBatchedSettlementLosesNothing(t *testing.T) {
 	client, prefix := testRedis(t)
 	rt := &roundTrips{}
 	client.AddHook(rt)
-	l := policy.NewLimiter(state.NewRedisLimits(client, prefix), 1, 2*time.Second)
+	l := limits.NewLimiter(state.NewRedisLimits(client, prefix), 1, 2*time.Second)
 	// tpm 60000: one token is one millisecond of the cell. Each request reserves 1000 and uses
 	// 10, so a lost refund would leave 990 ms too much, a doubled one 990 ms too little.
-	lim := policy.Limits{RPM: 1 << 30, TPM: 60000, MaxConcurrent: 1 << 20}
+	lim := limits.Rates{RPM: 1 << 30, TPM: 60000, MaxConcurrent: 1 << 20}
 	const n, workers, used = 120, 6, 10
 	warmScripts(t, l)
 	before := redisMillis(t, client)
@@ -107,9 +107,9 @@ func TestBatchedSettlementLosesNothing(t *testing.T) {
 
 // warmScripts has Redis load the admission and settlement scripts (a first call costs a NOSCRIPT
 // round trip more), through a tenant of its own.
-func warmScripts(t *testing.T, l *policy.Limiter) {
+func warmScripts(t *testing.T, l *limits.Limiter) {
 	t.Helper()
-	tk, v := l.Admit("warm", policy.Limits{TPM: 1 << 20, MaxConcurrent: 1}, 10)
+	tk, v := l.Admit("warm", limits.Rates{TPM: 1 << 20, MaxConcurrent: 1}, 10)
 	if !v.Allowed {
 		t.Fatalf("warm-up: %+v", v)
 	}
@@ -124,8 +124,8 @@ func TestSettlementRidesTheNextAdmission(t *testing.T) {
 	client, prefix := testRedis(t)
 	rt := &roundTrips{}
 	client.AddHook(rt)
-	l := policy.NewLimiter(state.NewRedisLimits(client, prefix), 1, 2*time.Second)
-	lim := policy.Limits{MaxConcurrent: 1}
+	l := limits.NewLimiter(state.NewRedisLimits(client, prefix), 1, 2*time.Second)
+	lim := limits.Rates{MaxConcurrent: 1}
 	warmScripts(t, l)
 	tk, v := l.Admit("one", lim, 0)
 	if !v.Allowed {
@@ -148,23 +148,23 @@ func TestBatchedSettlementAfterScriptFlush(t *testing.T) {
 	prefix := "p:"
 	s := state.NewRedisLimits(client, prefix)
 	ctx := context.Background()
-	lim := policy.Limits{TPM: 60000}
+	lim := limits.Rates{TPM: 60000}
 	tenant := "flush" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	if v, err := s.Admit(ctx, policy.Admission{Tenant: tenant, Limits: lim, Tokens: 5000}); err != nil || !v.Allowed {
+	if v, err := s.Admit(ctx, limits.Admission{Tenant: tenant, Rates: lim, Tokens: 5000}); err != nil || !v.Allowed {
 		t.Fatalf("%+v %v", v, err)
 	}
 	before := redisMillis(t, client)
 	if err := client.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	batch := []policy.Settlement{{Tenant: tenant, Limits: lim, TokenDelta: -1000}, {Tenant: tenant, Limits: lim, TokenDelta: -1000}}
+	batch := []limits.Settlement{{Tenant: tenant, Rates: lim, TokenDelta: -1000}, {Tenant: tenant, Rates: lim, TokenDelta: -1000}}
 	if err := s.SettleBatch(ctx, batch); err != nil {
 		t.Fatal(err)
 	}
 	if err := client.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	v, err := s.AdmitAfter(ctx, []policy.Settlement{{Tenant: tenant, Limits: lim, TokenDelta: -1000}}, policy.Admission{Tenant: tenant, Limits: lim, Tokens: 0})
+	v, err := s.AdmitAfter(ctx, []limits.Settlement{{Tenant: tenant, Rates: lim, TokenDelta: -1000}}, limits.Admission{Tenant: tenant, Rates: lim, Tokens: 0})
 	if err != nil || !v.Allowed {
 		t.Fatalf("%+v %v", v, err)
 	}

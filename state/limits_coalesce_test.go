@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/redistest"
-	"github.com/kvgate/kvgate/policy"
+	"github.com/kvgate/kvgate/limits"
 	"github.com/kvgate/kvgate/state"
+	"github.com/kvgate/kvgate/tests/redistest"
 )
 
 // opsFor is a random run of admissions, each after the settlements that queued before it, over
@@ -27,18 +27,18 @@ func opsFor(seed int64) []state.BatchItem {
 	rng := rand.New(rand.NewSource(seed))
 	tenants := []string{"r", "t", "c", "all"}
 	var items []state.BatchItem
-	var pending []policy.Settlement
+	var pending []limits.Settlement
 	leases := map[string][]string{}
-	limitsOf := func(tenant string) policy.Limits {
+	limitsOf := func(tenant string) limits.Rates {
 		switch tenant {
 		case "r":
-			return policy.Limits{RPM: 5}
+			return limits.Rates{RPM: 5}
 		case "t":
-			return policy.Limits{TPM: 100}
+			return limits.Rates{TPM: 100}
 		case "c":
-			return policy.Limits{MaxConcurrent: 3}
+			return limits.Rates{MaxConcurrent: 3}
 		}
-		l := policy.Limits{RPM: 8, TPM: 100, MaxConcurrent: 4}
+		l := limits.Rates{RPM: 8, TPM: 100, MaxConcurrent: 4}
 		if rng.Intn(4) == 0 {
 			l.RPM = 0 // limits reloaded between requests
 		}
@@ -51,14 +51,14 @@ func opsFor(seed int64) []state.BatchItem {
 		tenant := tenants[rng.Intn(len(tenants))]
 		lim := limitsOf(tenant)
 		if rng.Intn(3) == 0 && len(leases[tenant]) > 0 || rng.Intn(5) == 0 {
-			s := policy.Settlement{Tenant: tenant, Limits: lim, TokenDelta: int64(rng.Intn(30) - 20)}
+			s := limits.Settlement{Tenant: tenant, Rates: lim, TokenDelta: int64(rng.Intn(30) - 20)}
 			if ls := leases[tenant]; len(ls) > 0 && rng.Intn(4) != 0 {
 				s.Lease = ls[rng.Intn(len(ls))]
 			}
 			pending = append(pending, s)
 			continue
 		}
-		a := policy.Admission{Tenant: tenant, Limits: lim, Tokens: int64(rng.Intn(25))}
+		a := limits.Admission{Tenant: tenant, Rates: lim, Tokens: int64(rng.Intn(25))}
 		if rng.Intn(15) == 0 {
 			a.Tokens = 150 // more than a whole minute of tpm 100: never
 		}
@@ -76,7 +76,7 @@ func opsFor(seed int64) []state.BatchItem {
 	}
 	for _, tenant := range tenants {
 		items = append(items, state.BatchItem{Settle: pending,
-			Admit: policy.Admission{Tenant: tenant, Limits: policy.Limits{RPM: 5, TPM: 100}, CarryOnly: true}})
+			Admit: limits.Admission{Tenant: tenant, Rates: limits.Rates{RPM: 5, TPM: 100}, CarryOnly: true}})
 		pending = nil
 	}
 	return items
@@ -84,15 +84,15 @@ func opsFor(seed int64) []state.BatchItem {
 
 // sequential runs items one operation per call against s.
 func sequential(t *testing.T, s interface {
-	Admit(context.Context, policy.Admission) (policy.Verdict, error)
-	Settle(context.Context, string, policy.Limits, int64, string) error
-}, items []state.BatchItem) []policy.Verdict {
+	Admit(context.Context, limits.Admission) (limits.Verdict, error)
+	Settle(context.Context, string, limits.Rates, int64, string) error
+}, items []state.BatchItem) []limits.Verdict {
 	t.Helper()
 	ctx := context.Background()
-	vs := make([]policy.Verdict, len(items))
+	vs := make([]limits.Verdict, len(items))
 	for i, it := range items {
 		for _, st := range it.Settle {
-			if err := s.Settle(ctx, st.Tenant, st.Limits, st.TokenDelta, st.Lease); err != nil {
+			if err := s.Settle(ctx, st.Tenant, st.Rates, st.TokenDelta, st.Lease); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -109,11 +109,11 @@ func sequential(t *testing.T, s interface {
 // clock at different instants; every charge is a multiple of 600 ms, so tol cannot flip one).
 // setOnly compares a cell's fill only for a limit the admission sets (the memory store reports
 // the fill of a cell it did not use as it last was, the scripts as empty; either is unused).
-func sameVerdicts(t *testing.T, what string, items []state.BatchItem, a, b []policy.Verdict, tol float64, setOnly bool) {
+func sameVerdicts(t *testing.T, what string, items []state.BatchItem, a, b []limits.Verdict, tol float64, setOnly bool) {
 	t.Helper()
 	for i := range a {
 		x, y := a[i], b[i]
-		lim := items[i].Admit.Limits
+		lim := items[i].Admit.Rates
 		if x.Allowed != y.Allowed || x.Limit != y.Limit || x.Never != y.Never ||
 			math.Abs(float64(x.RetryAfter-y.RetryAfter)/1e6) > tol+1 ||
 			(!setOnly || lim.RPM > 0) && math.Abs(x.RPMFill-y.RPMFill) > tol ||
@@ -137,7 +137,7 @@ func TestBatchedScriptDecidesAsPerRequest(t *testing.T) {
 		start := time.Now()
 		want := sequential(t, ref, items)
 		tol := float64(time.Since(start).Milliseconds()) + 5
-		mem := sequential(t, policy.NewMemoryLimits(), items)
+		mem := sequential(t, limits.NewMemory(), items)
 		got, errs := state.NewRedisLimits(client, p+"bat:").AdmitBatchForTest(ctx, items)
 		for i, err := range errs {
 			if err != nil {
@@ -178,7 +178,7 @@ func TestCoalescedAdmissionsHoldAcrossReplicas(t *testing.T) {
 		c := redistest.Client(t) // a connection of its own, as another process would have
 		c.AddHook(rt)
 		stores[i] = state.NewRedisLimits(c, prefix)
-		warmScripts(t, policy.NewLimiter(stores[i], 1, 2*time.Second))
+		warmScripts(t, limits.NewLimiter(stores[i], 1, 2*time.Second))
 	}
 	const rpm, maxc = 300, 7
 	var admitted, inflight, peak, settled atomic.Int64
@@ -193,7 +193,7 @@ func TestCoalescedAdmissionsHoldAcrossReplicas(t *testing.T) {
 				ctx := context.Background()
 				for i := 0; i < tries; i++ {
 					lease := fmt.Sprintf("%d-%d-%d", r, w, i)
-					v, err := stores[r].Admit(ctx, policy.Admission{Tenant: "rate", Limits: policy.Limits{RPM: rpm}})
+					v, err := stores[r].Admit(ctx, limits.Admission{Tenant: "rate", Rates: limits.Rates{RPM: rpm}})
 					if err != nil {
 						t.Error(err)
 						return
@@ -201,7 +201,7 @@ func TestCoalescedAdmissionsHoldAcrossReplicas(t *testing.T) {
 					if v.Allowed {
 						admitted.Add(1)
 					}
-					v, err = stores[r].Admit(ctx, policy.Admission{Tenant: "slots", Limits: policy.Limits{MaxConcurrent: maxc}, Lease: lease})
+					v, err = stores[r].Admit(ctx, limits.Admission{Tenant: "slots", Rates: limits.Rates{MaxConcurrent: maxc}, Lease: lease})
 					if err != nil {
 						t.Error(err)
 						return
@@ -213,7 +213,7 @@ func TestCoalescedAdmissionsHoldAcrossReplicas(t *testing.T) {
 						time.Sleep(100 * time.Microsecond)
 						inflight.Add(-1) // before the slot is freed in Redis
 						settled.Add(1)
-						if err := stores[r].SettleBatch(ctx, []policy.Settlement{{Tenant: "slots", Limits: policy.Limits{MaxConcurrent: maxc}, Lease: lease}}); err != nil {
+						if err := stores[r].SettleBatch(ctx, []limits.Settlement{{Tenant: "slots", Rates: limits.Rates{MaxConcurrent: maxc}, Lease: lease}}); err != nil {
 							t.Error(err)
 							return
 						}
@@ -249,12 +249,12 @@ func TestBatchedErrorFailsOnlyItsTenant(t *testing.T) {
 	if err := client.LPush(ctx, state.Keys{Prefix: prefix}.LimitCells("bad")[0], "x").Err(); err != nil {
 		t.Fatal(err)
 	}
-	lim := policy.Limits{RPM: 10, TPM: 1000}
+	lim := limits.Rates{RPM: 10, TPM: 1000}
 	items := []state.BatchItem{
-		{Admit: policy.Admission{Tenant: "good", Limits: lim, Tokens: 5}},
-		{Admit: policy.Admission{Tenant: "bad", Limits: lim, Tokens: 5}},
-		{Settle: []policy.Settlement{{Tenant: "bad", Limits: lim, TokenDelta: -5}}, Admit: policy.Admission{Tenant: "good", Limits: lim, Tokens: 5}},
-		{Admit: policy.Admission{Tenant: "good", Limits: lim, Tokens: 5}},
+		{Admit: limits.Admission{Tenant: "good", Rates: lim, Tokens: 5}},
+		{Admit: limits.Admission{Tenant: "bad", Rates: lim, Tokens: 5}},
+		{Settle: []limits.Settlement{{Tenant: "bad", Rates: lim, TokenDelta: -5}}, Admit: limits.Admission{Tenant: "good", Rates: lim, Tokens: 5}},
+		{Admit: limits.Admission{Tenant: "good", Rates: lim, Tokens: 5}},
 	}
 	vs, errs := state.NewRedisLimits(client, prefix).AdmitBatchForTest(ctx, items)
 	if errs[1] == nil || !strings.Contains(errs[1].Error(), "WRONGTYPE") || errs[2] == nil {
@@ -269,7 +269,7 @@ func TestBatchedErrorFailsOnlyItsTenant(t *testing.T) {
 // into degraded mode within the limiter's timeout, and together they hold the replica's share.
 func TestCoalescedChecksFailIntoDegradedMode(t *testing.T) {
 	cmd, client := privateRedis(t)
-	l := policy.NewLimiter(state.NewRedisLimits(client, "p:"), 2, 50*time.Millisecond)
+	l := limits.NewLimiter(state.NewRedisLimits(client, "p:"), 2, 50*time.Millisecond)
 	warmScripts(t, l)
 	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
@@ -282,7 +282,7 @@ func TestCoalescedChecksFailIntoDegradedMode(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, v := l.Admit("a", policy.Limits{RPM: 20}, 1)
+			_, v := l.Admit("a", limits.Rates{RPM: 20}, 1)
 			if v.Allowed {
 				allowed.Add(1)
 			} else if v.Degraded && v.Share == 10 && v.Replicas == 2 {

@@ -12,9 +12,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/kvgate/kvgate/internal/redistest"
-	"github.com/kvgate/kvgate/policy"
+	"github.com/kvgate/kvgate/limits"
 	"github.com/kvgate/kvgate/state"
+	"github.com/kvgate/kvgate/tests/redistest"
 )
 
 // testRedis is the shared test Redis and this test's key prefix.
@@ -50,10 +50,10 @@ func privateRedis(t *testing.T) (*exec.Cmd, redis.UniversalClient) {
 	return cmd, c
 }
 
-func admitN(t *testing.T, s policy.LimitStore, a policy.Admission, n int) (allowed int, last policy.Verdict) {
+func admitN(t *testing.T, s limits.Store, a limits.Admission, n int) (allowed int, last limits.Verdict) {
 	t.Helper()
 	for i := 0; i < n; i++ {
-		if a.Limits.MaxConcurrent > 0 {
+		if a.Rates.MaxConcurrent > 0 {
 			a.Lease = fmt.Sprintf("lease-%d", i)
 		}
 		v, err := s.Admit(context.Background(), a)
@@ -71,49 +71,49 @@ func admitN(t *testing.T, s policy.LimitStore, a policy.Admission, n int) (allow
 
 func TestStoresAgree(t *testing.T) {
 	client, prefix := testRedis(t)
-	stores := map[string]func(tenant string) policy.LimitStore{
-		"memory": func(string) policy.LimitStore { return policy.NewMemoryLimits() },
-		"redis":  func(string) policy.LimitStore { return state.NewRedisLimits(client, prefix) },
+	stores := map[string]func(tenant string) limits.Store{
+		"memory": func(string) limits.Store { return limits.NewMemory() },
+		"redis":  func(string) limits.Store { return state.NewRedisLimits(client, prefix) },
 	}
 	for name, mk := range stores {
 		t.Run(name, func(t *testing.T) {
 			s := mk(name)
 			ctx := context.Background()
 
-			n, v := admitN(t, s, policy.Admission{Tenant: "r", Limits: policy.Limits{RPM: 20}}, 25)
-			if n != 20 || v.Limit != policy.LimitRPM || v.RetryAfter <= 0 || v.RetryAfter > 3*time.Second {
+			n, v := admitN(t, s, limits.Admission{Tenant: "r", Rates: limits.Rates{RPM: 20}}, 25)
+			if n != 20 || v.Limit != limits.RPM || v.RetryAfter <= 0 || v.RetryAfter > 3*time.Second {
 				t.Fatalf("rpm 20: %d admitted, last refusal %+v", n, v)
 			}
 
 			// tpm: 400-token reservations fit twice into 1000; a refund makes room for a third.
-			a := policy.Admission{Tenant: "t", Limits: policy.Limits{TPM: 1000}, Tokens: 400}
-			if n, v = admitN(t, s, a, 3); n != 2 || v.Limit != policy.LimitTPM {
+			a := limits.Admission{Tenant: "t", Rates: limits.Rates{TPM: 1000}, Tokens: 400}
+			if n, v = admitN(t, s, a, 3); n != 2 || v.Limit != limits.TPM {
 				t.Fatalf("tpm: %d admitted, %+v", n, v)
 			}
-			if err := s.Settle(ctx, "t", a.Limits, -300, ""); err != nil {
+			if err := s.Settle(ctx, "t", a.Rates, -300, ""); err != nil {
 				t.Fatal(err)
 			}
 			if n, _ = admitN(t, s, a, 1); n != 1 {
 				t.Fatal("a refund of 300 tokens must admit the next 400-token request")
 			}
 			// More than the whole minute's tokens: refused, and no wait would help.
-			if _, v = admitN(t, s, policy.Admission{Tenant: "t2", Limits: policy.Limits{TPM: 1000}, Tokens: 1001}, 1); !v.Never || v.Limit != policy.LimitTPM {
+			if _, v = admitN(t, s, limits.Admission{Tenant: "t2", Rates: limits.Rates{TPM: 1000}, Tokens: 1001}, 1); !v.Never || v.Limit != limits.TPM {
 				t.Fatalf("oversized request: %+v", v)
 			}
 			// A charge beyond the reservation (output without max_tokens) is debt.
-			if err := s.Settle(ctx, "t3", policy.Limits{TPM: 1000}, 1000, ""); err != nil {
+			if err := s.Settle(ctx, "t3", limits.Rates{TPM: 1000}, 1000, ""); err != nil {
 				t.Fatal(err)
 			}
-			if n, _ = admitN(t, s, policy.Admission{Tenant: "t3", Limits: policy.Limits{TPM: 1000}, Tokens: 10}, 1); n != 0 {
+			if n, _ = admitN(t, s, limits.Admission{Tenant: "t3", Rates: limits.Rates{TPM: 1000}, Tokens: 10}, 1); n != 0 {
 				t.Fatal("a tenant that spent its minute must wait")
 			}
 
 			// max_concurrent: two slots; freeing one admits one more.
-			c := policy.Admission{Tenant: "c", Limits: policy.Limits{MaxConcurrent: 2}}
-			if n, v = admitN(t, s, c, 3); n != 2 || v.Limit != policy.LimitConcurrent {
+			c := limits.Admission{Tenant: "c", Rates: limits.Rates{MaxConcurrent: 2}}
+			if n, v = admitN(t, s, c, 3); n != 2 || v.Limit != limits.Concurrent {
 				t.Fatalf("max_concurrent: %d admitted, %+v", n, v)
 			}
-			if err := s.Settle(ctx, "c", c.Limits, 0, "lease-0"); err != nil {
+			if err := s.Settle(ctx, "c", c.Rates, 0, "lease-0"); err != nil {
 				t.Fatal(err)
 			}
 			c.Lease = "lease-9"
@@ -122,7 +122,7 @@ func TestStoresAgree(t *testing.T) {
 			}
 
 			// All limits at once: a refusal charges nothing.
-			all := policy.Admission{Tenant: "all", Limits: policy.Limits{RPM: 5, TPM: 100, MaxConcurrent: 10}, Tokens: 60}
+			all := limits.Admission{Tenant: "all", Rates: limits.Rates{RPM: 5, TPM: 100, MaxConcurrent: 10}, Tokens: 60}
 			if n, _ = admitN(t, s, all, 3); n != 1 {
 				t.Fatalf("tpm refuses the second 60-token request: %d", n)
 			}
@@ -132,7 +132,7 @@ func TestStoresAgree(t *testing.T) {
 			}
 
 			// Carry: usage a replica admitted alone is added before the check, capped at full.
-			cr := policy.Admission{Tenant: "carry", Limits: policy.Limits{RPM: 10}, CarryRPM: 8 * 6000}
+			cr := limits.Admission{Tenant: "carry", Rates: limits.Rates{RPM: 10}, CarryRPM: 8 * 6000}
 			if n, _ = admitN(t, s, cr, 1); n != 1 {
 				t.Fatal("carry of 8 leaves room for 2")
 			}
@@ -141,14 +141,14 @@ func TestStoresAgree(t *testing.T) {
 				t.Fatalf("after a carry of 8 and one request, one more fits, got %d", n)
 			}
 			// A carry pushed alone charges no request of its own.
-			only := policy.Admission{Tenant: "carry2", Limits: policy.Limits{RPM: 10, TPM: 100}, CarryRPM: 7 * 6000, CarryTPM: 50 * 600, CarryOnly: true}
+			only := limits.Admission{Tenant: "carry2", Rates: limits.Rates{RPM: 10, TPM: 100}, CarryRPM: 7 * 6000, CarryTPM: 50 * 600, CarryOnly: true}
 			if v, err := s.Admit(ctx, only); err != nil || v.Allowed || v.Limit != "" {
 				t.Fatalf("carry only: %+v %v", v, err)
 			}
-			if n, _ = admitN(t, s, policy.Admission{Tenant: "carry2", Limits: policy.Limits{RPM: 10}}, 5); n != 3 {
+			if n, _ = admitN(t, s, limits.Admission{Tenant: "carry2", Rates: limits.Rates{RPM: 10}}, 5); n != 3 {
 				t.Fatalf("after a pushed carry of 7, 3 fit, got %d", n)
 			}
-			if n, _ = admitN(t, s, policy.Admission{Tenant: "carry2", Limits: policy.Limits{TPM: 100}, Tokens: 30}, 3); n != 1 {
+			if n, _ = admitN(t, s, limits.Admission{Tenant: "carry2", Rates: limits.Rates{TPM: 100}, Tokens: 30}, 3); n != 1 {
 				t.Fatalf("after a pushed carry of 50 tokens, one 30-token request fits, got %d", n)
 			}
 		})
@@ -157,13 +157,13 @@ func TestStoresAgree(t *testing.T) {
 
 func TestLimiterFallsBackToItsShare(t *testing.T) {
 	cmd, client := privateRedis(t)
-	l := policy.NewLimiter(state.NewRedisLimits(client, "p:"), 2, 50*time.Millisecond)
+	l := limits.NewLimiter(state.NewRedisLimits(client, "p:"), 2, 50*time.Millisecond)
 	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil { // connections hang, as on a network fault
 		t.Fatal(err)
 	}
 	n := 0
 	for i := 0; i < 30; i++ {
-		tk, v := l.Admit("a", policy.Limits{RPM: 20, MaxConcurrent: 5}, 1)
+		tk, v := l.Admit("a", limits.Rates{RPM: 20, MaxConcurrent: 5}, 1)
 		if v.Allowed {
 			n++
 			l.Settle(tk, 1)
@@ -175,26 +175,26 @@ func TestLimiterFallsBackToItsShare(t *testing.T) {
 	// A limit below the replica count gets 1 per replica (documented: availability over
 	// exactness during the outage): the tenant is not locked out while nothing is in flight, and
 	// its second request in flight here is refused, saying why.
-	tk, v := l.Admit("b", policy.Limits{MaxConcurrent: 1}, 0)
+	tk, v := l.Admit("b", limits.Rates{MaxConcurrent: 1}, 0)
 	if !v.Allowed {
 		t.Fatalf("max_concurrent 1 over 2 replicas while degraded, nothing in flight: %+v", v)
 	}
-	if _, v := l.Admit("b", policy.Limits{MaxConcurrent: 1}, 0); v.Allowed || v.Limit != policy.LimitConcurrent || !v.Degraded || v.Share != 1 || v.Replicas != 2 {
+	if _, v := l.Admit("b", limits.Rates{MaxConcurrent: 1}, 0); v.Allowed || v.Limit != limits.Concurrent || !v.Degraded || v.Share != 1 || v.Replicas != 2 {
 		t.Fatalf("a second request in flight while degraded: %+v", v)
 	}
 	l.Settle(tk, 0)
-	if _, v := l.Admit("b", policy.Limits{MaxConcurrent: 1}, 0); !v.Allowed {
+	if _, v := l.Admit("b", limits.Rates{MaxConcurrent: 1}, 0); !v.Allowed {
 		t.Fatalf("after the first ended: %+v", v)
 	}
 }
 
 func TestLimiterResumesWithoutBurst(t *testing.T) {
 	cmd, client := privateRedis(t)
-	l := policy.NewLimiter(state.NewRedisLimits(client, "p:"), 2, 50*time.Millisecond)
+	l := limits.NewLimiter(state.NewRedisLimits(client, "p:"), 2, 50*time.Millisecond)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go l.Run(ctx)
-	lim := policy.Limits{RPM: 20}
+	lim := limits.Rates{RPM: 20}
 	count := func(k int) int {
 		n := 0
 		for i := 0; i < k; i++ {
@@ -233,8 +233,8 @@ func TestRedisLeasesExpireAndRenew(t *testing.T) {
 	client, prefix := testRedis(t)
 	s := state.NewRedisLimits(client, prefix)
 	ctx := context.Background()
-	lim := policy.Limits{MaxConcurrent: 1}
-	if v, _ := s.Admit(ctx, policy.Admission{Tenant: "a", Limits: lim, Lease: "x"}); !v.Allowed {
+	lim := limits.Rates{MaxConcurrent: 1}
+	if v, _ := s.Admit(ctx, limits.Admission{Tenant: "a", Rates: lim, Lease: "x"}); !v.Allowed {
 		t.Fatal("first slot")
 	}
 	if err := s.Renew(ctx, map[string]string{"x": "a"}); err != nil {
@@ -246,7 +246,7 @@ func TestRedisLeasesExpireAndRenew(t *testing.T) {
 	}
 	// A dead replica's lease: backdate its expiry; the next admission sweeps it.
 	client.ZAdd(ctx, key, redis.Z{Score: 1, Member: "x"})
-	if v, _ := s.Admit(ctx, policy.Admission{Tenant: "a", Limits: lim, Lease: "y"}); !v.Allowed {
+	if v, _ := s.Admit(ctx, limits.Admission{Tenant: "a", Rates: lim, Lease: "y"}); !v.Allowed {
 		t.Fatal("an expired lease must not hold the slot")
 	}
 	if n, err := s.Heartbeat(ctx, "r1"); err != nil || n != 1 {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/kvgate/kvgate/policy"
+	"github.com/kvgate/kvgate/limits"
 )
 
 // TenantRecord is a tenant added at run time. Only the key's hex SHA-256 is ever stored.
@@ -19,7 +19,7 @@ type TenantRecord struct {
 	KeySHA256       string `json:"key_sha256"`
 	MaxPromptTokens int    `json:"max_prompt_tokens"`
 	CanaryOptOut    bool   `json:"canary_opt_out"`
-	policy.Limits
+	limits.Rates
 }
 
 // TenantStore holds the tenants added at run time. Version changes on every write, so replicas

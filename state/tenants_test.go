@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/policy"
+	"github.com/kvgate/kvgate/limits"
 	"github.com/kvgate/kvgate/state"
 )
 
@@ -19,7 +19,7 @@ func TestTenantStores(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			a := state.TenantRecord{Name: "a", KeySHA256: strings.Repeat("a", 64), Limits: policy.Limits{RPM: 20}}
+			a := state.TenantRecord{Name: "a", KeySHA256: strings.Repeat("a", 64), Rates: limits.Rates{RPM: 20}}
 			if err := s.Create(ctx, a); err != nil {
 				t.Fatal(err)
 			}

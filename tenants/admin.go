@@ -9,12 +9,12 @@ import (
 	"strings"
 
 	"github.com/kvgate/kvgate/apierr"
-	"github.com/kvgate/kvgate/policy"
+	"github.com/kvgate/kvgate/limits"
 	"github.com/kvgate/kvgate/state"
 )
 
 // The admin API's tenant records: the body of a create or update, its validation, and the
-// answers for store errors. The HTTP handlers are the gateway's.
+// answers for store errors. The HTTP handlers are the admin package's (admin/tenants.go).
 
 // Fields is a POST or PATCH body; nil fields are absent (PATCH keeps them).
 type Fields struct {
@@ -126,11 +126,11 @@ type View struct {
 	KeyPrefix       string `json:"key_sha256_prefix"`
 	MaxPromptTokens int    `json:"max_prompt_tokens"`
 	CanaryOptOut    bool   `json:"canary_opt_out"`
-	policy.Limits
+	limits.Rates
 }
 
 // ViewOf is r as a View.
 func ViewOf(r state.TenantRecord, source string) View {
 	return View{Name: r.Name, Source: source, KeyPrefix: r.KeySHA256[:min(8, len(r.KeySHA256))],
-		MaxPromptTokens: r.MaxPromptTokens, CanaryOptOut: r.CanaryOptOut, Limits: r.Limits}
+		MaxPromptTokens: r.MaxPromptTokens, CanaryOptOut: r.CanaryOptOut, Rates: r.Rates}
 }

@@ -17,7 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/config"
-	"github.com/kvgate/kvgate/policy"
+	"github.com/kvgate/kvgate/limits"
 	"github.com/kvgate/kvgate/state"
 )
 
@@ -29,8 +29,8 @@ type Tenant struct {
 }
 
 // Limits are the tenant's rate and concurrency limits.
-func (t *Tenant) Limits() policy.Limits {
-	return policy.Limits{RPM: t.RPM, TPM: t.TPM, MaxConcurrent: t.MaxConcurrent}
+func (t *Tenant) Limits() limits.Rates {
+	return limits.Rates{RPM: t.RPM, TPM: t.TPM, MaxConcurrent: t.MaxConcurrent}
 }
 
 // CacheSalt is the tenant's prefix-cache partition: an HMAC of its key hash, so it is stable

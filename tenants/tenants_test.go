@@ -8,7 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/config"
-	"github.com/kvgate/kvgate/policy"
+	"github.com/kvgate/kvgate/limits"
 	"github.com/kvgate/kvgate/state"
 	"github.com/kvgate/kvgate/tenants"
 )
@@ -20,14 +20,14 @@ func TestDirectoryConfigAndRunTime(t *testing.T) {
 	d := tenants.NewDirectory(tenants.FromConfig([]config.Tenant{{Name: "alice", KeySHA256: config.SHA256Hex("ka"), RPM: 5}}), store, zap.NewNop())
 	var added []string
 	d.OnAdd = func(n string) { added = append(added, n) }
-	if a := d.ByKey([]byte("ka")); a == nil || a.Name != "alice" || a.Limits() != (policy.Limits{RPM: 5}) {
+	if a := d.ByKey([]byte("ka")); a == nil || a.Name != "alice" || a.Limits() != (limits.Rates{RPM: 5}) {
 		t.Fatalf("config tenant by key: %+v", a)
 	}
 	if d.ByKey([]byte("kb")) != nil || d.ByKey(nil) != nil {
 		t.Fatal("an unknown key found a tenant")
 	}
 	ctx := context.Background()
-	if err := store.Create(ctx, state.TenantRecord{Name: "bob", KeySHA256: strings.ToUpper(config.SHA256Hex("kb")), Limits: policy.Limits{TPM: 9}}); err != nil {
+	if err := store.Create(ctx, state.TenantRecord{Name: "bob", KeySHA256: strings.ToUpper(config.SHA256Hex("kb")), Rates: limits.Rates{TPM: 9}}); err != nil {
 		t.Fatal(err)
 	}
 	// Written around the admin API: clashes with a config tenant's name, so it is ignored.

@@ -21,7 +21,8 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/kvgate/kvgate/admin/ui"
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // chromiumPath finds Debian's chromium. CI installs it (.ci/run), so there its absence fails
@@ -320,8 +321,8 @@ func TestStatusPageFilesAndHeaders(t *testing.T) {
 // when the page is opened: the backends, which the replica reads itself, still show, and the
 // failures are named.
 func TestStatusPageWithRedisDown(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
-	dead := testkit.FreePort(t) // nothing listens there
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	dead := procs.FreePort(t) // nothing listens there
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, fmt.Sprintf(
 		"backends: [{name: u0, url: %q, role: unified}]\nadmin_key_sha256: %q\nstate: {redis_url: \"redis://127.0.0.1:%d/0\"}\n",
 		sim.URL, testkit.KeySHA256("the-admin-key"), dead)))

@@ -7,12 +7,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
 )
 
 // `kvgate demo --once` is what `make demo` shows: it must print both lines and exit 0.
 func TestDemoOnce(t *testing.T) {
-	bin := testkit.LabBinary(t)
+	bin := procs.LabBinary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, bin, "demo", "--once").CombinedOutput()

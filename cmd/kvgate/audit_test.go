@@ -13,16 +13,17 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/audit"
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // The pair of the incident, at a small scale: the prefill pool (2,048 tokens, max_req_input_len
 // 2,042) is far smaller than the context (8,192); decode's pool holds a prompt of the window.
-func startAuditPair(t *testing.T, extra ...string) (prefill, decode *testkit.Sim) {
+func startAuditPair(t *testing.T, extra ...string) (prefill, decode *procs.Sim) {
 	t.Helper()
 	common := append([]string{"--context-length", "8192", "--bug", "admit-rejected", "--quiet"}, extra...)
-	prefill = testkit.StartSim(t, append([]string{"--mode", "prefill", "--pool-tokens", "2048", "--bootstrap-port", "0"}, common...)...)
-	decode = testkit.StartSim(t, append([]string{"--mode", "decode", "--pool-tokens", "8192"}, common...)...)
+	prefill = procs.StartSim(t, append([]string{"--mode", "prefill", "--pool-tokens", "2048", "--bootstrap-port", "0"}, common...)...)
+	decode = procs.StartSim(t, append([]string{"--mode", "decode", "--pool-tokens", "8192"}, common...)...)
 	return prefill, decode
 }
 
@@ -38,7 +39,7 @@ func runAuditCmd(t *testing.T, args ...string) auditRun {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, testkit.Binary(t), append([]string{"audit"}, args...)...)
+	cmd := exec.CommandContext(ctx, procs.Binary(t), append([]string{"audit"}, args...)...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
@@ -277,7 +278,7 @@ func TestAuditZeroOnReleaseNoIsolationFinding(t *testing.T) {
 
 // A target that is gone cannot be audited: exit 2, saying so, in both output forms.
 func TestAuditStoppedTargetExit2(t *testing.T) {
-	s := testkit.StartSim(t, "--quiet")
+	s := procs.StartSim(t, "--quiet")
 	s.Stop()
 	r := runAuditCmd(t, "--target", s.URL, "--json")
 	if r.code != audit.ExitUnauditable || !strings.Contains(r.report.Error, "unreachable") || len(r.report.Findings) != 0 {

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/config"
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
 )
 
 // run runs the product binary with env added to the test's, bounded in time, and returns its
@@ -22,7 +22,7 @@ func run(t *testing.T, env []string, args ...string) (int, string, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, testkit.Binary(t), args...)
+	cmd := exec.CommandContext(ctx, procs.Binary(t), args...)
 	cmd.Env = append(os.Environ(), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -116,7 +116,7 @@ func TestHelpExitsZero(t *testing.T) {
 
 // A misspelt KVGATE_* variable refuses the start, naming it, instead of being ignored.
 func TestServeRefusesUnknownEnv(t *testing.T) {
-	cfg := writeConfig(t, fmt.Sprintf("listen: \"127.0.0.1:%d\"\nbackends: [{name: u, url: \"http://127.0.0.1:1\", role: unified}]\n", testkit.FreePort(t)))
+	cfg := writeConfig(t, fmt.Sprintf("listen: \"127.0.0.1:%d\"\nbackends: [{name: u, url: \"http://127.0.0.1:1\", role: unified}]\n", procs.FreePort(t)))
 	code, _, errOut := run(t, []string{"KVGATE_CANARY_SECRETT=typo-of-the-secret-name"}, "serve", "--config", cfg)
 	if code != 2 || !strings.Contains(errOut, "KVGATE_CANARY_SECRETT") || strings.Contains(errOut, "typo-of-the-secret-name") {
 		t.Fatalf("want exit 2 naming the variable (not its value), got %d:\n%s", code, errOut)

@@ -5,13 +5,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
 )
 
 // goList runs go list with args from the module root and returns its output.
 func goList(t *testing.T, args ...string) string {
 	t.Helper()
-	root, err := testkit.ModuleRoot()
+	root, err := procs.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +33,7 @@ func TestProductLinksNoLab(t *testing.T) {
 		t.Fatalf("go list printed no plausible dependency list: %q", out)
 	}
 	for _, d := range deps {
-		if strings.HasPrefix(d, "github.com/kvgate/kvgate/lab") || strings.HasPrefix(d, "github.com/kvgate/kvgate/internal/testkit") {
+		if strings.HasPrefix(d, "github.com/kvgate/kvgate/lab") || strings.HasPrefix(d, "github.com/kvgate/kvgate/tests/testkit") {
 			t.Errorf("the product binary links %s", d)
 		}
 	}
@@ -56,17 +56,36 @@ func TestSimulatorSharesOnlyTheTokenizerLibrary(t *testing.T) {
 	}
 }
 
-// Test helpers stay in tests: no package's non-test code imports internal/testkit.
+// Test helpers stay in tests: no package's non-test code imports the test tree (tests/...), and
+// the tests of the leaf packages and of the simulator link no gateway (their helpers do not climb
+// back up the house).
 func TestNoPackageImportsTestkit(t *testing.T) {
 	out := goList(t, "-f", "{{.ImportPath}}: {{join .Imports \" \"}}", "./...")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if len(lines) < 10 {
 		t.Fatalf("go list listed %d packages", len(lines))
 	}
+	const tree = "github.com/kvgate/kvgate/tests/"
 	for _, l := range lines {
 		pkg, imports, _ := strings.Cut(l, ": ")
-		if strings.Contains(" "+imports+" ", " github.com/kvgate/kvgate/internal/testkit ") {
-			t.Errorf("%s imports internal/testkit outside its tests", pkg)
+		if strings.HasPrefix(pkg, tree) {
+			continue
+		}
+		for _, imp := range strings.Fields(imports) {
+			if strings.HasPrefix(imp, tree) {
+				t.Errorf("%s imports %s outside its tests", pkg, imp)
+			}
+		}
+	}
+	for _, leaf := range []string{"./tokenize/...", "./lab/enginesim/...", "./canary", "./fingerprint", "./request", "./reply", "./apierr", "./internal/..."} {
+		deps := goList(t, "-test", "-deps", leaf)
+		if !strings.Contains(deps, "github.com/kvgate/kvgate/") {
+			t.Fatalf("go list -test -deps %s printed no plausible list: %.200q", leaf, deps)
+		}
+		for _, d := range strings.Fields(deps) {
+			if d == "github.com/kvgate/kvgate/gateway" || d == "github.com/kvgate/kvgate/tests/testkit" {
+				t.Errorf("the tests of %s link %s", leaf, d)
+			}
 		}
 	}
 }

@@ -17,7 +17,7 @@ import (
 
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/gateway"
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
 )
 
 // syncBuf is a log buffer the process writes while the test reads it.
@@ -32,8 +32,8 @@ func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(
 // SIGTERM while streams are open (drain_delay 0): `kvgate serve` stops accepting new connections
 // at once, lets every stream in flight run to its [DONE], and then exits 0.
 func TestFaultSIGTERMDrainsStreams(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--token-delay", "50ms")
-	port := testkit.FreePort(t)
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--token-delay", "50ms")
+	port := procs.FreePort(t)
 	cfg := writeConfig(t, fmt.Sprintf(`listen: "127.0.0.1:%d"
 backends: [{name: sim, url: %q, role: unified}]
 tenants: [{name: alice, key_sha256: %q}]
@@ -177,8 +177,8 @@ func exitCode(t *testing.T, cmd *exec.Cmd, within time.Duration, logs *syncBuf) 
 // shutting_down error event in their route's shape (OpenAI chat, Anthropic messages) and an
 // access line each, and the process exits 0 once the drain is over, naming them in its log.
 func TestDrainDelayThenTimeoutCutsStreams(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--token-delay", "50ms")
-	port := testkit.FreePort(t)
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--token-delay", "50ms")
+	port := procs.FreePort(t)
 	const delay, timeout = 1500 * time.Millisecond, 1 * time.Second
 	cfg := writeConfig(t, fmt.Sprintf(`listen: "127.0.0.1:%d"
 backends: [{name: sim, url: %q, role: unified}]
@@ -289,8 +289,8 @@ server: {drain_delay: %s, drain_timeout: %s}
 
 // A drain that finishes in time exits 0 (drain_delay and drain_timeout both honoured).
 func TestDrainCleanExitZero(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--token-delay", "20ms")
-	port := testkit.FreePort(t)
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--token-delay", "20ms")
+	port := procs.FreePort(t)
 	cfg := writeConfig(t, fmt.Sprintf(`listen: "127.0.0.1:%d"
 backends: [{name: sim, url: %q, role: unified}]
 tenants: [{name: alice, key_sha256: %q}]

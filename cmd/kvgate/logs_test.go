@@ -16,13 +16,13 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kvgate/kvgate/config"
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
 )
 
 // privateRedis runs a redis-server on a free port (nothing on disk); stop kills it.
 func privateRedis(t *testing.T) (url string, stop func()) {
 	t.Helper()
-	port := testkit.FreePort(t)
+	port := procs.FreePort(t)
 	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("redis-server: %v (install Debian's redis-server)", err)
@@ -51,9 +51,9 @@ func privateRedis(t *testing.T) (url string, stop func()) {
 // is gone (go-redis's own messages arrive as rate-limited structured warnings, not plain text),
 // and the access lines carry the client's address, method, model and usage.
 func TestServeLogsStayJSONThroughRedisOutage(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
 	redisURL, stopRedis := privateRedis(t)
-	port := testkit.FreePort(t)
+	port := procs.FreePort(t)
 	cfg := writeConfig(t, fmt.Sprintf(`listen: "127.0.0.1:%d"
 backends: [{name: sim, url: %q, role: unified}]
 tenants: [{name: alice, key_sha256: %q, rpm: 100000, tpm: 10000000, max_concurrent: 50}]

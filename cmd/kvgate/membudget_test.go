@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/config"
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
 )
 
 // procKiB reads a field (VmRSS, VmHWM) of /proc/<pid>/status in KiB.
@@ -92,7 +92,7 @@ func TestBufferedRepliesStayWithinTheMemoryBudget(t *testing.T) {
 	const replySize = 60 << 20
 	const budget = 256 << 20
 	url := bigEngine(t, replySize)
-	port := testkit.FreePort(t)
+	port := procs.FreePort(t)
 	cfg := writeConfig(t, fmt.Sprintf(`listen: "127.0.0.1:%d"
 backends: [{name: eng, url: %q, role: unified}]
 tenants: [{name: alice, key_sha256: %q}, {name: bob, key_sha256: %q}]

@@ -8,14 +8,14 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/config"
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
 )
 
 // server.metrics_listen: /metrics (tenant-labelled series included) is served on its own
 // address only; the listener clients reach answers 404 for it.
 func TestMetricsOnTheirOwnListener(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
-	port, mport := testkit.FreePort(t), testkit.FreePort(t)
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
+	port, mport := procs.FreePort(t), procs.FreePort(t)
 	cfg := writeConfig(t, fmt.Sprintf(`listen: "127.0.0.1:%d"
 backends: [{name: sim, url: %q, role: unified}]
 tenants: [{name: tenant-with-a-secret-name, key_sha256: %q, tpm: 100000}]

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/config"
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
 )
 
 // status posts a small /generate as key and returns the status.
@@ -42,9 +42,9 @@ func waitUntil(t *testing.T, within time.Duration, what string, logs *syncBuf, c
 // second tenant. The stream finishes whole on its engine; the new tenant is served, the new
 // engine takes traffic once polled. Then an invalid file: logged, the running configuration kept.
 func TestSIGHUPReloadsWhileStreaming(t *testing.T) {
-	a := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--token-delay", "50ms")
-	b := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
-	port := testkit.FreePort(t)
+	a := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--token-delay", "50ms")
+	b := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
+	port := procs.FreePort(t)
 	head := fmt.Sprintf("listen: \"127.0.0.1:%d\"\ncapacity: {poll_interval: 200ms}\nserver: {drain_delay: 0s}\n", port)
 	alice := fmt.Sprintf("  - {name: alice, key_sha256: %q}\n", config.SHA256Hex("sk-alice"))
 	bob := fmt.Sprintf("  - {name: bob, key_sha256: %q}\n", config.SHA256Hex("sk-bob"))
@@ -99,8 +99,8 @@ func TestSIGHUPReloadsWhileStreaming(t *testing.T) {
 
 // reload.watch: writing the file is enough (no signal): a tenant removed from it is refused.
 func TestReloadWatchesTheFile(t *testing.T) {
-	a := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
-	port := testkit.FreePort(t)
+	a := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
+	port := procs.FreePort(t)
 	head := fmt.Sprintf("listen: \"127.0.0.1:%d\"\ncapacity: {poll_interval: 200ms}\nserver: {drain_delay: 0s}\nreload: {watch: true}\nbackends:\n  - {name: a, url: %q, role: unified}\ntenants:\n", port, a.URL)
 	alice := fmt.Sprintf("  - {name: alice, key_sha256: %q}\n", config.SHA256Hex("sk-alice"))
 	bob := fmt.Sprintf("  - {name: bob, key_sha256: %q}\n", config.SHA256Hex("sk-bob"))

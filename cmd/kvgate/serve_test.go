@@ -16,14 +16,14 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/config"
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
 )
 
 // startServe starts `kvgate serve --config cfg` listening on port, its output in logs, and
 // waits until /readyz answers 200; it returns the process and the base URL.
 func startServe(t *testing.T, cfg string, port int, logs *syncBuf, env ...string) (*exec.Cmd, string) {
 	t.Helper()
-	cmd := exec.Command(testkit.Binary(t), "serve", "--config", cfg)
+	cmd := exec.Command(procs.Binary(t), "serve", "--config", cfg)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = logs, logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -57,8 +57,8 @@ func writeConfig(t *testing.T, yaml string) string {
 // `kvgate serve` as a process: it serves, writes JSON access lines without keys, and drains and
 // exits 0 on SIGTERM.
 func TestServeProcess(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
-	port := testkit.FreePort(t)
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	port := procs.FreePort(t)
 	cfg := writeConfig(t, fmt.Sprintf(`listen: "127.0.0.1:%d"
 backends: [{name: sim, url: %q, role: unified}]
 tenants: [{name: alice, key_sha256: %q}]
@@ -112,14 +112,14 @@ server: {drain_delay: 100ms}
 
 // policy.strict refuses to start in front of a pool smaller than its context.
 func TestServeStrictRefusesSmallPool(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
 	cfg := writeConfig(t, fmt.Sprintf(`listen: "127.0.0.1:%d"
 backends: [{name: sim, url: %q, role: unified}]
 policy: {strict: true}
-`, testkit.FreePort(t), sim.URL))
+`, procs.FreePort(t), sim.URL))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, testkit.Binary(t), "serve", "--config", cfg).CombinedOutput()
+	out, err := exec.CommandContext(ctx, procs.Binary(t), "serve", "--config", cfg).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "policy.strict") {
 		t.Fatalf("want a refusal naming policy.strict, got %v:\n%s", err, out)
 	}
@@ -128,7 +128,7 @@ policy: {strict: true}
 // A config error names the field and exits 2.
 func TestServeBadConfig(t *testing.T) {
 	cfg := writeConfig(t, "backends: [{name: x, url: \"http://127.0.0.1:1\", role: mixed}]\n")
-	out, err := exec.Command(testkit.Binary(t), "serve", "--config", cfg).CombinedOutput()
+	out, err := exec.Command(procs.Binary(t), "serve", "--config", cfg).CombinedOutput()
 	var ee *exec.ExitError
 	if err == nil || !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "backends[0].role") {
 		t.Fatalf("want exit 2 naming backends[0].role, got %v:\n%s", err, out)

@@ -19,7 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvgate/kvgate/config"
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
 )
 
 // otlpReceiver is an OTLP/HTTP trace receiver on loopback: it decodes every export request
@@ -141,7 +141,7 @@ func (e *fakeEngine) got() []string {
 func TestTracesReachOTLPAndEngines(t *testing.T) {
 	recv := startOTLPReceiver(t)
 	prefill, decode := startFakeEngine(t, "prefill"), startFakeEngine(t, "decode")
-	port := testkit.FreePort(t)
+	port := procs.FreePort(t)
 	cfg := writeConfig(t, fmt.Sprintf(`listen: "127.0.0.1:%d"
 backends:
   - {name: p, url: %q, role: prefill}
@@ -245,7 +245,7 @@ server: {drain_delay: 0s}
 // Without OTEL_* variables nothing is traced: the engine gets no traceparent.
 func TestNoTracesWithoutOTELVariables(t *testing.T) {
 	engine := startFakeEngine(t, "null")
-	port := testkit.FreePort(t)
+	port := procs.FreePort(t)
 	cfg := writeConfig(t, fmt.Sprintf(`listen: "127.0.0.1:%d"
 backends: [{name: u, url: %q, role: unified}]
 tenants: [{name: alice, key_sha256: %q}]

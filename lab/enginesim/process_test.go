@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
 )
 
 var client = &http.Client{Timeout: 20 * time.Second}
@@ -65,7 +65,7 @@ func getJSON(t *testing.T, url string, v any) {
 }
 
 // pdPost sends the same body to both legs at once, as a PD router does.
-func pdPost(t *testing.T, prefill, decode *testkit.Sim, path string, body map[string]any, room int) (pre, dec reply) {
+func pdPost(t *testing.T, prefill, decode *procs.Sim, path string, body map[string]any, room int) (pre, dec reply) {
 	t.Helper()
 	body["bootstrap_host"] = "127.0.0.1"
 	body["bootstrap_port"] = prefill.BootstrapPort
@@ -151,7 +151,7 @@ func withFlags(base []string, extra ...string) []string {
 // with lifo each one reuses the head of the previous one's pages and leaves
 // its tail, so every warm-up keeps some stale pages (equal sizes would
 // overwrite each other page for page).
-func warmUp(t *testing.T, pre, dec *testkit.Sim, path string, n int) (rids, markers []string) {
+func warmUp(t *testing.T, pre, dec *procs.Sim, path string, n int) (rids, markers []string) {
 	t.Helper()
 	for i := 0; i < n; i++ {
 		m := marker(i)
@@ -187,8 +187,8 @@ func oversizedBody(path string, words int) map[string]any {
 func TestPDBugLeaksEarlierRequestsMarkers(t *testing.T) {
 	for _, path := range []string{"/generate", "/v1/chat/completions"} {
 		t.Run(strings.Trim(path, "/"), func(t *testing.T) {
-			pre := testkit.StartSim(t, withFlags(prefillArgs, "--bug", "admit-rejected")...)
-			dec := testkit.StartSim(t, decodeArgs...)
+			pre := procs.StartSim(t, withFlags(prefillArgs, "--bug", "admit-rejected")...)
+			dec := procs.StartSim(t, decodeArgs...)
 			rids, markers := warmUp(t, pre, dec, path, 3)
 			// 3000 words of "filler " is ~3000 tokens: over prefill's
 			// max_req_input_len (1018), under the context (8192).
@@ -256,8 +256,8 @@ func TestPDFixes(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.fix, func(t *testing.T) {
-			pre := testkit.StartSim(t, withFlags(prefillArgs, "--bug", "admit-rejected", "--fix", c.fix)...)
-			dec := testkit.StartSim(t, withFlags(decodeArgs, "--fix", c.fix)...)
+			pre := procs.StartSim(t, withFlags(prefillArgs, "--bug", "admit-rejected", "--fix", c.fix)...)
+			dec := procs.StartSim(t, withFlags(decodeArgs, "--fix", c.fix)...)
 			_, markers := warmUp(t, pre, dec, "/generate", 2)
 			start := time.Now()
 			p, d := pdPost(t, pre, dec, "/generate", oversizedBody("/generate", 3000), 9)
@@ -288,7 +288,7 @@ func TestPDFixes(t *testing.T) {
 
 func TestCombinedRefusesWithSGLangMessages(t *testing.T) {
 	// chunk4: "abcd" is exactly one token, so counts are exact.
-	sim := testkit.StartSim(t, "--pool-tokens", "1000", "--context-length", "2048", "--page-size", "16", "--tokenizer", "chunk4")
+	sim := procs.StartSim(t, "--pool-tokens", "1000", "--context-length", "2048", "--page-size", "16", "--tokenizer", "chunk4")
 	// pool 1000 → 992 (62 pages); mril = min(2047, 991) - 5 = 986.
 	const mril = 986
 	prompt := func(n int) string { return strings.Repeat("abcd", n) }
@@ -348,7 +348,7 @@ func TestServerInfoFollowsSGLangFormula(t *testing.T) {
 		{[]string{"--mode", "prefill", "--bootstrap-port", "0", "--pool-tokens", "1000", "--context-length", "8192", "--page-size", "16"}, 992, 986, 8192, "prefill"},
 	}
 	for _, c := range cases {
-		sim := testkit.StartSim(t, c.args...)
+		sim := procs.StartSim(t, c.args...)
 		var info struct {
 			Pool     int    `json:"max_total_num_tokens"`
 			Mril     int    `json:"max_req_input_len"`
@@ -388,7 +388,7 @@ func TestServerInfoFollowsSGLangFormula(t *testing.T) {
 
 func TestNormalRequestsNeverReadForeignSlots(t *testing.T) {
 	// A small pool so that pages are reused constantly.
-	sim := testkit.StartSim(t, "--pool-tokens", "2048", "--context-length", "4096", "--page-size", "16", "--bug", "admit-rejected")
+	sim := procs.StartSim(t, "--pool-tokens", "2048", "--context-length", "4096", "--page-size", "16", "--bug", "admit-rejected")
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var bad []string
@@ -428,8 +428,8 @@ func TestNormalRequestsNeverReadForeignSlots(t *testing.T) {
 }
 
 func TestPDNormalRequestsAreClean(t *testing.T) {
-	pre := testkit.StartSim(t, withFlags(prefillArgs, "--bug", "admit-rejected")...)
-	dec := testkit.StartSim(t, decodeArgs...)
+	pre := procs.StartSim(t, withFlags(prefillArgs, "--bug", "admit-rejected")...)
+	dec := procs.StartSim(t, decodeArgs...)
 	for i := 0; i < 6; i++ {
 		p, d := pdPost(t, pre, dec, "/v1/chat/completions", map[string]any{
 			"messages": []any{map[string]any{"role": "user", "content": warmText(marker(i), 20+30*i)}}, "max_tokens": 32}, 50+i)
@@ -445,7 +445,7 @@ func TestPDNormalRequestsAreClean(t *testing.T) {
 }
 
 func TestSimStatsCountWhatArrived(t *testing.T) {
-	sim := testkit.StartSim(t, "--pool-tokens", "1024", "--context-length", "4096", "--page-size", "16", "--tokenizer", "chunk4")
+	sim := procs.StartSim(t, "--pool-tokens", "1024", "--context-length", "4096", "--page-size", "16", "--tokenizer", "chunk4")
 	for i := 0; i < 3; i++ {
 		post(t, sim.URL, "/generate", map[string]any{"text": strings.Repeat("abcd", 10+i)})
 	}
@@ -476,7 +476,7 @@ func TestSimStatsCountWhatArrived(t *testing.T) {
 }
 
 func TestStreamsFlushEachToken(t *testing.T) {
-	sim := testkit.StartSim(t, "--pool-tokens", "1024", "--context-length", "4096", "--page-size", "16", "--token-delay", "60ms", "--tokenizer", "chunk4")
+	sim := procs.StartSim(t, "--pool-tokens", "1024", "--context-length", "4096", "--page-size", "16", "--token-delay", "60ms", "--tokenizer", "chunk4")
 	body, _ := json.Marshal(map[string]any{"messages": []any{map[string]any{"role": "user", "content": "one two three four five six seven"}},
 		"max_tokens": 5, "stream": true, "stream_options": map[string]any{"include_usage": true}})
 	start := time.Now()
@@ -561,7 +561,7 @@ func TestStreamsFlushEachToken(t *testing.T) {
 }
 
 func TestAPIKeyAndLoopbackOnlyBootstrap(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "decode", "--pool-tokens", "1024", "--context-length", "4096", "--page-size", "16", "--api-key", "sekrit")
+	sim := procs.StartSim(t, "--mode", "decode", "--pool-tokens", "1024", "--context-length", "4096", "--page-size", "16", "--api-key", "sekrit")
 	if r := post(t, sim.URL, "/generate", map[string]any{"text": "x"}); r.status != 401 {
 		t.Errorf("no key: %d", r.status)
 	}
@@ -579,8 +579,8 @@ func TestAPIKeyAndLoopbackOnlyBootstrap(t *testing.T) {
 }
 
 func TestAbortReachesWaitingDecode(t *testing.T) {
-	dec := testkit.StartSim(t, "--mode", "decode", "--pool-tokens", "1024", "--context-length", "4096", "--page-size", "16", "--transfer-timeout", "10s")
-	pre := testkit.StartSim(t, "--mode", "prefill", "--bootstrap-port", "0", "--pool-tokens", "1024", "--context-length", "4096", "--page-size", "16")
+	dec := procs.StartSim(t, "--mode", "decode", "--pool-tokens", "1024", "--context-length", "4096", "--page-size", "16", "--transfer-timeout", "10s")
+	pre := procs.StartSim(t, "--mode", "prefill", "--bootstrap-port", "0", "--pool-tokens", "1024", "--context-length", "4096", "--page-size", "16")
 	done := make(chan reply, 1)
 	go func() {
 		done <- post(t, dec.URL, "/generate", map[string]any{"text": "waiting for KV", "rid": "r-abort",

@@ -6,13 +6,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
 )
 
 // smallSim: chunk4 makes counts exact ("abcd" is one token); pool 1000 →
 // 992 (62 pages of 16), so max_req_input_len = min(2047, 991) − 5 = 986.
-func smallSim(t *testing.T) *testkit.Sim {
-	return testkit.StartSim(t, "--pool-tokens", "1000", "--context-length", "2048", "--page-size", "16", "--tokenizer", "chunk4")
+func smallSim(t *testing.T) *procs.Sim {
+	return procs.StartSim(t, "--pool-tokens", "1000", "--context-length", "2048", "--page-size", "16", "--tokenizer", "chunk4")
 }
 
 const smallMril = 986
@@ -379,7 +379,7 @@ func TestDetokenizeInvertsTokenize(t *testing.T) {
 	texts := []string{"hello world", "  two  spaces ", "<|im_start|>user\nhé llo ünïcødé 🎉<|im_end|>", "KVG-abcdefabcdef12345678 a", "x"}
 	for _, tk := range []string{"cl100k", "chunk4"} {
 		t.Run(tk, func(t *testing.T) {
-			sim := testkit.StartSim(t, "--pool-tokens", "1024", "--context-length", "4096", "--page-size", "16", "--tokenizer", tk)
+			sim := procs.StartSim(t, "--pool-tokens", "1024", "--context-length", "4096", "--page-size", "16", "--tokenizer", tk)
 			for _, path := range []string{"/detokenize", "/v1/detokenize"} {
 				var all [][]uint32
 				for _, x := range texts {
@@ -443,8 +443,8 @@ func TestPDBugLeaksOnResponsesAndMessages(t *testing.T) {
 	for _, path := range []string{"/v1/responses", "/v1/messages"} {
 		for _, stream := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/stream=%v", strings.Trim(path, "/"), stream), func(t *testing.T) {
-				pre := testkit.StartSim(t, withFlags(prefillArgs, "--bug", "admit-rejected")...)
-				dec := testkit.StartSim(t, decodeArgs...)
+				pre := procs.StartSim(t, withFlags(prefillArgs, "--bug", "admit-rejected")...)
+				dec := procs.StartSim(t, decodeArgs...)
 				var markers, rids []string
 				for i := 0; i < 3; i++ {
 					m, rid := marker(i), fmt.Sprintf("warm-%d", i)

@@ -6,13 +6,13 @@ import (
 	"os/exec"
 	"testing"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
 )
 
 // The full default run, through the real binary, twice: valid JSON of the
 // issue's schema, byte-identical for the same seed.
 func TestLeaklabCLIAllIsDeterministic(t *testing.T) {
-	bin := testkit.LabBinary(t)
+	bin := procs.LabBinary(t)
 	run := func() []byte {
 		var out, errb bytes.Buffer
 		cmd := exec.Command(bin, "leaklab", "--experiment", "all", "--seed", "1", "--json")

@@ -7,11 +7,11 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/hfref"
 	"github.com/kvgate/kvgate/tokenize/hf"
 )
 
-func modelDir(t testing.TB, model string) string { return testkit.HFModelDir(t, model) }
+func modelDir(t testing.TB, model string) string { return hfref.ModelDir(t, model) }
 
 var (
 	loadMu sync.Mutex
@@ -34,10 +34,10 @@ func mustLoad(t testing.TB, model string) *hf.Tokenizer {
 	return tk
 }
 
-type chat = testkit.HFChat
+type chat = hfref.Chat
 
-func runReference(t *testing.T, model string, texts []string, chats []chat) testkit.HFReferenceResult {
-	return testkit.HFReference(t, model, texts, chats)
+func runReference(t *testing.T, model string, texts []string, chats []chat) hfref.Result {
+	return hfref.Reference(t, model, texts, chats)
 }
 
 // referenceTexts: prose, code, CJK, emoji, tool definitions, special tokens and adversarial

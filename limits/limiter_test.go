@@ -1,4 +1,4 @@
-package policy
+package limits
 
 import (
 	"context"
@@ -11,9 +11,9 @@ type fakeClock struct{ t time.Time }
 
 func (f *fakeClock) now() time.Time { return f.t }
 
-func memoryAt(start time.Time) (*MemoryLimits, *fakeClock) {
+func memoryAt(start time.Time) (*Memory, *fakeClock) {
 	c := &fakeClock{t: start}
-	m := NewMemoryLimits()
+	m := NewMemory()
 	m.now = c.now
 	return m, c
 }
@@ -22,7 +22,7 @@ func memoryAt(start time.Time) (*MemoryLimits, *fakeClock) {
 // clock, so these cases need no time to pass (refill is 3 s per request at rpm 20).
 func TestMemoryRefillsWithTime(t *testing.T) {
 	m, clock := memoryAt(time.Unix(1_800_000_000, 0))
-	a := Admission{Tenant: "a", Limits: Limits{RPM: 60}}
+	a := Admission{Tenant: "a", Rates: Rates{RPM: 60}}
 	if n, _ := admitN(t, m, a, 70); n != 60 {
 		t.Fatalf("burst = the per-minute limit: %d", n)
 	}
@@ -37,11 +37,11 @@ func TestMemoryRefillsWithTime(t *testing.T) {
 }
 
 func TestShare(t *testing.T) {
-	got := Share(Limits{RPM: 20, TPM: 1001, MaxConcurrent: 1}, 2)
-	if got != (Limits{RPM: 10, TPM: 500, MaxConcurrent: 1}) { // a limit below the replica count: 1 each, never 0
+	got := Share(Rates{RPM: 20, TPM: 1001, MaxConcurrent: 1}, 2)
+	if got != (Rates{RPM: 10, TPM: 500, MaxConcurrent: 1}) { // a limit below the replica count: 1 each, never 0
 		t.Fatalf("Share = %+v", got)
 	}
-	if Share(Limits{}, 3) != (Limits{}) {
+	if Share(Rates{}, 3) != (Rates{}) {
 		t.Fatal("no limit stays no limit")
 	}
 }
@@ -54,7 +54,7 @@ func TestLimiterWithoutSharedStore(t *testing.T) {
 	n := 0
 	var tickets []*Ticket
 	for i := 0; i < 10; i++ {
-		tk, v := l.Admit("a", Limits{MaxConcurrent: 4}, 0)
+		tk, v := l.Admit("a", Rates{MaxConcurrent: 4}, 0)
 		if v.Allowed {
 			n++
 			tickets = append(tickets, tk)
@@ -65,21 +65,21 @@ func TestLimiterWithoutSharedStore(t *testing.T) {
 	}
 	l.Settle(tickets[0], 0)
 	l.Settle(tickets[0], 0) // twice: frees one slot only
-	if _, v := l.Admit("a", Limits{MaxConcurrent: 4}, 0); !v.Allowed {
+	if _, v := l.Admit("a", Rates{MaxConcurrent: 4}, 0); !v.Allowed {
 		t.Fatal("a settled ticket frees its slot")
 	}
-	if _, v := l.Admit("a", Limits{MaxConcurrent: 4}, 0); v.Allowed {
+	if _, v := l.Admit("a", Rates{MaxConcurrent: 4}, 0); v.Allowed {
 		t.Fatal("settling twice must not free two slots")
 	}
-	if tk, v := l.Admit("free", Limits{}, 100); tk != nil || !v.Allowed {
+	if tk, v := l.Admit("free", Rates{}, 100); tk != nil || !v.Allowed {
 		t.Fatal("a tenant without limits is admitted without a ticket")
 	}
 }
 
-func admitN(t *testing.T, s LimitStore, a Admission, n int) (allowed int, last Verdict) {
+func admitN(t *testing.T, s Store, a Admission, n int) (allowed int, last Verdict) {
 	t.Helper()
 	for i := 0; i < n; i++ {
-		if a.Limits.MaxConcurrent > 0 {
+		if a.Rates.MaxConcurrent > 0 {
 			a.Lease = fmt.Sprintf("lease-%d", i)
 		}
 		v, err := s.Admit(context.Background(), a)

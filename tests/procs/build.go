@@ -1,10 +1,9 @@
-// Package testkit holds test helpers that run the real binaries: it builds
-// ./cmd/kvgate and ./cmd/kvgate-lab (the simulator) once per test process,
-// starts simulator processes on
-// ephemeral loopback ports and stops them when the test ends. It owns nothing
-// persistent, binds only to 127.0.0.1, and must never be imported by
-// non-test code.
-package testkit
+// Package procs holds test helpers that run the repository's real binaries: it builds
+// ./cmd/kvgate and ./cmd/kvgate-lab (the simulator) once per test process, starts simulator
+// processes on ephemeral loopback ports and stops them when the test ends. It links no gateway
+// package, so the simulator's own tests can use it. It owns nothing persistent, binds only to
+// 127.0.0.1, and is imported by tests only.
+package procs
 
 import (
 	"errors"
@@ -89,4 +88,14 @@ func ModuleRoot() (string, error) {
 		}
 		dir = parent
 	}
+}
+
+// RepoRoot is the module root (ModuleRoot), failing the test when it cannot be found.
+func RepoRoot(t testing.TB) string {
+	t.Helper()
+	root, err := ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
 }

@@ -1,4 +1,4 @@
-package policy
+package limits
 
 import (
 	"testing"
@@ -8,21 +8,21 @@ import (
 func TestHeadroomAfter(t *testing.T) {
 	for _, c := range []struct {
 		name string
-		lim  Limits
+		lim  Rates
 		v    Verdict
 		want Headroom
 	}{
-		{"first request at 60 rpm", Limits{RPM: 60}, Verdict{Allowed: true, RPMFill: 1000},
+		{"first request at 60 rpm", Rates{RPM: 60}, Verdict{Allowed: true, RPMFill: 1000},
 			Headroom{RPM: 60, RemainingRequests: 59, ResetRequests: time.Second}},
-		{"full cell", Limits{RPM: 10}, Verdict{RPMFill: 60000},
+		{"full cell", Rates{RPM: 10}, Verdict{RPMFill: 60000},
 			Headroom{RPM: 10, RemainingRequests: 0, ResetRequests: time.Minute}},
-		{"tokens, fraction of a token rounds down", Limits{TPM: 1000}, Verdict{TPMFill: 150.5},
+		{"tokens, fraction of a token rounds down", Rates{TPM: 1000}, Verdict{TPMFill: 150.5},
 			Headroom{TPM: 1000, RemainingTokens: 997, ResetTokens: 151 * time.Millisecond}},
-		{"both, empty cells", Limits{RPM: 5, TPM: 100, MaxConcurrent: 2}, Verdict{Allowed: true},
+		{"both, empty cells", Rates{RPM: 5, TPM: 100, MaxConcurrent: 2}, Verdict{Allowed: true},
 			Headroom{RPM: 5, TPM: 100, RemainingRequests: 5, RemainingTokens: 100}},
-		{"concurrency only: nothing to report", Limits{MaxConcurrent: 3}, Verdict{Allowed: true, RPMFill: 5},
+		{"concurrency only: nothing to report", Rates{MaxConcurrent: 3}, Verdict{Allowed: true, RPMFill: 5},
 			Headroom{}},
-		{"a negative share (cannot split) reports no limit", Limits{RPM: -1}, Verdict{},
+		{"a negative share (cannot split) reports no limit", Rates{RPM: -1}, Verdict{},
 			Headroom{}},
 	} {
 		if got := HeadroomAfter(c.lim, c.v); got != c.want {

@@ -1,4 +1,9 @@
-package policy
+// Package limits enforces each tenant's request, token and concurrency rates (rpm, tpm,
+// max_concurrent) with GCRA cells: in memory on one replica, or over a shared Store (state's
+// Redis twin of the same algorithm) with a degraded share (limit / replicas, at least 1) while
+// the store is unreachable. It owns this replica's limiter state and its background flush and
+// renewal goroutines; it knows nothing of HTTP, engines or admission by tokens.
+package limits
 
 import (
 	"context"
@@ -9,22 +14,22 @@ import (
 	"time"
 )
 
-// Limits are one tenant's rates. 0 means no limit; the burst of a per-minute limit is the limit
+// Rates are one tenant's rates. 0 means no limit; the burst of a per-minute limit is the limit
 // itself (a tenant idle for a minute may spend a whole minute's worth at once).
-type Limits struct {
+type Rates struct {
 	RPM           int `json:"rpm"`
 	TPM           int `json:"tpm"`
 	MaxConcurrent int `json:"max_concurrent"`
 }
 
 // None reports that no limit is set: such a tenant never touches the limiter.
-func (l Limits) None() bool { return l.RPM <= 0 && l.TPM <= 0 && l.MaxConcurrent <= 0 }
+func (l Rates) None() bool { return l.RPM <= 0 && l.TPM <= 0 && l.MaxConcurrent <= 0 }
 
 // Names of the limits: metric labels and Verdict.Limit.
 const (
-	LimitRPM        = "rpm"
-	LimitTPM        = "tpm"
-	LimitConcurrent = "max_concurrent"
+	RPM        = "rpm"
+	TPM        = "tpm"
+	Concurrent = "max_concurrent"
 )
 
 // window is the GCRA tolerance in milliseconds: burst = the per-minute limit.
@@ -33,7 +38,7 @@ const window = 60000.0
 // Admission is one request's claim on its tenant's limits.
 type Admission struct {
 	Tenant string
-	Limits Limits
+	Rates  Rates
 	// Tokens are charged to the TPM cell: prompt + reserved output.
 	Tokens int64
 	// Lease names the concurrency slot (unique per request); used when MaxConcurrent > 0.
@@ -54,7 +59,7 @@ type Admission struct {
 // Verdict is the answer to one Admission.
 type Verdict struct {
 	Allowed bool
-	// Limit names the limit that refused (LimitRPM, LimitTPM, LimitConcurrent).
+	// Limit names the limit that refused (RPM, TPM, Concurrent).
 	Limit string
 	// RetryAfter is when the request would fit again (for the Retry-After header).
 	RetryAfter time.Duration
@@ -71,31 +76,31 @@ type Verdict struct {
 	RPMFill, TPMFill float64
 }
 
-// LimitStore keeps the limit cells. Admit checks every limit of the admission and charges all of
+// Store keeps the limit cells. Admit checks every limit of the admission and charges all of
 // them only if all pass, atomically (one Redis round trip for the Redis store). Settle moves the
 // tenant's token cell by tokenDelta (negative: a refund) and frees the lease. Renew extends
 // leases (lease → tenant) still in flight. Ping says whether the store answers.
-type LimitStore interface {
+type Store interface {
 	Admit(ctx context.Context, a Admission) (Verdict, error)
-	Settle(ctx context.Context, tenant string, lim Limits, tokenDelta int64, lease string) error
+	Settle(ctx context.Context, tenant string, lim Rates, tokenDelta int64, lease string) error
 	Renew(ctx context.Context, leases map[string]string) error
 	Ping(ctx context.Context) error
 }
 
 var (
-	_ LimitStore = (*MemoryLimits)(nil)
+	_ Store = (*Memory)(nil)
 )
 
 // Settlement is one ended request's correction of its tenant's cells: the token delta (charged
 // or refunded) and the concurrency lease to free.
 type Settlement struct {
 	Tenant     string
-	Limits     Limits
+	Rates      Rates
 	TokenDelta int64
 	Lease      string
 }
 
-// BatchStore is a LimitStore that settles many requests in one round trip and can carry
+// BatchStore is a Store that settles many requests in one round trip and can carry
 // settlements in front of an admission, in the same round trip (issue 23: one Redis round trip
 // per admitted request). SettleBatch applies every settlement or returns an error; AdmitAfter
 // applies the settlements, then decides a.
@@ -109,7 +114,7 @@ type BatchStore interface {
 // only the carried usage added when refused. RedisLimits' script is the same algorithm in Lua
 // (tested against this one).
 func gcra(a Admission, now, rtat, ttat float64, inflight int) (float64, float64, Verdict) {
-	lim := a.Limits
+	lim := a.Rates
 	load := func(tat, carry float64) float64 {
 		tat = math.Max(tat, now)
 		if carry > 0 {
@@ -134,20 +139,20 @@ func gcra(a Admission, now, rtat, ttat float64, inflight int) (float64, float64,
 	if lim.RPM > 0 {
 		nr = rtat + window/float64(lim.RPM)
 		if nr-now > window+1e-6 {
-			refuse(LimitRPM, nr-now-window)
+			refuse(RPM, nr-now-window)
 		}
 	}
 	if v.Limit == "" && lim.TPM > 0 {
 		nt = ttat + float64(a.Tokens)*window/float64(lim.TPM)
 		if a.Tokens > int64(lim.TPM) {
-			refuse(LimitTPM, window)
+			refuse(TPM, window)
 			v.Never = true
 		} else if nt-now > window+1e-6 {
-			refuse(LimitTPM, nt-now-window)
+			refuse(TPM, nt-now-window)
 		}
 	}
 	if v.Limit == "" && lim.MaxConcurrent > 0 && inflight+a.ExtraInflight >= lim.MaxConcurrent {
-		refuse(LimitConcurrent, 1000) // a slot frees when some reply ends: unknown, so soon
+		refuse(Concurrent, 1000) // a slot frees when some reply ends: unknown, so soon
 	}
 	if v.Limit != "" {
 		nr, nt = rtat, ttat
@@ -166,9 +171,9 @@ func settleTAT(tat, now float64, tpm int, delta int64) float64 {
 
 func millis(t time.Time) float64 { return float64(t.UnixNano()) / 1e6 }
 
-// MemoryLimits is the single-replica store, and every replica's local store while Redis is
+// Memory is the single-replica store, and every replica's local store while Redis is
 // unreachable. Its leases never expire: they live and die with the process.
-type MemoryLimits struct {
+type Memory struct {
 	mu    sync.Mutex
 	cells map[string]*memCell
 	now   func() time.Time
@@ -179,12 +184,12 @@ type memCell struct {
 	leases     map[string]struct{}
 }
 
-// NewMemoryLimits returns an empty in-memory store.
-func NewMemoryLimits() *MemoryLimits {
-	return &MemoryLimits{cells: map[string]*memCell{}, now: time.Now}
+// NewMemory returns an empty in-memory store.
+func NewMemory() *Memory {
+	return &Memory{cells: map[string]*memCell{}, now: time.Now}
 }
 
-func (m *MemoryLimits) cell(tenant string) *memCell {
+func (m *Memory) cell(tenant string) *memCell {
 	c := m.cells[tenant]
 	if c == nil {
 		c = &memCell{leases: map[string]struct{}{}}
@@ -193,20 +198,20 @@ func (m *MemoryLimits) cell(tenant string) *memCell {
 	return c
 }
 
-func (m *MemoryLimits) Admit(_ context.Context, a Admission) (Verdict, error) {
+func (m *Memory) Admit(_ context.Context, a Admission) (Verdict, error) {
 	now := millis(m.now())
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	c := m.cell(a.Tenant)
 	var v Verdict
 	c.rtat, c.ttat, v = gcra(a, now, c.rtat, c.ttat, len(c.leases))
-	if v.Allowed && a.Limits.MaxConcurrent > 0 {
+	if v.Allowed && a.Rates.MaxConcurrent > 0 {
 		c.leases[a.Lease] = struct{}{}
 	}
 	return v, nil
 }
 
-func (m *MemoryLimits) Settle(_ context.Context, tenant string, lim Limits, tokenDelta int64, lease string) error {
+func (m *Memory) Settle(_ context.Context, tenant string, lim Rates, tokenDelta int64, lease string) error {
 	now := millis(m.now())
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -223,12 +228,12 @@ func (m *MemoryLimits) Settle(_ context.Context, tenant string, lim Limits, toke
 	return nil
 }
 
-func (m *MemoryLimits) Renew(context.Context, map[string]string) error { return nil }
-func (m *MemoryLimits) Ping(context.Context) error                     { return nil }
+func (m *Memory) Renew(context.Context, map[string]string) error { return nil }
+func (m *Memory) Ping(context.Context) error                     { return nil }
 
 // seed sets a tenant's rate cells to the given fill (ms of the window), as last seen in the
 // shared store, unless the cell is already fuller.
-func (m *MemoryLimits) seed(tenant string, rFill, tFill float64) {
+func (m *Memory) seed(tenant string, rFill, tFill float64) {
 	now := millis(m.now())
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -238,7 +243,7 @@ func (m *MemoryLimits) seed(tenant string, rFill, tFill float64) {
 }
 
 // resetRates forgets every rate cell (leases stay: those requests are still in flight).
-func (m *MemoryLimits) resetRates() {
+func (m *Memory) resetRates() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for t, c := range m.cells {
@@ -250,7 +255,7 @@ func (m *MemoryLimits) resetRates() {
 }
 
 // Inflight is how many slots tenant holds (tests, metrics).
-func (m *MemoryLimits) Inflight(tenant string) int {
+func (m *Memory) Inflight(tenant string) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if c := m.cells[tenant]; c != nil {
@@ -266,8 +271,8 @@ func (m *MemoryLimits) Inflight(tenant string) int {
 // the shared cells last were, until a background ping finds the store again. Shared counting
 // then resumes with what this replica admitted meanwhile carried into the shared cells.
 type Limiter struct {
-	shared   LimitStore // nil: memory only
-	local    *MemoryLimits
+	shared   Store // nil: memory only
+	local    *Memory
 	timeout  time.Duration
 	replicas int
 	// OnChange, if set, is called when the limiter becomes degraded (with the error) or
@@ -283,7 +288,7 @@ type Limiter struct {
 	carry      map[string]*carry   // per tenant, local admissions not yet in the shared cells
 	inflight   map[string]int      // per tenant, local admissions still in flight
 	leases     map[string]string   // shared leases in flight: lease → tenant (renewed)
-	limitsOf   map[string]Limits   // the limits carry was measured against
+	limitsOf   map[string]Rates    // the limits carry was measured against
 	heartbeats func() (int, error) // optional replica discovery
 
 	// Settlements of shared tickets wait in pending (under mu) until the next admission carries
@@ -310,13 +315,13 @@ const LeaseTTL = 60 * time.Second
 
 // NewLimiter builds a limiter. shared nil keeps everything in memory; replicas (≥ 1) is the
 // configured replica count; timeout bounds every shared call.
-func NewLimiter(shared LimitStore, replicas int, timeout time.Duration) *Limiter {
+func NewLimiter(shared Store, replicas int, timeout time.Duration) *Limiter {
 	if timeout <= 0 {
 		timeout = 100 * time.Millisecond
 	}
-	return &Limiter{shared: shared, local: NewMemoryLimits(), timeout: timeout, replicas: max(replicas, 1),
+	return &Limiter{shared: shared, local: NewMemory(), timeout: timeout, replicas: max(replicas, 1),
 		seeded: map[string]bool{}, lastFill: map[string]fill{}, carry: map[string]*carry{},
-		inflight: map[string]int{}, leases: map[string]string{}, limitsOf: map[string]Limits{},
+		inflight: map[string]int{}, leases: map[string]string{}, limitsOf: map[string]Rates{},
 		kick: make(chan struct{}, 1)}
 }
 
@@ -332,7 +337,7 @@ const (
 // Ticket is an admitted request's hold on its tenant's limits, settled once when it ends.
 type Ticket struct {
 	tenant   string
-	lim      Limits // the limits the store charged (the local share while degraded)
+	lim      Rates // the limits the store charged (the local share while degraded)
 	reserved int64
 	lease    string
 	shared   bool
@@ -342,9 +347,9 @@ type Ticket struct {
 // Reserved is what the ticket charged to the token cell.
 func (t *Ticket) Reserved() int64 { return t.reserved }
 
-// Limits are the limits the ticket was decided against: the tenant's, or this replica's share of
+// Rates are the limits the ticket was decided against: the tenant's, or this replica's share of
 // them while the shared store is unreachable.
-func (t *Ticket) Limits() Limits { return t.lim }
+func (t *Ticket) Rates() Rates { return t.lim }
 
 // Degraded reports whether limits are being enforced per replica (shared store unreachable).
 func (l *Limiter) Degraded() bool {
@@ -366,14 +371,14 @@ func (l *Limiter) Replicas() int {
 // is unreachable: the tenant may then get up to replicas × its limit across the deployment for
 // the outage, rather than be locked out with nothing in flight (the documented choice:
 // availability over exactness, for small limits, during an outage only).
-func Share(lim Limits, replicas int) Limits {
+func Share(lim Rates, replicas int) Rates {
 	div := func(v int) int {
 		if v <= 0 {
 			return 0
 		}
 		return max(v/replicas, 1)
 	}
-	return Limits{RPM: div(lim.RPM), TPM: div(lim.TPM), MaxConcurrent: div(lim.MaxConcurrent)}
+	return Rates{RPM: div(lim.RPM), TPM: div(lim.TPM), MaxConcurrent: div(lim.MaxConcurrent)}
 }
 
 func newLease() string {
@@ -384,7 +389,7 @@ func newLease() string {
 
 // Admit decides one request of tenant needing tokens. A nil ticket with an allowed verdict
 // means the tenant has no limits.
-func (l *Limiter) Admit(tenant string, lim Limits, tokens int64) (*Ticket, Verdict) {
+func (l *Limiter) Admit(tenant string, lim Rates, tokens int64) (*Ticket, Verdict) {
 	if lim.None() {
 		return nil, Verdict{Allowed: true}
 	}
@@ -393,7 +398,7 @@ func (l *Limiter) Admit(tenant string, lim Limits, tokens int64) (*Ticket, Verdi
 		t.lease = newLease()
 	}
 	if l.shared == nil {
-		v, _ := l.local.Admit(context.Background(), Admission{Tenant: tenant, Limits: lim, Tokens: tokens, Lease: t.lease})
+		v, _ := l.local.Admit(context.Background(), Admission{Tenant: tenant, Rates: lim, Tokens: tokens, Lease: t.lease})
 		return t, v
 	}
 	l.mu.Lock()
@@ -401,7 +406,7 @@ func (l *Limiter) Admit(tenant string, lim Limits, tokens int64) (*Ticket, Verdi
 	var a Admission
 	var cr *carry
 	if !degraded {
-		a = Admission{Tenant: tenant, Limits: lim, Tokens: tokens, Lease: t.lease, ExtraInflight: l.inflight[tenant]}
+		a = Admission{Tenant: tenant, Rates: lim, Tokens: tokens, Lease: t.lease, ExtraInflight: l.inflight[tenant]}
 		if cr = l.carry[tenant]; cr != nil {
 			now := millis(time.Now())
 			a.CarryRPM, a.CarryTPM = math.Max(cr.r-now, 0), math.Max(cr.t-now, 0)
@@ -460,15 +465,15 @@ func (l *Limiter) admitLocal(t *Ticket) (*Ticket, Verdict) {
 	l.mu.Unlock()
 	full := t.lim
 	t.lim = share
-	v, _ := l.local.Admit(context.Background(), Admission{Tenant: t.tenant, Limits: share, Tokens: t.reserved, Lease: t.lease})
+	v, _ := l.local.Admit(context.Background(), Admission{Tenant: t.tenant, Rates: share, Tokens: t.reserved, Lease: t.lease})
 	if !v.Allowed {
 		v.Degraded, v.Replicas = true, replicas
 		switch v.Limit {
-		case LimitRPM:
+		case RPM:
 			v.Share = share.RPM
-		case LimitTPM:
+		case TPM:
 			v.Share = share.TPM
-		case LimitConcurrent:
+		case Concurrent:
 			v.Share = share.MaxConcurrent
 		}
 		return t, v
@@ -535,12 +540,12 @@ func (l *Limiter) Settle(t *Ticket, used int64) {
 		l.mu.Unlock()
 		return // nothing to move
 	}
-	s := Settlement{Tenant: t.tenant, Limits: t.lim, TokenDelta: delta, Lease: t.lease}
+	s := Settlement{Tenant: t.tenant, Rates: t.lim, TokenDelta: delta, Lease: t.lease}
 	if _, ok := l.shared.(BatchStore); !ok {
 		l.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
 		defer cancel()
-		if err := l.shared.Settle(ctx, s.Tenant, s.Limits, s.TokenDelta, s.Lease); err != nil {
+		if err := l.shared.Settle(ctx, s.Tenant, s.Rates, s.TokenDelta, s.Lease); err != nil {
 			l.setDegraded(err)
 		}
 		return
@@ -646,7 +651,7 @@ func (l *Limiter) pushCarry(ctx context.Context) error {
 	l.mu.Lock()
 	pending := l.carry
 	l.carry = map[string]*carry{}
-	lims := make(map[string]Limits, len(pending))
+	lims := make(map[string]Rates, len(pending))
 	for t := range pending {
 		lims[t] = l.limitsOf[t]
 	}
@@ -655,7 +660,7 @@ func (l *Limiter) pushCarry(ctx context.Context) error {
 	var err error
 	for tenant, cr := range pending {
 		if err == nil {
-			a := Admission{Tenant: tenant, Limits: lims[tenant], CarryOnly: true,
+			a := Admission{Tenant: tenant, Rates: lims[tenant], CarryOnly: true,
 				CarryRPM: math.Max(cr.r-now, 0), CarryTPM: math.Max(cr.t-now, 0)}
 			c, cancel := context.WithTimeout(ctx, l.timeout)
 			_, err = l.shared.Admit(c, a)

