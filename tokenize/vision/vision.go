@@ -45,8 +45,9 @@ type Rule struct {
 	tile, maxTiles, perTile int
 	// placeholder is what the chat template renders for an image part and the processor
 	// replaces; rendered is how many tokens the template's own text for one image holds.
-	placeholder string
-	rendered    int
+	placeholder  string
+	rendered     int
+	renderedText string
 }
 
 // Load reads dir's preprocessor_config.json (and, for Gemma 3 and Llama 4, processor_config.json
@@ -163,7 +164,8 @@ func parseQwen(c preprocessorJSON) (*Rule, error) {
 	}
 	// The template renders <|vision_start|><|image_pad|><|vision_end|> per image; the
 	// processor repeats <|image_pad|> once per merged patch.
-	return &Rule{Family: Qwen, factor: f, minPixels: minP, maxPixels: maxP, placeholder: "<|image_pad|>", rendered: 3}, nil
+	return &Rule{Family: Qwen, factor: f, minPixels: minP, maxPixels: maxP, placeholder: "<|image_pad|>", rendered: 3,
+		renderedText: "<|vision_start|><|image_pad|><|vision_end|>"}, nil
 }
 
 // parseGemma3: image_seq_length (256) soft tokens per image; pan and scan (extra crops per
@@ -182,7 +184,7 @@ func parseGemma3(c preprocessorJSON, p processorJSON) (*Rule, error) {
 	}
 	// The template renders <start_of_image>; Gemma3Processor replaces it with
 	// "\n\n<start_of_image>" + per × <image_soft_token> + "<end_of_image>\n\n".
-	return &Rule{Family: Gemma3, perImage: per, placeholder: "<start_of_image>", rendered: 1}, nil
+	return &Rule{Family: Gemma3, perImage: per, placeholder: "<start_of_image>", rendered: 1, renderedText: "<start_of_image>"}, nil
 }
 
 // parseLlama4: tiles of size.height (336) pixels, at most max_patches (16) of them; each tile
@@ -220,14 +222,16 @@ func parseLlama4(c preprocessorJSON, p processorJSON) (*Rule, error) {
 	if per <= 0 {
 		return nil, fmt.Errorf("%s: %d tokens per tile", ProcessorFile, per)
 	}
-	return &Rule{Family: Llama4, tile: tile, maxTiles: maxTiles, perTile: per, placeholder: "<|image|>", rendered: 1}, nil
+	return &Rule{Family: Llama4, tile: tile, maxTiles: maxTiles, perTile: per, placeholder: "<|image|>", rendered: 1, renderedText: "<|image|>"}, nil
 }
 
-// Placeholder is the text the chat template renders for each image part, which the processor
-// replaces with the image's tokens; Rendered is how many tokens the template's text for one
-// image holds (Qwen: <|vision_start|>, <|image_pad|>, <|vision_end|>).
+// Placeholder is the token the chat template renders for each image part and the processor
+// replaces with the image's tokens.
 func (r *Rule) Placeholder() string { return r.placeholder }
-func (r *Rule) Rendered() int       { return r.rendered }
+
+// Rendered is the text the template renders for one image part and how many tokens it holds
+// (Qwen: <|vision_start|><|image_pad|><|vision_end|>, 3), which Count.Total includes.
+func (r *Rule) Rendered() (string, int) { return r.renderedText, r.rendered }
 
 // Count is what one image becomes.
 type Count struct {
