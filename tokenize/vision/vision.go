@@ -34,6 +34,9 @@ const (
 // ErrNoRule: the directory has no preprocessor_config.json (a text-only model).
 var ErrNoRule = errors.New("no " + PreprocessorFile)
 
+// ErrUnsupported: the processor named has no rule here (images stay refused).
+var ErrUnsupported = errors.New("no counting rule for this image processor")
+
 // Rule is one model's image rule. Its zero value is not usable; build it with Load or Parse.
 type Rule struct {
 	Family Family
@@ -128,7 +131,7 @@ func Parse(pre, proc []byte) (*Rule, error) {
 	case "Llama4ImageProcessor":
 		return parseLlama4(c, p)
 	}
-	return nil, fmt.Errorf("%s: image_processor_type %q has no counting rule here (supported: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3, Llama 4)", PreprocessorFile, c.Type)
+	return nil, fmt.Errorf("%s: image_processor_type %q: %w (supported: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3, Llama 4)", PreprocessorFile, c.Type, ErrUnsupported)
 }
 
 // parseQwen: transformers' Qwen2VLImageProcessor defaults (patch 14, merge 2, min_pixels 56²,
