@@ -319,3 +319,5 @@ func TestResponsesAndMessagesImages(t *testing.T) {
 		t.Fatalf("remote image block: %+v", r)
 	}
 }
+
+func loadRule() (*vision.Rule, error) { return vision.Load("../tokenize/vision/testdata/qwen2_5_vl") }

@@ -228,3 +228,16 @@ func TestParseRefusals(t *testing.T) {
 		t.Errorf("no preprocessor_config.json: %v", err)
 	}
 }
+
+// BenchmarkTokens is the rule alone, for an image's size.
+func BenchmarkTokens(b *testing.B) {
+	rule, err := Load("testdata/qwen2_5_vl")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := 0; i < b.N; i++ {
+		if _, err := rule.Tokens(1024+i%512, 768); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
