@@ -122,6 +122,24 @@ func TestImagesCountedAgainstThePool(t *testing.T) {
 	if after := sim.Stats(t).Requests[chat]; after != before {
 		t.Fatalf("the engine got %d requests for prompts the gateway refused", after-before)
 	}
+	// The same image through Anthropic's Messages and OpenAI's Responses routes.
+	big := imageURL(t, "png", 2000, 2000)
+	b64 := strings.TrimPrefix(big, "data:image/png;base64,")
+	for path, body := range map[string]string{
+		"/v1/messages": `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"` +
+			b64 + `"}},{"type":"text","text":"Describe"}]}]}`,
+		"/v1/responses": `{"model":"m","max_output_tokens":1,"input":[{"role":"user","content":[{"type":"input_text","text":"Describe"},{"type":"input_image","image_url":"` +
+			big + `"}]}]}`,
+	} {
+		n := sim.Stats(t).Requests[path]
+		r := post(t, gw.URL, path, tenantKey, body)
+		if got, _ := strconv.Atoi(r.header.Get("X-Kvgate-Tokens")); r.status != 413 || got < c.Image {
+			t.Errorf("%s: %d (X-Kvgate-Tokens %d) %s, want 413 counting the image's %d", path, r.status, got, r.body, c.Image)
+		}
+		if sim.Stats(t).Requests[path] != n {
+			t.Errorf("%s: the engine was contacted", path)
+		}
+	}
 	// The engine itself would have refused the large one: the gateway's 413 is the engine's
 	// verdict, given first.
 	if r := post(t, sim.URL, chat, "", over); r.status != 400 {
