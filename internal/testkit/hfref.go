@@ -80,13 +80,19 @@ type HFReferenceResult struct {
 // HFReference runs the reference (tokenize/hf/testdata/reference.mjs) for model.
 func HFReference(t testing.TB, model string, texts []string, chats []HFChat) HFReferenceResult {
 	t.Helper()
+	return HFReferenceDir(t, HFModelDir(t, model), texts, chats)
+}
+
+// HFReferenceDir runs the reference over the model directory dir.
+func HFReferenceDir(t testing.TB, dir string, texts []string, chats []HFChat) HFReferenceResult {
+	t.Helper()
 	if texts == nil {
 		texts = []string{}
 	}
 	if chats == nil {
 		chats = []HFChat{}
 	}
-	req, err := json.Marshal(map[string]any{"dir": HFModelDir(t, model), "texts": texts, "chats": chats})
+	req, err := json.Marshal(map[string]any{"dir": dir, "texts": texts, "chats": chats})
 	if err != nil {
 		t.Fatal(err)
 	}
