@@ -51,7 +51,8 @@ bench-micro: build
 FUZZTIME ?= 15s
 FUZZ_TARGETS := tokenize:FuzzCount tokenize/bpe:FuzzCountPiece tokenize/bpe:FuzzChunkedCount tokenize/bpe:FuzzSplitter canary:FuzzScanner canary:FuzzLoose request:FuzzParseRequest request:FuzzCheckKeys \
 	reply:FuzzEventRelay reply:FuzzJSONValue gateway:FuzzHostileEngine internal/sse:FuzzParser backends:FuzzDecodeCapacity backends:FuzzTokenizeCount backends:FuzzSumField \
-	backends:FuzzSumGauge config:FuzzParse lab/enginesim/wire:FuzzParseGenerate lab/enginesim/wire:FuzzParseOpenAI lab/enginesim:FuzzRouteBodies
+	backends:FuzzSumGauge config:FuzzParse lab/enginesim/wire:FuzzParseGenerate lab/enginesim/wire:FuzzParseOpenAI lab/enginesim:FuzzRouteBodies \
+	tokenize/imagesize:FuzzRead
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
 		echo "== $$fn ($$pkg, $(FUZZTIME))"; \

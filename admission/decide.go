@@ -105,6 +105,8 @@ func (g *Counter) decideOn(prompts []request.Prompt, r *backends.Route, limit in
 				pr.Overhead = 0
 			}
 		}
+		// An image's tokens are not in the text: the processor expands it (request.CountImages).
+		pr.Overhead += p.ImageTokens
 		d := policy.Decide(context.Background(), pr, limit, &ests[i], ratio, exact)
 		if e := &ests[i]; e.complete && e.n > *estimate {
 			*estimate = e.n

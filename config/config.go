@@ -338,6 +338,11 @@ type Tokenizer struct {
 	// own tokenizer, exactly and locally (no safety ratio, no calibration, no /tokenize call), and
 	// Library, Encoding and the ratio settings are not used.
 	HFDir string `yaml:"hf_dir"`
+	// RemoteImages is what happens to an image given by an http(s) URL, which the gateway does
+	// not fetch (so cannot size): refuse (default: 400 naming the part) or count_max (counted
+	// as the largest image the model's processor makes, from its preprocessor_config.json).
+	// Images sent as base64 data are read and counted whatever this says.
+	RemoteImages RemoteImages `yaml:"remote_images"`
 	// SafetyRatio r: estimate×r must fit to admit without an exact count. Default 1.3, ≥ 1.
 	SafetyRatio float64 `yaml:"safety_ratio"`
 	// SafetyRatioMax caps how far engine reports may raise r. Default 2.0.
@@ -497,6 +502,8 @@ type (
 	Mode string
 	// MetricsAuth is server.metrics_auth.
 	MetricsAuth string
+	// RemoteImages is tokenizer.remote_images.
+	RemoteImages string
 	// Library is tokenizer.library.
 	Library string
 	// RedisMode is state.redis_mode.
@@ -517,6 +524,9 @@ const (
 	LibraryPkoukk     Library = "pkoukk"
 	// LibraryKvgate is kvgate's own counting-only BPE (tokenize/bpe) over the same vocabularies.
 	LibraryKvgate Library = "kvgate"
+
+	RemoteImagesRefuse   RemoteImages = "refuse"
+	RemoteImagesCountMax RemoteImages = "count_max"
 
 	RedisStandalone RedisMode = "standalone"
 	RedisSentinel   RedisMode = "sentinel"
@@ -573,6 +583,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Policy.OverflowStatus == 0 {
 		c.Policy.OverflowStatus = 413
+	}
+	if c.Tokenizer.RemoteImages == "" {
+		c.Tokenizer.RemoteImages = RemoteImagesRefuse
 	}
 	if c.Tokenizer.Library == "" {
 		c.Tokenizer.Library = LibraryTiktokenGo
@@ -802,6 +815,7 @@ func (c *Config) Validate() error {
 	if err := CheckHFDir(c.Tokenizer.HFDir); err != nil {
 		bad("tokenizer.hf_dir", "%v", err)
 	}
+	oneOf("tokenizer.remote_images", string(c.Tokenizer.RemoteImages), string(RemoteImagesRefuse), string(RemoteImagesCountMax))
 	oneOf("tokenizer.encoding", c.Tokenizer.Encoding, "cl100k_base", "o200k_base")
 	if c.Tokenizer.SafetyRatio < 1 {
 		bad("tokenizer.safety_ratio", "must be ≥ 1, got %v", c.Tokenizer.SafetyRatio)
@@ -965,6 +979,9 @@ func (c *Config) validateModels(bad func(field, format string, args ...any)) {
 			}
 			if err := CheckHFDir(t.HFDir); err != nil {
 				bad(f+".tokenizer.hf_dir", "%v", err)
+			}
+			if t.RemoteImages != RemoteImagesRefuse && t.RemoteImages != RemoteImagesCountMax {
+				bad(f+".tokenizer.remote_images", "must be %s or %s, got %q", RemoteImagesRefuse, RemoteImagesCountMax, t.RemoteImages)
 			}
 			if t.Encoding != "cl100k_base" && t.Encoding != "o200k_base" {
 				bad(f+".tokenizer.encoding", "must be cl100k_base or o200k_base, got %q", t.Encoding)

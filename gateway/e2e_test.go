@@ -241,7 +241,7 @@ func TestBadInputsAreRefusedAndNeverReachTheEngine(t *testing.T) {
 		{"bad utf-8", "/generate", tenantKey, "{\"text\":\"\xff\xfe\"}", 400, "invalid_request", ""},
 		{"missing messages", "/v1/chat/completions", tenantKey, `{"model":"sim"}`, 400, "invalid_request", "messages"},
 		{"empty messages", "/v1/chat/completions", tenantKey, `{"messages":[]}`, 400, "invalid_request", "messages"},
-		{"image part", "/v1/chat/completions", tenantKey, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x"}}]}]}`, 400, "invalid_request", "messages[0].content"},
+		{"image part", "/v1/chat/completions", tenantKey, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x"}}]}]}`, 400, "invalid_request", "messages[0].content[0].image_url"},
 		{"image_data", "/generate", tenantKey, `{"text":"x","image_data":"abc"}`, 400, "invalid_request", "image_data"},
 		{"bootstrap_room", "/generate", tenantKey, `{"text":"x","bootstrap_room":5}`, 400, "invalid_request", "bootstrap_room"},
 		{"bootstrap_host", "/v1/chat/completions", tenantKey, `{"messages":[{"role":"user","content":"x"}],"bootstrap_host":"10.0.0.1"}`, 400, "invalid_request", "bootstrap_host"},

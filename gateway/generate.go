@@ -172,6 +172,9 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 			return e
 		}
 	}
+	if e := req.CountImages(models.imageRule(x.servedModel), models.remoteAtMax[x.servedModel]); e != nil {
+		return e
+	}
 	output := req.Output
 	if !req.OutputGiven {
 		output = g.pol().DefaultMaxTokens * max(req.N, 1)

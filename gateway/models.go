@@ -7,6 +7,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -22,6 +23,7 @@ import (
 	"github.com/kvgate/kvgate/request"
 	"github.com/kvgate/kvgate/tokenize"
 	"github.com/kvgate/kvgate/tokenize/hf"
+	"github.com/kvgate/kvgate/tokenize/vision"
 )
 
 type modelTable struct {
@@ -35,8 +37,15 @@ type modelTable struct {
 	// templates: with a tokenizer.hf_dir, the model's own chat template renders its chat prompts
 	// (nil: the generic render).
 	templates map[string]request.ChatTemplate
-	aliases   map[string][]string // name → its aliases, for /v1/models
+	// images: the model's image rule, from preprocessor_config.json in its tokenizer.hf_dir
+	// (nil: images are refused); remoteAtMax: tokenizer.remote_images is count_max.
+	images      map[string]*vision.Rule
+	remoteAtMax map[string]bool
+	aliases     map[string][]string // name → its aliases, for /v1/models
 }
+
+// imageRule is model's image rule, or nil.
+func (t *modelTable) imageRule(model string) *vision.Rule { return t.images[model] }
 
 // template is model's chat template, or nil.
 func (t *modelTable) template(model string) request.ChatTemplate { return t.templates[model] }
@@ -49,7 +58,8 @@ func (g *Gateway) pol() *config.Policy { return g.policy.Load() }
 
 func newModelTable(cfg *config.Config, set *backends.Set, ratio *tokenize.SafetyRatio, m *metrics, log *zap.Logger) (*modelTable, error) {
 	t := &modelTable{multi: cfg.MultiModel(), ids: map[string]string{}, counters: map[string]*admission.Counter{},
-		templates: map[string]request.ChatTemplate{}, aliases: map[string][]string{}}
+		templates: map[string]request.ChatTemplate{}, aliases: map[string][]string{},
+		images: map[string]*vision.Rule{}, remoteAtMax: map[string]bool{}}
 	names := []string{""}
 	if t.multi {
 		names = cfg.ModelNames()
@@ -79,6 +89,17 @@ func newModelTable(cfg *config.Config, set *backends.Set, ratio *tokenize.Safety
 			}
 			enc, encodeAdds = hfTok, hfTok.EncodeAdds
 			t.templates[name] = hfTok
+			rule, err := vision.Load(tk.HFDir)
+			switch {
+			case err == nil:
+				t.images[name] = rule
+				t.remoteAtMax[name] = tk.RemoteImages == config.RemoteImagesCountMax
+			case errors.Is(err, vision.ErrNoRule):
+			case errors.Is(err, vision.ErrUnsupported):
+				log.Warn("image parts will be refused for this model", zap.String("model", name), zap.Error(err))
+			default:
+				return nil, fmt.Errorf("tokenizer.hf_dir (model %q): %w", name, err)
+			}
 		} else if enc, err = tokenize.NewEncoder(string(tk.Library), tk.Encoding); err != nil {
 			return nil, fmt.Errorf("building tokenizer (model %q): %w", name, err)
 		}

@@ -84,6 +84,8 @@ type Prompt struct {
 	// Templated: Text is the served model's own chat template rendering (RenderTemplate), which
 	// holds every special token the engine counts.
 	Templated bool
+	// ImageTokens is what the prompt's images add to its count beyond Text (CountImages).
+	ImageTokens int
 }
 
 // Request is a parsed, sanitized generation request.
@@ -130,6 +132,12 @@ type Request struct {
 	StoredContext string
 	// rerank / score: the query+document texts, one prompt each
 	pairTexts []string
+
+	// Images are the request's image parts in order (read at parse, charged by CountImages);
+	// turnParts holds a Responses or Messages turn's content as a template that takes parts
+	// receives it (nil for a turn without images).
+	Images    []Image
+	turnParts [][]any
 }
 
 // Parse validates body for kind. Errors are client errors (400) naming the field. The request
@@ -324,10 +332,11 @@ func (r *Request) parseChat() *apierr.Error {
 		if !decodeString(m["role"], &role) || role == "" {
 			return apierr.BadRequest(fmt.Sprintf("messages[%d].role", i), "Each message needs a string 'role'.")
 		}
-		text, err := messageText(m["content"])
-		if err != nil {
-			return apierr.BadRequest(fmt.Sprintf("messages[%d].content", i), err.Error())
+		text, imgs, e := chatContent(fmt.Sprintf("messages[%d].content", i), m["content"])
+		if e != nil {
+			return e
 		}
+		r.Images = append(r.Images, imgs...)
 		r.contents = append(r.contents, text)
 		r.msgText = append(r.msgText, text+renderedExtras(m))
 		var name string
@@ -433,67 +442,14 @@ func renderedExtras(m map[string]json.RawMessage) string {
 	return b.String()
 }
 
-// messageText extracts the text of a message content: a string, null, or an array of text parts.
-// Image and audio parts are refused: the byte bound cannot speak for them.
+// messageText extracts the text of a message content: a string, null, or an array of text and
+// image parts (chatContent; images carry no text).
 func messageText(raw json.RawMessage) (string, error) {
-	if len(raw) == 0 || isNull(raw) {
-		return "", nil
+	text, _, e := chatContent("content", raw)
+	if e != nil {
+		return "", fmt.Errorf("%s", e.Message)
 	}
-	var s string
-	if decodeString(raw, &s) {
-		return s, nil
-	}
-	// Parts are read as maps, not structs: struct decoding matches keys case-insensitively
-	// ("TEXT" would fill Text), and the engine reads only the exact names.
-	var raws []map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &raws); err != nil {
-		return "", fmt.Errorf("'content' must be a string or an array of text parts")
-	}
-	parts := make([]struct {
-		Type string
-		Text *string
-	}, len(raws))
-	for i, m := range raws {
-		if m == nil {
-			return "", fmt.Errorf("content part %d must be an object", i)
-		}
-		if json.Unmarshal(m["type"], &parts[i].Type) != nil {
-			return "", fmt.Errorf("content part %d needs a string 'type'", i)
-		}
-		if parts[i].Type != "text" {
-			continue // refused below by type
-		}
-		for k := range m {
-			if k != "type" && k != "text" {
-				return "", fmt.Errorf("content part %d: unsupported key %q (a text part has exactly 'type' and 'text', case-sensitive)", i, k)
-			}
-		}
-		if t, ok := m["text"]; ok && !isNull(t) {
-			var s string
-			if json.Unmarshal(t, &s) != nil {
-				return "", fmt.Errorf("content part %d: 'text' must be a string", i)
-			}
-			parts[i].Text = &s
-		}
-	}
-	var b strings.Builder
-	for i, p := range parts {
-		switch p.Type {
-		case "text":
-			if p.Text == nil {
-				return "", fmt.Errorf("a text part needs 'text'")
-			}
-			if i > 0 {
-				b.WriteByte(' ') // engines may join parts with a separator: count one
-			}
-			b.WriteString(*p.Text)
-		case "image_url", "input_image", "image", "input_audio", "audio", "video_url", "file":
-			return "", fmt.Errorf("content parts of type %q are not supported: this gateway accepts text only", p.Type)
-		default:
-			return "", fmt.Errorf("unknown content part type %q", p.Type)
-		}
-	}
-	return b.String(), nil
+	return text, nil
 }
 
 // idsOrTexts parses a prompt field that may be a string, a list of strings, a list of token ids

@@ -18,8 +18,14 @@ func FuzzParseRequest(f *testing.F) {
 		`{"text":"x","rid":"y"}`,
 		"{\"text\":\"\xff\"}",
 		`[]`, `null`, `{}`, `{"messages":[{}]}`,
+		`{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"data:image/gif;base64,R0lGODlhIAAQAAAAACw="}}]}]}`,
+		`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://x/y.png","detail":"low"}}]}]}`,
 	} {
 		f.Add(s)
+	}
+	rule, err := loadRule()
+	if err != nil {
+		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, body string) {
 		for _, kind := range []Kind{Chat, Completions, Generate} {
@@ -33,6 +39,14 @@ func FuzzParseRequest(f *testing.F) {
 			r.Render()
 			if len(r.Prompts) == 0 {
 				t.Fatalf("parsed %q with no prompt", body)
+			}
+			// Images: a 400 naming one, or every image charged (never a zero count).
+			if e := r.CountImages(rule, true); e != nil {
+				if e.Status != 400 || e.Param == "" {
+					t.Fatalf("bad image error for %q: %+v", body, e)
+				}
+			} else if len(r.Images) > 0 && r.Prompts[0].ImageTokens < len(r.Images) {
+				t.Fatalf("%d images charged %d tokens: %q", len(r.Images), r.Prompts[0].ImageTokens, body)
 			}
 			var out map[string]json.RawMessage
 			if err := json.Unmarshal(mustJSON(r.Fields), &out); err != nil {

@@ -163,9 +163,17 @@ func (r *Request) parseResponses() *apierr.Error {
 			return apierr.BadRequest("input", "'input' must be a string or a non-empty list of input items.")
 		}
 		for i, it := range items {
+			field := fmt.Sprintf("input[%d]", i)
+			if imgs, parts, e := responsesImages(field, it); e != nil {
+				return e
+			} else if parts != nil {
+				r.addTurnParts(len(r.turns), parts)
+				r.Images = append(r.Images, imgs...)
+				it = textOnly(it, "input_image")
+			}
 			m, e := responsesItem(it)
 			if e != "" {
-				return apierr.BadRequest(fmt.Sprintf("input[%d]", i), e)
+				return apierr.BadRequest(field, e)
 			}
 			r.turns = append(r.turns, m)
 		}
@@ -272,7 +280,15 @@ func (r *Request) parseMessages() *apierr.Error {
 				return apierr.BadRequest(fmt.Sprintf("messages.%d.%s", i, k), fmt.Sprintf("Unsupported message field %q.", k))
 			}
 		}
-		text, e := anthropicContent(m["content"])
+		content := m["content"]
+		if imgs, parts, e := anthropicImages(fmt.Sprintf("messages.%d.content", i), content); e != nil {
+			return e
+		} else if parts != nil {
+			r.addTurnParts(len(r.turns), parts)
+			r.Images = append(r.Images, imgs...)
+			content = textOnly(map[string]json.RawMessage{"content": content}, "image")["content"]
+		}
+		text, e := anthropicContent(content)
 		if e != "" {
 			return apierr.BadRequest(fmt.Sprintf("messages.%d.content", i), e)
 		}

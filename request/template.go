@@ -14,6 +14,13 @@ type ChatTemplate interface {
 	Render(messages, tools json.RawMessage, addGenerationPrompt bool, kwargs json.RawMessage) (string, error)
 }
 
+// partsTemplate is a ChatTemplate that takes a message's content as a list of parts (SGLang's
+// "openai" content format): engines hand it text parts as sent and each image as
+// {"type": "image"}, which it renders as the model's image placeholder.
+type partsTemplate interface {
+	RendersParts() bool
+}
+
 // RenderTemplate replaces the ChatML rendering of a chat, Responses or Messages request with
 // tmpl's (call it after Render, which it leaves alone for other kinds): the prompt is then the
 // text the engine tokenizes, so a count of it is the engine's. Messages reach the template as an
@@ -27,6 +34,8 @@ func (r *Request) RenderTemplate(tmpl ChatTemplate) *apierr.Error {
 	var msgs []map[string]any
 	var tools, kwargs json.RawMessage
 	addGen := true
+	pt, ok := tmpl.(partsTemplate)
+	parts := ok && pt.RendersParts()
 	switch r.Kind {
 	case Chat:
 		for _, m := range r.messages {
@@ -37,6 +46,9 @@ func (r *Request) RenderTemplate(tmpl ChatTemplate) *apierr.Error {
 			text, _ := messageText(m["content"]) // validated at parse
 			if raw, ok := m["content"]; ok && !isNull(raw) {
 				out["content"] = text
+				if c := bytes.TrimSpace(raw); parts && len(c) > 0 && c[0] == '[' {
+					out["content"] = templateParts(raw)
+				}
 			}
 			if raw, ok := m["tool_calls"]; ok && !isNull(raw) {
 				out["tool_calls"] = decodedArguments(raw)
@@ -59,8 +71,12 @@ func (r *Request) RenderTemplate(tmpl ChatTemplate) *apierr.Error {
 		if r.hasSystem {
 			msgs = append(msgs, map[string]any{"role": "system", "content": r.system})
 		}
-		for _, t := range r.turns {
-			msgs = append(msgs, map[string]any{"role": t.Role, "content": t.Content})
+		for i, t := range r.turns {
+			var content any = t.Content
+			if parts && i < len(r.turnParts) && r.turnParts[i] != nil {
+				content = r.turnParts[i]
+			}
+			msgs = append(msgs, map[string]any{"role": t.Role, "content": content})
 		}
 		tools = r.Fields["tools"]
 	default:

@@ -39,9 +39,10 @@ func TestProductLinksNoLab(t *testing.T) {
 	}
 }
 
-// The simulator shares no gateway code: of the product's packages it links only the library
-// that reads a model's tokenizer files (tokenize/hf on tokenize/bpe), for --tokenizer hf:DIR, as
-// an engine serving that model reads the same files.
+// The simulator shares no gateway code: of the product's packages it links only the leaf
+// libraries that read a model's files as an engine serving it reads them: its tokenizer
+// (tokenize/hf on tokenize/bpe), for --tokenizer hf:DIR, and its image processor's rule with
+// the image headers it is applied to (tokenize/vision, tokenize/imagesize).
 func TestSimulatorSharesOnlyTheTokenizerLibrary(t *testing.T) {
 	out := goList(t, "-deps", "./lab/enginesim/...")
 	if !strings.Contains(out, "github.com/kvgate/kvgate/lab/enginesim") {
@@ -49,7 +50,8 @@ func TestSimulatorSharesOnlyTheTokenizerLibrary(t *testing.T) {
 	}
 	for _, d := range strings.Fields(out) {
 		p, ok := strings.CutPrefix(d, "github.com/kvgate/kvgate/")
-		if !ok || strings.HasPrefix(p, "lab/") || p == "tokenize/hf" || p == "tokenize/bpe" {
+		if !ok || strings.HasPrefix(p, "lab/") || p == "tokenize/hf" || p == "tokenize/bpe" ||
+			p == "tokenize/vision" || p == "tokenize/imagesize" {
 			continue
 		}
 		t.Errorf("the simulator links %s", d)

@@ -15,6 +15,7 @@ import (
 	"github.com/kvgate/kvgate/lab/enginesim/kvmodel"
 	"github.com/kvgate/kvgate/lab/enginesim/pdxfer"
 	"github.com/kvgate/kvgate/lab/enginesim/wire"
+	"github.com/kvgate/kvgate/tokenize/vision"
 	"github.com/valyala/fasthttp"
 )
 
@@ -109,7 +110,18 @@ func New(cfg Config) (*Server, error) {
 	s.cond = sync.NewCond(&s.mu)
 	s.env = wire.Env{NewRID: s.newRID, NoteSalts: s.noteSalts}
 	if h, ok := base.(*kvmodel.HFTokenizer); ok {
-		s.env.RenderChat = renderChat(h)
+		// A model with an image processor takes chat image parts, charged as its processor
+		// expands them; without one they are refused, as a text-only engine refuses them.
+		rule, err := vision.Load(h.Dir)
+		switch {
+		case err == nil:
+			s.env.Images = true
+		case errors.Is(err, vision.ErrNoRule), errors.Is(err, vision.ErrUnsupported):
+			rule = nil
+		default:
+			return nil, err
+		}
+		s.env.RenderChat = renderChat(h, rule)
 	}
 	s.srv = &fasthttp.Server{
 		Handler:            s.Handler(),

@@ -74,13 +74,19 @@ type Result struct {
 // Reference runs the reference (tokenize/hf/testdata/reference.mjs) for model.
 func Reference(t testing.TB, model string, texts []string, chats []Chat) Result {
 	t.Helper()
+	return ReferenceDir(t, ModelDir(t, model), texts, chats)
+}
+
+// ReferenceDir runs the reference over the model directory dir.
+func ReferenceDir(t testing.TB, dir string, texts []string, chats []Chat) Result {
+	t.Helper()
 	if texts == nil {
 		texts = []string{}
 	}
 	if chats == nil {
 		chats = []Chat{}
 	}
-	req, err := json.Marshal(map[string]any{"dir": ModelDir(t, model), "texts": texts, "chats": chats})
+	req, err := json.Marshal(map[string]any{"dir": dir, "texts": texts, "chats": chats})
 	if err != nil {
 		t.Fatal(err)
 	}

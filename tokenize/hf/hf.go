@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 
 	"github.com/ardanlabs/jinja"
@@ -42,7 +43,20 @@ type Tokenizer struct {
 	// add_special_tokens (what an engine does with a /generate or completions text prompt; a
 	// rendered chat template is encoded without them).
 	EncodeAdds int
+	// parts: the template loops over a message's content, so engines hand it content as a list
+	// of parts (RendersParts).
+	parts bool
 }
+
+// contentLoop finds a template's loop over a message's content ({% for c in message['content'] %}
+// or message.content): SGLang's (and vLLM's) detect_jinja_template_content_format reads such a
+// template as the "openai" content format and hands it content parts as a list (images as
+// {"type": "image"}); every other template gets the text parts joined with a space.
+var contentLoop = regexp.MustCompile(`\{%-?\s*for\s+\w+\s+in\s+\w+\s*(\.\s*content\b|\[\s*['"]content['"]\s*\])`)
+
+// RendersParts says the chat template takes a message's content as a list of parts (the engine's
+// "openai" content format), which is how it renders an image's placeholder.
+func (t *Tokenizer) RendersParts() bool { return t.parts }
 
 type tokenizerJSON struct {
 	AddedTokens []struct {
@@ -407,6 +421,7 @@ func (t *Tokenizer) loadConfig(raw []byte) error {
 		return fmt.Errorf("%s: chat_template: %w", ConfigFile, err)
 	}
 	t.template = tmpl
+	t.parts = contentLoop.MatchString(source)
 	return nil
 }
 

@@ -32,7 +32,7 @@ func NewTokenizer(name string) (Tokenizer, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &HFTokenizer{name: name, T: t}, nil
+		return &HFTokenizer{name: name, Dir: dir, T: t}, nil
 	}
 	switch name {
 	case "cl100k", "cl100k_base":
@@ -97,6 +97,7 @@ func (t cl100kTok) Encode(text string) ([]uint32, []string) {
 // model's chat template.
 type HFTokenizer struct {
 	name string
+	Dir  string // the model directory (its preprocessor_config.json gives the image rule)
 	T    *hf.Tokenizer
 }
 

@@ -105,6 +105,8 @@ type Env struct {
 	// RenderChat, when set, renders a chat completions body with the model's own chat
 	// template (--tokenizer hf:DIR) instead of ChatML.
 	RenderChat func(body []byte) (string, error)
+	// Images: chat image_url parts are accepted (RenderChat charges them); otherwise refused.
+	Images bool
 }
 
 // NoteSalt decodes a salt field (a string or a list of strings) and hands

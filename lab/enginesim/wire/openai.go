@@ -83,7 +83,7 @@ func RenderChatML(roles, contents []string) string {
 	return b.String()
 }
 
-func messageText(raw json.RawMessage) (string, error) {
+func messageText(raw json.RawMessage, images bool) (string, error) {
 	if IsNull(raw) {
 		return "", nil
 	}
@@ -103,6 +103,9 @@ func messageText(raw json.RawMessage) (string, error) {
 	}
 	var b strings.Builder
 	for _, p := range parts {
+		if images && p.Type == "image_url" {
+			continue // no text; the model's template and processor render it
+		}
 		if p.Type != "text" || p.Text == nil {
 			return "", Badf("messages[].content: only text parts are supported, got %q", p.Type)
 		}
@@ -133,7 +136,7 @@ func ParseOpenAI(env Env, r Route, body []byte) (*OpenAIReq, []*Item, []int, err
 			if m.Role == "" {
 				return nil, nil, nil, Badf("messages[%d].role is required", i)
 			}
-			t, err := messageText(m.Content)
+			t, err := messageText(m.Content, env.Images)
 			if err != nil {
 				return nil, nil, nil, err
 			}

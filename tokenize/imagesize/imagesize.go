@@ -1,0 +1,268 @@
+// Package imagesize reads an image's width and height from the first bytes of its file (PNG,
+// JPEG, WebP, GIF) without decoding a pixel, so a client's image can be counted against the
+// pool before any engine sees it. It reads only headers: a PNG's IHDR (CRC checked), a JPEG's
+// first frame header (SOFn, after any APPn, DQT, DHT or COM segments), a WebP's VP8, VP8L or
+// VP8X chunk, a GIF's logical screen. Anything else, a header cut short, or dimensions no
+// engine would decode is an error, never a zero size. It is a leaf library: it imports nothing
+// of kvgate, so the engine simulator may use it too, and it never allocates in proportion to
+// its input.
+package imagesize
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"strings"
+)
+
+// Format names an image file format.
+type Format string
+
+const (
+	PNG  Format = "png"
+	JPEG Format = "jpeg"
+	WebP Format = "webp"
+	GIF  Format = "gif"
+)
+
+// Size is an image's format and its dimensions in pixels, as the file's header states them
+// (what Pillow reports as Image.size, and what engines resize from).
+type Size struct {
+	Format        Format
+	Width, Height int
+}
+
+// MaxPixels is the largest image accepted: twice Pillow's MAX_IMAGE_PIXELS (89,478,485), the
+// size above which Pillow refuses to open an image (DecompressionBombError), so no engine
+// built on it decodes one.
+const MaxPixels = 2 * 89_478_485
+
+// MaxHeaderBytes bounds how far into a file the header is looked for: a JPEG's frame header
+// may follow large metadata segments (EXIF with a thumbnail, ICC profiles, XMP), each at most
+// 64 KiB.
+const MaxHeaderBytes = 1 << 20
+
+var (
+	// ErrUnknownFormat: the bytes start like none of the supported formats.
+	ErrUnknownFormat = errors.New("not a PNG, JPEG, WebP or GIF image")
+	// ErrTruncated: the file ends before its dimensions.
+	ErrTruncated = errors.New("the image ends before its header does")
+)
+
+// Read returns the size stated by the header at the start of b (b may be only a prefix of the
+// file: it needs the header, not the pixels).
+func Read(b []byte) (Size, error) {
+	var s Size
+	var err error
+	switch {
+	case len(b) >= 8 && string(b[:8]) == "\x89PNG\r\n\x1a\n":
+		s, err = readPNG(b)
+	case len(b) >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF:
+		s, err = readJPEG(b)
+	case len(b) >= 12 && string(b[:4]) == "RIFF" && string(b[8:12]) == "WEBP":
+		s, err = readWebP(b)
+	case len(b) >= 6 && (string(b[:6]) == "GIF87a" || string(b[:6]) == "GIF89a"):
+		s, err = readGIF(b)
+	case len(b) < 12:
+		return Size{}, ErrTruncated
+	default:
+		return Size{}, ErrUnknownFormat
+	}
+	if err != nil {
+		return Size{}, err
+	}
+	if s.Width <= 0 || s.Height <= 0 {
+		return Size{}, fmt.Errorf("%s header states %d×%d pixels", s.Format, s.Width, s.Height)
+	}
+	if int64(s.Width)*int64(s.Height) > MaxPixels {
+		return Size{}, fmt.Errorf("%s header states %d×%d pixels, more than %d", s.Format, s.Width, s.Height, MaxPixels)
+	}
+	return s, nil
+}
+
+// readPNG reads the IHDR chunk, which must come first (PNG spec 5.6), and checks its CRC.
+func readPNG(b []byte) (Size, error) {
+	if len(b) < 33 {
+		return Size{}, ErrTruncated
+	}
+	if binary.BigEndian.Uint32(b[8:12]) != 13 || string(b[12:16]) != "IHDR" {
+		return Size{}, errors.New("png: the first chunk is not a 13-byte IHDR")
+	}
+	if crc32.ChecksumIEEE(b[12:29]) != binary.BigEndian.Uint32(b[29:33]) {
+		return Size{}, errors.New("png: IHDR checksum mismatch")
+	}
+	w, h := binary.BigEndian.Uint32(b[16:20]), binary.BigEndian.Uint32(b[20:24])
+	if w > 1<<31-1 || h > 1<<31-1 { // the spec's limit
+		return Size{}, errors.New("png: dimension over 2^31-1")
+	}
+	return Size{Format: PNG, Width: int(w), Height: int(h)}, nil
+}
+
+// readJPEG walks the marker segments from SOI to the first frame header (SOF0–SOF15 except
+// DHT C4, JPG C8 and DAC CC), whose height and width are the image's. A scan (SOS) or the end
+// (EOI) before any frame header is malformed.
+func readJPEG(b []byte) (Size, error) {
+	i := 2
+	for {
+		// Markers may be preceded by any number of 0xFF fill bytes (T.81 B.1.1.2).
+		if i >= len(b) {
+			return Size{}, ErrTruncated
+		}
+		if b[i] != 0xFF {
+			return Size{}, fmt.Errorf("jpeg: expected a marker at byte %d", i)
+		}
+		for i < len(b) && b[i] == 0xFF {
+			i++
+		}
+		if i >= len(b) {
+			return Size{}, ErrTruncated
+		}
+		m := b[i]
+		i++
+		switch {
+		case m == 0xD8 || m == 0x01 || m >= 0xD0 && m <= 0xD7:
+			continue // SOI, TEM, RSTn: no length
+		case m == 0xD9 || m == 0xDA:
+			return Size{}, errors.New("jpeg: no frame header before the scan data")
+		case m == 0x00:
+			return Size{}, fmt.Errorf("jpeg: stuffed byte where a marker belongs (byte %d)", i-1)
+		}
+		if i+2 > len(b) {
+			return Size{}, ErrTruncated
+		}
+		n := int(binary.BigEndian.Uint16(b[i : i+2]))
+		if n < 2 {
+			return Size{}, fmt.Errorf("jpeg: segment length %d", n)
+		}
+		if m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC {
+			// SOFn: length, precision, height, width, components.
+			if n < 8 {
+				return Size{}, fmt.Errorf("jpeg: frame header length %d", n)
+			}
+			if i+7 > len(b) {
+				return Size{}, ErrTruncated
+			}
+			h := int(binary.BigEndian.Uint16(b[i+3 : i+5]))
+			w := int(binary.BigEndian.Uint16(b[i+5 : i+7]))
+			// Height 0 defers it to a DNL segment after the first scan: engines' decoders
+			// (Pillow's libjpeg) refuse it, and so is it refused here (Read's check).
+			return Size{Format: JPEG, Width: w, Height: h}, nil
+		}
+		i += n
+	}
+}
+
+// readWebP reads the first chunk of a RIFF WEBP file: VP8 (lossy; the key frame's 14-bit
+// dimensions), VP8L (lossless; 14-bit dimensions minus one) or VP8X (extended; the 24-bit
+// canvas dimensions minus one, what decoders report for animations and alpha images).
+func readWebP(b []byte) (Size, error) {
+	if len(b) < 20 {
+		return Size{}, ErrTruncated
+	}
+	chunk := string(b[12:16])
+	size := binary.LittleEndian.Uint32(b[16:20])
+	p := b[20:]
+	switch chunk {
+	case "VP8 ":
+		// Frame tag (3 bytes; bit 0 clear on a key frame), start code 9D 01 2A, then width and
+		// height, 14 bits each (the top 2 bits are a scale the decoder does not apply).
+		if size < 10 {
+			return Size{}, fmt.Errorf("webp: VP8 chunk of %d bytes", size)
+		}
+		if len(p) < 10 {
+			return Size{}, ErrTruncated
+		}
+		if p[0]&1 != 0 {
+			return Size{}, errors.New("webp: VP8 bitstream does not start with a key frame")
+		}
+		if p[3] != 0x9D || p[4] != 0x01 || p[5] != 0x2A {
+			return Size{}, errors.New("webp: VP8 start code missing")
+		}
+		w := int(binary.LittleEndian.Uint16(p[6:8]) & 0x3FFF)
+		h := int(binary.LittleEndian.Uint16(p[8:10]) & 0x3FFF)
+		return Size{Format: WebP, Width: w, Height: h}, nil
+	case "VP8L":
+		if size < 5 {
+			return Size{}, fmt.Errorf("webp: VP8L chunk of %d bytes", size)
+		}
+		if len(p) < 5 {
+			return Size{}, ErrTruncated
+		}
+		if p[0] != 0x2F {
+			return Size{}, errors.New("webp: VP8L signature missing")
+		}
+		bits := binary.LittleEndian.Uint32(p[1:5])
+		if bits>>29 != 0 {
+			return Size{}, errors.New("webp: VP8L version is not 0")
+		}
+		w := int(bits&0x3FFF) + 1
+		h := int(bits>>14&0x3FFF) + 1
+		return Size{Format: WebP, Width: w, Height: h}, nil
+	case "VP8X":
+		if size < 10 {
+			return Size{}, fmt.Errorf("webp: VP8X chunk of %d bytes", size)
+		}
+		if len(p) < 10 {
+			return Size{}, ErrTruncated
+		}
+		w := int(uint32(p[4])|uint32(p[5])<<8|uint32(p[6])<<16) + 1
+		h := int(uint32(p[7])|uint32(p[8])<<8|uint32(p[9])<<16) + 1
+		return Size{Format: WebP, Width: w, Height: h}, nil
+	}
+	return Size{}, fmt.Errorf("webp: unknown first chunk %q", chunk)
+}
+
+// readGIF reads the logical screen descriptor (Pillow's size for a GIF, every frame inside it).
+func readGIF(b []byte) (Size, error) {
+	if len(b) < 10 {
+		return Size{}, ErrTruncated
+	}
+	w := int(binary.LittleEndian.Uint16(b[6:8]))
+	h := int(binary.LittleEndian.Uint16(b[8:10]))
+	return Size{Format: GIF, Width: w, Height: h}, nil
+}
+
+// ReadBase64 decodes base64 text (standard alphabet, padding optional, line breaks ignored as
+// Python's decoder ignores them) just far enough to read the image's header, then checks that
+// the rest decodes too, without keeping it: memory stays bounded whatever the length, and text
+// that is not base64 is an error, as it would be for the engine.
+func ReadBase64(data string) (Size, error) {
+	data = strings.TrimRight(data, "=\r\n")
+	dec := base64.NewDecoder(base64.RawStdEncoding, strings.NewReader(data))
+	var buf [4096]byte
+	head := make([]byte, 0, 64)
+	var size Size
+	found := false
+	for {
+		n, err := dec.Read(buf[:])
+		if !found && len(head) < MaxHeaderBytes {
+			head = append(head, buf[:min(n, MaxHeaderBytes-len(head))]...)
+			s, rerr := Read(head)
+			switch {
+			case rerr == nil:
+				size, found = s, true
+			case !errors.Is(rerr, ErrTruncated):
+				return Size{}, rerr
+			}
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return Size{}, fmt.Errorf("base64: %v", err)
+		}
+		if !found && len(head) >= MaxHeaderBytes {
+			return Size{}, fmt.Errorf("no image dimensions in the first %d bytes", MaxHeaderBytes)
+		}
+	}
+	if !found {
+		if len(head) == 0 {
+			return Size{}, errors.New("the image is empty")
+		}
+		return Size{}, ErrTruncated
+	}
+	return size, nil
+}
