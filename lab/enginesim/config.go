@@ -35,6 +35,10 @@ type Config struct {
 	Fix             string        // see the Fix constants; default none
 	Seed            uint64        // seeds the model and the random allocator
 	TokenDelay      time.Duration // sleep between generated tokens; default 0
+	// FillContext: an OpenAI request that names no max_tokens generates until the context is
+	// full, as SGLang's scheduler does (context − prompt − 1 tokens), instead of
+	// wire.DefaultOpenAIMaxTokens.
+	FillContext bool
 	TransferTimeout time.Duration // how long decode waits for a room's KV; default 5 s
 	Model           string        // served model name; any requested name is accepted; default "sim"
 	APIKey          string        // when set, every call needs "Authorization: Bearer KEY"
