@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/admin/ui"
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // from is a client whose connections leave from the loopback address ip (127.0.0.0/8 binds

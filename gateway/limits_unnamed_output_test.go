@@ -7,7 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/testkit"
+	"github.com/kvgate/kvgate/tests/procs"
+	"github.com/kvgate/kvgate/tests/testkit"
 )
 
 // Issue 31: with no max_tokens and the shipped policy.default_max_tokens: 0, a request reserved
@@ -17,7 +18,7 @@ import (
 // limit, plus the refill while it ran, plus one request.
 func TestBurstWithoutMaxTokensSettlesWithinTPM(t *testing.T) {
 	const ctxLen, tpm, burst = 1024, 3000, 12
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", fmt.Sprint(ctxLen), "--fill-context")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", fmt.Sprint(ctxLen), "--fill-context")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, limitsYAML("", "", fmt.Sprintf("tpm: %d", tpm), "", sim.URL)))
 	start := time.Now()
 	var mu sync.Mutex
@@ -66,7 +67,7 @@ func TestBurstWithoutMaxTokensSettlesWithinTPM(t *testing.T) {
 // length: it could settle more than the whole limit. The 429 says why and how to fix it, and the
 // engine is not called.
 func TestNoMaxTokensOverTPMIsRefusedUpFront(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--fill-context")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--fill-context")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, limitsYAML("", "", "tpm: 3000", "", sim.URL)))
 	before := sim.Stats(t).Requests["/v1/chat/completions"]
 	r := post(t, gw.URL, "/v1/chat/completions", tenantKey, `{"model":"sim","messages":[{"role":"user","content":"hello"}]}`)

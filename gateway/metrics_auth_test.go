@@ -41,7 +41,7 @@ server: {metrics_auth: admin}
 // gets 401 and no series. With no key configured at all the 401 says what to set, and
 // metrics_auth: none stays an explicit way to publish it.
 func TestMetricsNeedAKeyByDefault(t *testing.T) {
-	sim := testkit.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
 	base := fmt.Sprintf(`backends: [{name: sim, url: %q, role: unified}]
 tenants: [{name: tenant-with-a-secret-name, key_sha256: %q, tpm: 100000}]
 capacity: {poll_interval: 100ms}
