@@ -7,6 +7,8 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"fmt"
+	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,6 +46,8 @@ type API struct {
 	// Sessions are the status page's logins (statuspage.go); nil makes one on first use.
 	Sessions     *ui.Sessions
 	sessionsOnce sync.Once
+	// Throttle slows down key guessing per client address (throttle.go); nil: no throttle.
+	Throttle *Throttle
 }
 
 // Handle serves an admin route; false means path is none of them.
@@ -106,21 +110,87 @@ func writeError(ctx *fasthttp.RequestCtx, e *apierr.Error) {
 
 // Auth answers 401 unless the request carries the admin key (compared in constant time) or,
 // without a key, the status page's session cookie (with its CSRF token on changes: sessionAuth).
+// A wrong key counts against the client's address (Throttle); while it waits, 429.
 func (g *API) Auth(ctx *fasthttp.RequestCtx) bool {
+	return g.bearerAuth(ctx, ViaBearer, apierr.Unauthorized, g.Key)
+}
+
+// AuthMetrics is /metrics's check: a bearer key whose SHA-256 is one of hashes (the metrics
+// key, the admin key; nil ones are skipped), or the status page's session, throttled like the
+// admin key. With no hash at all every scraper gets a 401 that says what to configure.
+func (g *API) AuthMetrics(ctx *fasthttp.RequestCtx, hashes ...[]byte) bool {
+	refusal := apierr.Unauthorized
+	if !slices.ContainsFunc(hashes, func(h []byte) bool { return h != nil }) {
+		refusal = metricsUnconfigured
+	}
+	return g.bearerAuth(ctx, ViaMetrics, refusal, hashes...)
+}
+
+var metricsUnconfigured = &apierr.Error{Status: 401, Type: "invalid_request_error", Code: "invalid_api_key",
+	Message: "/metrics needs a key and none is configured: set server.metrics_key_sha256 (or server.metrics_auth: none, which publishes tenant names)."}
+
+// bearerAuth: the request's bearer key hashes to one of hashes, or it has no key and a live
+// session. It writes the refusal (refusal, or the throttle's 429).
+func (g *API) bearerAuth(ctx *fasthttp.RequestCtx, via string, refusal *apierr.Error, hashes ...[]byte) bool {
 	key, ok := g.Bearer(ctx)
 	if !ok && g.Key != nil && len(ctx.Request.Header.Cookie(ui.CookieName)) > 0 {
 		return g.sessionAuth(ctx)
 	}
-	if g.Key == nil || !ok {
-		writeError(ctx, apierr.Unauthorized)
+	if !ok {
+		writeError(ctx, refusal)
 		return false
 	}
-	sum := sha256.Sum256(key)
-	if subtle.ConstantTimeCompare(sum[:], g.Key) != 1 {
-		writeError(ctx, apierr.Unauthorized)
+	switch g.tryKey(ctx, key, via, hashes...) {
+	case keyThrottled:
+		return false
+	case keyWrong:
+		writeError(ctx, refusal)
 		return false
 	}
 	return true
+}
+
+type keyResult int
+
+const (
+	keyRight keyResult = iota
+	keyWrong
+	keyThrottled // refused unchecked; the 429 is written
+)
+
+// tryKey checks key against hashes in constant time (every hash compared), unless the client's
+// address must wait (then the 429 is written). A wrong key is a strike against the address.
+func (g *API) tryKey(ctx *fasthttp.RequestCtx, key []byte, via string, hashes ...[]byte) keyResult {
+	now := time.Now()
+	addr := clientAddr(ctx)
+	if g.Throttle != nil {
+		if wait := g.Throttle.Wait(addr, now); wait > 0 {
+			g.Throttle.Throttled(via)
+			writeError(ctx, tooManyFailures(wait))
+			return keyThrottled
+		}
+	}
+	sum := sha256.Sum256(key)
+	match := 0
+	for _, h := range hashes {
+		if h != nil {
+			match |= subtle.ConstantTimeCompare(sum[:], h)
+		}
+	}
+	if len(key) > 0 && match == 1 {
+		return keyRight
+	}
+	if g.Throttle != nil {
+		g.Throttle.Fail(addr, via, now)
+	}
+	return keyWrong
+}
+
+// clientAddr is the connection's own address: a header such as X-Forwarded-For is the
+// client's to forge, and no proxy is configured as trusted.
+func clientAddr(ctx *fasthttp.RequestCtx) netip.Addr {
+	a, _ := netip.AddrFromSlice(ctx.RemoteIP())
+	return a
 }
 
 // backendStatus is one row of /admin/backends.

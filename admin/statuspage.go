@@ -5,7 +5,6 @@ package admin
 // cookie; state-changing calls also carry the session's CSRF token.
 
 import (
-	"crypto/sha256"
 	"crypto/subtle"
 	"io/fs"
 	"path"
@@ -121,9 +120,10 @@ func (g *API) login(ctx *fasthttp.RequestCtx) {
 	args := fasthttp.AcquireArgs()
 	defer fasthttp.ReleaseArgs(args)
 	args.ParseBytes(body)
-	key := args.Peek("key")
-	sum := sha256.Sum256(key)
-	if g.Key == nil || len(key) == 0 || subtle.ConstantTimeCompare(sum[:], g.Key) != 1 {
+	switch g.tryKey(ctx, args.Peek("key"), ViaLogin, g.Key) {
+	case keyThrottled:
+		return
+	case keyWrong:
 		g.Log.Warn("status page: failed login", zap.String("client_addr", ctx.RemoteIP().String()))
 		ctx.Redirect(uiPrefix+"?login=failed", fasthttp.StatusSeeOther)
 		return

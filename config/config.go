@@ -81,12 +81,17 @@ type Server struct {
 	// loopback for the scraper), and the main listener answers 404 there. Default "": /metrics
 	// on the main listener.
 	MetricsListen string `yaml:"metrics_listen"`
-	// MetricsAuth is none (default) or admin: with admin, /metrics (wherever it is served) needs
-	// the admin key as a bearer token. /metrics names tenants and their token volumes. The default
-	// stays none so that existing scrapers keep working and because the default listen address is
-	// loopback; any deployment whose listener clients can reach should set admin or
-	// metrics_listen.
+	// MetricsAuth says who may read /metrics (wherever it is served), which names every tenant
+	// and backend with their token volumes. key (default): a bearer token whose SHA-256 is
+	// MetricsKeySHA256, or the admin key; with neither configured /metrics answers 401 and the
+	// start warns. admin: the admin key only. none: anyone who reaches the listener (an explicit
+	// choice: it exposes tenant names).
 	MetricsAuth MetricsAuth `yaml:"metrics_auth"`
+	// MetricsKeySHA256 is the hex SHA-256 of the scrape key that reads /metrics under
+	// metrics_auth key: a credential for the scraper that opens no admin route.
+	MetricsKeySHA256 string `yaml:"metrics_key_sha256"`
+	// AuthThrottle slows down guessing of the admin and metrics keys, per client address.
+	AuthThrottle AuthThrottle `yaml:"auth_throttle"`
 	// DrainDelay is the first phase of a shutdown (SIGTERM or SIGINT): /readyz answers 503
 	// draining at once while requests are still served and new connections still accepted, so
 	// load balancers have time to move traffic away. 0 skips it. Default 5s.
@@ -95,6 +100,29 @@ type Server struct {
 	// for this long. A stream still open at the deadline ends with an error event (and an access
 	// line), then the process exits 0; 0 cuts at once. Default 30s.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
+}
+
+// AuthThrottle is the per-client-address backoff and lockout after failed admin or metrics
+// keys (the status page's login, a bearer key on /admin/ or /metrics). The address is the
+// connection's own: behind a proxy every client shares the proxy's, and one guesser can lock
+// them all out for Lockout (X-Forwarded-For is not trusted). Each replica counts alone.
+type AuthThrottle struct {
+	// FreeFailures is how many failures one address gets answered before it must wait.
+	// Default 5.
+	FreeFailures int `yaml:"free_failures"`
+	// Backoff is the wait after failure FreeFailures, doubled after each further one (a
+	// request while it lasts is a 429 with Retry-After, and its key is not checked).
+	// Default 1s.
+	Backoff time.Duration `yaml:"backoff"`
+	// LockoutAfter failures lock the address out for Lockout. Default 10.
+	LockoutAfter int `yaml:"lockout_after"`
+	// Lockout is how long a locked-out address waits, and how long an address's failures are
+	// remembered after its last one. Default 15m.
+	Lockout time.Duration `yaml:"lockout"`
+	// MaxAddresses bounds the table of addresses with failures (about 100 bytes each); once it
+	// is full, addresses not in it share one entry, so guessing from many addresses is throttled
+	// as one. IPv6 addresses count by their /64. Default 10000.
+	MaxAddresses int `yaml:"max_addresses"`
 }
 
 // Drain defaults: set before decoding, since 0 is a meaningful choice for both.
@@ -535,8 +563,9 @@ const (
 	PlacementSystemEnd Placement = "system_end"
 	PlacementPrefix    Placement = "prefix"
 
-	MetricsAuthNone  MetricsAuth = "none"
+	MetricsAuthKey   MetricsAuth = "key"
 	MetricsAuthAdmin MetricsAuth = "admin"
+	MetricsAuthNone  MetricsAuth = "none"
 )
 
 // defaultRetries is upstream.retries when the file does not name it (0 is a valid choice).
@@ -695,7 +724,23 @@ func (c *Config) applyDefaults() {
 		c.Server.MaxHeaderBytes = 8 << 10
 	}
 	if c.Server.MetricsAuth == "" {
-		c.Server.MetricsAuth = MetricsAuthNone
+		c.Server.MetricsAuth = MetricsAuthKey
+	}
+	throttle := &c.Server.AuthThrottle
+	if throttle.FreeFailures == 0 {
+		throttle.FreeFailures = 5
+	}
+	if throttle.Backoff == 0 {
+		throttle.Backoff = time.Second
+	}
+	if throttle.LockoutAfter == 0 {
+		throttle.LockoutAfter = 10
+	}
+	if throttle.Lockout == 0 {
+		throttle.Lockout = 15 * time.Minute
+	}
+	if throttle.MaxAddresses == 0 {
+		throttle.MaxAddresses = 10000
 	}
 	if c.Server.MaxConns == 0 {
 		c.Server.MaxConns = 65536
@@ -717,6 +762,18 @@ func (c *Config) applyDefaults() {
 			}
 		}
 	}
+}
+
+// Warnings are what a valid configuration does that its operator may not expect, naming the
+// field: kvgate check prints them and kvgate serve logs them at start.
+func (c *Config) Warnings() []string {
+	var out []string
+	if c.Server.MetricsAuth == MetricsAuthKey && c.Server.MetricsKeySHA256 == "" && c.AdminKeySHA256 == "" {
+		out = append(out, "server.metrics_auth: key (the default) with neither server.metrics_key_sha256 nor admin_key_sha256: "+
+			"/metrics answers 401 to every scraper. Set server.metrics_key_sha256 to the SHA-256 of a scrape key, "+
+			"or server.metrics_auth: none to publish tenant and backend names to whoever reaches the listener.")
+	}
+	return out
 }
 
 // Validate refuses a configuration that cannot work, naming the field.
@@ -918,9 +975,15 @@ func (c *Config) Validate() error {
 	if c.Server.MaxConns < 1 {
 		bad("server.max_conns", "must be ≥ 1, got %d", c.Server.MaxConns)
 	}
-	oneOf("server.metrics_auth", string(c.Server.MetricsAuth), string(MetricsAuthNone), string(MetricsAuthAdmin))
+	oneOf("server.metrics_auth", string(c.Server.MetricsAuth), string(MetricsAuthKey), string(MetricsAuthAdmin), string(MetricsAuthNone))
 	if c.Server.MetricsAuth == MetricsAuthAdmin && c.AdminKeySHA256 == "" {
 		bad("server.metrics_auth", "admin needs admin_key_sha256 (without it /metrics could never be read)")
+	}
+	if c.Server.MetricsKeySHA256 != "" && !isSHA256Hex(c.Server.MetricsKeySHA256) {
+		bad("server.metrics_key_sha256", "must be 64 hex characters (sha256 of the scrape key)")
+	}
+	if t := c.Server.AuthThrottle; t.FreeFailures < 0 || t.LockoutAfter <= t.FreeFailures || t.Backoff < 0 || t.Lockout < 0 || t.MaxAddresses < 0 {
+		bad("server.auth_throttle", "needs 0 < free_failures < lockout_after and a positive backoff, lockout and max_addresses, got %+v", t)
 	}
 	if c.Server.MetricsListen != "" {
 		if _, _, err := net.SplitHostPort(c.Server.MetricsListen); err != nil {

@@ -35,8 +35,12 @@ func TestParseDefaults(t *testing.T) {
 		c.Tokenizer.Library != "tiktoken-go" || c.Tokenizer.SafetyRatio != 1.3 ||
 		c.State.RedisMode != "standalone" || c.Canary.Epoch != time.Hour || c.Capacity.MaxAge != 6*time.Second ||
 		c.Upstream.MaxReplyBytes != 64<<20 || c.Upstream.MaxBufferedBytes != 256<<20 ||
-		c.Server.MetricsAuth != MetricsAuthNone || c.Server.MetricsListen != "" {
+		c.Server.MetricsAuth != MetricsAuthKey || c.Server.MetricsListen != "" {
 		t.Fatalf("defaults not applied: %+v", c)
+	}
+	// Issue 31: wrong admin or metrics keys back off after 5 per address, lock out at 10.
+	if a := c.Server.AuthThrottle; a != (AuthThrottle{FreeFailures: 5, Backoff: time.Second, LockoutAfter: 10, Lockout: 15 * time.Minute, MaxAddresses: 10000}) {
+		t.Fatalf("auth throttle defaults: %+v", a)
 	}
 	// Prompt fingerprints are on with canaries, incidents hold no text and expire.
 	if f := c.Canary.Fingerprints; f.Off || f.MaxBytes != 64<<20 || f.CutMatches != 3 || f.CommonTenants != 3 ||
@@ -109,6 +113,9 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"negative budget", minimal + "upstream: {max_buffered_bytes: -1}\n", "", "upstream.max_buffered_bytes"},
 		{"bad metrics auth", minimal + "server: {metrics_auth: basic}\n", "", "server.metrics_auth"},
 		{"metrics auth without admin key", minimal + "server: {metrics_auth: admin}\n", "", "server.metrics_auth"},
+		{"bad metrics key", minimal + "server: {metrics_key_sha256: abc}\n", "", "server.metrics_key_sha256"},
+		{"lockout before backoff", minimal + "server: {auth_throttle: {free_failures: 5, lockout_after: 3}}\n", "", "server.auth_throttle"},
+		{"negative lockout", minimal + "server: {auth_throttle: {lockout: -1m}}\n", "", "server.auth_throttle"},
 		{"bad metrics listen", minimal + "server: {metrics_listen: nowhere}\n", "", "server.metrics_listen"},
 		{"metrics listen on the main listener", minimal + "listen: \"127.0.0.1:9000\"\nserver: {metrics_listen: \"127.0.0.1:9000\"}\n", "", "server.metrics_listen"},
 		{"bad env int", minimal, "KVGATE_MAX_BODY_BYTES=lots", "KVGATE_MAX_BODY_BYTES"},
@@ -446,5 +453,28 @@ func TestHFDirNeedsBothFiles(t *testing.T) {
 	c, err := Parse([]byte(minimal+fmt.Sprintf("tokenizer: {hf_dir: %q}\n", dir)), nil)
 	if err != nil || c.Tokenizer.HFDir != dir {
 		t.Fatalf("both files present: %v", err)
+	}
+}
+
+// Issue 31: /metrics needs a key by default; a configuration in which no key could read it is
+// valid (the gateway serves) but warned about, naming what to set.
+func TestMetricsKeyWarning(t *testing.T) {
+	for _, tc := range []struct {
+		extra string
+		warn  bool
+	}{
+		{"", true},
+		{"admin_key_sha256: \"" + key + "\"\n", false},
+		{"server: {metrics_key_sha256: \"" + key + "\"}\n", false},
+		{"server: {metrics_auth: none}\n", false},
+	} {
+		c, err := Parse([]byte(minimal+tc.extra), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := strings.Join(c.Warnings(), "\n")
+		if tc.warn != strings.Contains(w, "server.metrics_key_sha256") {
+			t.Errorf("%q: warnings %q", tc.extra, w)
+		}
 	}
 }

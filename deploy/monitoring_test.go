@@ -49,7 +49,9 @@ func namesIn(t *testing.T, path string) []string {
 // leak, quarantines, a 429 and refusals (histograms by their _bucket, _sum and _count series).
 func TestDashboardsAndRulesNameExportedMetrics(t *testing.T) {
 	scene := testkit.StartIncidentScene(t)
-	resp, err := http.Get(scene.GW.URL + "/metrics")
+	req, _ := http.NewRequest("GET", scene.GW.URL+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+scene.AdminKey) // /metrics needs a key by default (issue 31)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

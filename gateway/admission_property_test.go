@@ -450,7 +450,7 @@ func TestCalibrationDownAtStartFailsClosedThenRetries(t *testing.T) {
 	tokenizerUp = true
 	mu.Unlock()
 	eventually(t, 5*time.Second, "calibration retried and succeeded", func() bool {
-		return strings.Contains(string(get(t, gw.URL+"/metrics", "").body), `kvgate_tokenizer_calibrations_total{backend="sim",result="ok"} 1`)
+		return strings.Contains(string(get(t, gw.URL+"/metrics", "admin-key").body), `kvgate_tokenizer_calibrations_total{backend="sim",result="ok"} 1`)
 	})
 	if r := post(t, gw.URL, "/generate", tenantKey, body(over)); r.status != 413 {
 		t.Fatalf("%d-token prompt: want 413, got %d %s", nOver, r.status, r.body)
@@ -505,7 +505,7 @@ func TestInconsistentLimitsAreHeldToThePool(t *testing.T) {
 	if calls != 0 {
 		t.Fatalf("the engine received %d requests", calls)
 	}
-	if m := get(t, gw.URL+"/metrics", "").body; !strings.Contains(string(m), `kvgate_backend_pool_below_context{backend="eng"} 1`) {
+	if m := get(t, gw.URL+"/metrics", "admin-key").body; !strings.Contains(string(m), `kvgate_backend_pool_below_context{backend="eng"} 1`) {
 		t.Fatal("no pool alarm for an inconsistent reading")
 	}
 }

@@ -182,7 +182,7 @@ func TestUnifiedAdmissionEndToEnd(t *testing.T) {
 	})
 
 	t.Run("metrics count decisions and show the pool below the context", func(t *testing.T) {
-		m := string(get(t, gw.URL+"/metrics", "").body)
+		m := string(get(t, gw.URL+"/metrics", "admin-key").body)
 		for _, want := range []string{
 			`kvgate_admission_decisions_total{decision="refuse",reason="context_length_exceeded",tier="estimate"}`,
 			`kvgate_admission_decisions_total{decision="admit",reason="ok",tier="bound"}`,

@@ -46,6 +46,9 @@ type exchange struct {
 	// estimate is the raw tiktoken count when the estimate tier ran (to learn the ratio).
 	estimate int
 	route    *backends.Route
+	// maxContext is the largest context of the model's routes when admitted: what a request
+	// that names no output length may make the engine produce (reserveLimits).
+	maxContext int
 	// servedModel is the configured model the request named ("" with one model: no backend
 	// names one); counter counts and calibrates for it.
 	servedModel string
@@ -193,6 +196,7 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 	paths := pathBuf[:0]
 	for i := range routes {
 		paths = append(paths, routes[i].Path)
+		x.maxContext = max(x.maxContext, routes[i].ContextLen)
 	}
 	tenantMax := x.tenant.MaxPromptTokens
 	limit := policy.Limit(paths, output, tenantMax)

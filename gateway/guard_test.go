@@ -24,7 +24,8 @@ func guardGateway(t testing.TB) *Gateway {
 backends: [{name: sim, url: "http://127.0.0.1:1", role: unified}]
 tenants: [{name: alice, key_sha256: %q}, {name: bob, key_sha256: %q}]
 canary: {enabled: true, secret: guard-test-secret-padded-to-32-bytes}
-`, config.SHA256Hex("ka"), config.SHA256Hex("kb"))), nil)
+server: {metrics_key_sha256: %q}
+`, config.SHA256Hex("ka"), config.SHA256Hex("kb"), config.SHA256Hex("scrape-key"))), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,6 +274,7 @@ func mustGather(t *testing.T, g *Gateway) []byte {
 	var ctx fasthttp.RequestCtx
 	ctx.Request.SetRequestURI("/metrics")
 	ctx.Request.Header.SetMethod("GET")
+	ctx.Request.Header.Set("Authorization", "Bearer scrape-key")
 	g.Handle(&ctx)
 	return ctx.Response.Body()
 }

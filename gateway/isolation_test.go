@@ -115,9 +115,11 @@ func TestIsolationOnlyTheKeyPicksTheTenant(t *testing.T) {
 }
 
 // Every admin route refuses everything but the admin key; no route lets a tenant read incidents.
+// The 32 wrong keys below come from one address: the throttle (admin TestThrottle*, which would
+// answer 429 after 5) is set loose here so that each one is checked and refused on its merits.
 func TestIsolationAdminRoutesNeedTheAdminKey(t *testing.T) {
 	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
-	gw := testkit.StartGateway(t, testkit.ParseConfig(t, isolationYAML(sim.URL, "")))
+	gw := testkit.StartGateway(t, testkit.ParseConfig(t, isolationYAML(sim.URL, "server: {auth_throttle: {free_failures: 1000, lockout_after: 1001}}\n")))
 	routes := []struct{ method, path, body string }{
 		{"GET", "/admin/backends", ""},
 		{"GET", "/admin/incidents", ""},

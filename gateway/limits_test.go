@@ -41,7 +41,7 @@ func twoReplicas(t *testing.T, yaml string) [2]*testkit.Gateway {
 // metric sums the samples of name whose labels contain every one of want.
 func metric(t *testing.T, url, name string, want ...string) float64 {
 	t.Helper()
-	r := get(t, url+"/metrics", "")
+	r := get(t, url+"/metrics", "admin-key")
 	var sum float64
 	re := regexp.MustCompile(`^` + name + `(\{[^}]*\})? (\S+)$`)
 	for _, line := range strings.Split(string(r.body), "\n") {

@@ -75,7 +75,7 @@ func TestRequestMetricsByModel(t *testing.T) {
 	if out != 6+3 || in <= 0 {
 		t.Errorf("tokens of a tenant without limits: input %v, output %v (want the 6 streamed plus 3 whole)", in, out)
 	}
-	body := string(get(t, gw.URL+"/metrics", "").body)
+	body := string(get(t, gw.URL+"/metrics", "admin-key").body)
 	for _, want := range []string{
 		`kvgate_build_info{go_version="go`,
 		`kvgate_backend_pool_tokens{backend="sim"} 8192`,
@@ -116,7 +116,7 @@ func TestUpstreamTransportErrorsNamed(t *testing.T) {
 	if r := post(t, gw.URL, "/generate", tenantKey, `{"text":"hi","sampling_params":{"max_new_tokens":1}}`); r.status != 504 {
 		t.Fatalf("slow engine: %d %s", r.status, r.body)
 	}
-	body := string(get(t, gw.URL+"/metrics", "").body)
+	body := string(get(t, gw.URL+"/metrics", "admin-key").body)
 	for _, want := range []string{`kvgate_upstream_responses_total{backend="fake",code="reset"} 1`, `kvgate_upstream_responses_total{backend="fake",code="timeout"} 1`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %s:\n%s", want, regexp.MustCompile(`(?m)^kvgate_upstream.*$`).FindAllString(body, -1))

@@ -72,7 +72,7 @@ func TestRedisOutageQueuesIncidents(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if m := get(t, gw.URL+"/metrics", ""); !strings.Contains(string(m.body), "kvgate_state_degraded 1") {
+	if m := get(t, gw.URL+"/metrics", "admin-key"); !strings.Contains(string(m.body), "kvgate_state_degraded 1") {
 		t.Fatalf("metric kvgate_state_degraded should be 1")
 	}
 

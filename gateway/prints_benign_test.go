@@ -73,7 +73,7 @@ func TestSharedBoilerplateRaisesNoIncident(t *testing.T) {
 	if incs := listIncidents(t, gw.URL); len(incs) != 0 {
 		t.Fatalf("%d incidents in a benign run, first: %+v", len(incs), incs[0])
 	}
-	m := get(t, gw.URL+"/metrics", "")
+	m := get(t, gw.URL+"/metrics", "admin-key")
 	weak := ""
 	for _, l := range strings.Split(string(m.body), "\n") {
 		if strings.HasPrefix(l, "kvgate_fingerprint_weak_total ") {

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -53,10 +54,12 @@ type Gateway struct {
 	reloadMu sync.Mutex                    // one Reload at a time
 	tenants  *tenants.Directory
 	admin    *admin.API // /admin/ (package admin)
-	metrics  *metrics
-	server   *fasthttp.Server
-	metricsH fasthttp.RequestHandler
-	draining atomic.Bool
+	// metricsKey is the SHA-256 of the scrape key (server.metrics_key_sha256); nil: none.
+	metricsKey []byte
+	metrics    *metrics
+	server     *fasthttp.Server
+	metricsH   fasthttp.RequestHandler
+	draining   atomic.Bool
 	// cutting is set at the end of a drain, just before every engine reply is cut: a request
 	// whose engine call then fails was cut by us, not failed by its engine.
 	cutting atomic.Bool
@@ -143,8 +146,19 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	g.policy.Store(&cfg.Policy)
 	g.count = models.counter(models.fallback)
 	g.lim = newLimitsState(g) // kvgate limits
+	throttle := admin.NewThrottle(cfg.Server.AuthThrottle, g.metrics.reg)
+	throttle.OnLockout = func(addr netip.Addr, failures int) {
+		g.log.Warn("admin or metrics key: client address locked out after repeated wrong keys", zap.String("client_addr", addr.String()),
+			zap.Int("failures", failures), zap.Duration("lockout", cfg.Server.AuthThrottle.Lockout))
+	}
 	g.admin = &admin.API{Key: adminKey, Backends: set, Incidents: st.Incidents, Quarantines: g.quarantine, Tenants: g.tenants, QuarantineTTL: cfg.Canary.QuarantineTTL,
-		Store: st.Tenants, Log: g.log, Bearer: bearer, ReadBody: readBody, Metrics: g.metrics.reg}
+		Store: st.Tenants, Log: g.log, Bearer: bearer, ReadBody: readBody, Metrics: g.metrics.reg, Throttle: throttle}
+	if cfg.Server.MetricsKeySHA256 != "" {
+		g.metricsKey, _ = hex.DecodeString(strings.ToLower(cfg.Server.MetricsKeySHA256)) // validated by config
+	}
+	for _, w := range cfg.Warnings() {
+		g.log.Warn(w)
+	}
 	g.replies = reply.NewBudget(cfg.Upstream.MaxBufferedBytes)
 	g.metrics.repliesOverBudget = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_replies_over_budget_total",
 		Help: "Non-streaming replies refused (503) because upstream.max_buffered_bytes was spent."})
@@ -480,12 +494,20 @@ func bearer(ctx *fasthttp.RequestCtx) ([]byte, bool) {
 	return h[len(p):], true
 }
 
-// ServeMetrics answers /metrics (on the main listener, or alone on server.metrics_listen):
-// behind the admin key when server.metrics_auth is admin, since the series name tenants and
-// their token volumes.
+// ServeMetrics answers /metrics (on the main listener, or alone on server.metrics_listen). The
+// series name tenants and backends with their token volumes, so by default (server.metrics_auth
+// key) it needs the scrape key or the admin key; admin: the admin key only; none: public.
 func (g *Gateway) ServeMetrics(ctx *fasthttp.RequestCtx) {
-	if g.cfg.Server.MetricsAuth == config.MetricsAuthAdmin && !g.admin.Auth(ctx) {
-		return
+	switch g.cfg.Server.MetricsAuth {
+	case config.MetricsAuthNone:
+	case config.MetricsAuthAdmin:
+		if !g.admin.AuthMetrics(ctx, g.admin.Key) {
+			return
+		}
+	default:
+		if !g.admin.AuthMetrics(ctx, g.metricsKey, g.admin.Key) {
+			return
+		}
 	}
 	g.metricsH(ctx)
 }

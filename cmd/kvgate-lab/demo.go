@@ -187,7 +187,8 @@ The gateway keeps serving on %s until interrupted (Ctrl-C).
   admin key: %s
   try:  curl -s %s/v1/chat/completions -H 'Authorization: Bearer %s' -d '{"model":"sim","messages":[{"role":"user","content":"Hello!"}],"max_tokens":16}'
         curl -s %s/admin/backends -H 'Authorization: Bearer %s'
-`, base, key, adminKey, base, key, base, adminKey)
+        curl -s %s/metrics -H 'Authorization: Bearer %s'   (it needs a key: here the admin key)
+`, base, key, adminKey, base, key, base, adminKey, base, adminKey)
 	<-ctx.Done()
 	return nil
 }

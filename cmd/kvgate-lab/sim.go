@@ -32,6 +32,7 @@ func runSim(args []string) int {
 	fs.StringVar(&cfg.Fix, "fix", kvmodel.FixNone, "none | reject-at-admission | zero-on-release | ownership-tags | decode-length-check")
 	seed := fs.Uint64("seed", 1, "seed of the model and of the random allocator")
 	fs.DurationVar(&cfg.TokenDelay, "token-delay", 0, "sleep between generated tokens")
+	fs.BoolVar(&cfg.FillContext, "fill-context", false, "OpenAI requests without max_tokens generate until the context is full (SGLang's scheduler), not 16 tokens")
 	fs.DurationVar(&cfg.TransferTimeout, "transfer-timeout", 5*time.Second, "decode: how long to wait for a room's KV")
 	fs.StringVar(&cfg.Model, "model", "sim", "served model name (any requested name is accepted)")
 	fs.StringVar(&cfg.APIKey, "api-key", "", "require Authorization: Bearer KEY on every call")

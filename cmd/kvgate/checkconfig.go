@@ -15,7 +15,8 @@ Validates the configuration as kvgate serve would load it (the file, then KVGATE
 variables and their _FILE forms, then defaults) without contacting anything, and prints the
 effective configuration as YAML with secrets redacted (canary.secret, backends[].api_key, a
 Redis URL's password).
-Exit status: 0 valid, 2 invalid (every error names its key or variable, on stderr).
+Exit status: 0 valid (warnings, such as a /metrics no key can read, on stderr), 2 invalid (every
+error names its key or variable, on stderr).
 
 flags:
 `
@@ -40,6 +41,9 @@ func runCheckConfig(name string, args []string) int {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "kvgate "+name+":", err)
 		return 1
+	}
+	for _, w := range cfg.Warnings() {
+		fmt.Fprintf(os.Stderr, "kvgate %s: warning: %s\n", name, w)
 	}
 	fmt.Printf("# %s is valid; the effective configuration (secrets redacted):\n%s", path, out)
 	return 0

@@ -69,6 +69,10 @@ canary: {secret: "canary secret not for logs, 32 bytes+"}
 			t.Errorf("effective configuration lacks %q:\n%s", want, out)
 		}
 	}
+	// Issue 31: valid, but no key could read /metrics (it needs one by default): said on stderr.
+	if !strings.Contains(errOut, "warning: server.metrics_auth: key") || !strings.Contains(errOut, "server.metrics_key_sha256") {
+		t.Errorf("no warning about the /metrics key:\n%s", errOut)
+	}
 	for _, secret := range []string{"engine-key-not-for-logs", "redis-pw-not-for-logs", "canary secret not for logs, 32 bytes+"} {
 		if strings.Contains(out+errOut, secret) {
 			t.Fatalf("a secret was printed: %q\n%s", secret, out)

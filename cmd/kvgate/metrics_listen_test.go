@@ -20,8 +20,8 @@ func TestMetricsOnTheirOwnListener(t *testing.T) {
 backends: [{name: sim, url: %q, role: unified}]
 tenants: [{name: tenant-with-a-secret-name, key_sha256: %q, tpm: 100000}]
 capacity: {poll_interval: 200ms}
-server: {metrics_listen: "127.0.0.1:%d"}
-`, port, sim.URL, config.SHA256Hex("t-key"), mport))
+server: {metrics_listen: "127.0.0.1:%d", metrics_key_sha256: %q}
+`, port, sim.URL, config.SHA256Hex("t-key"), mport, config.SHA256Hex("scrape-key")))
 	logs := &syncBuf{}
 	cmd, base := startServe(t, cfg, port, logs)
 	defer cmd.Process.Kill()
@@ -33,7 +33,9 @@ server: {metrics_listen: "127.0.0.1:%d"}
 		resp.Body.Close()
 	}
 	read := func(url string) (int, string) {
-		resp, err := http.Get(url)
+		req, _ := http.NewRequest("GET", url, nil)
+		req.Header.Set("Authorization", "Bearer scrape-key")
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -63,8 +63,8 @@ func TestServeProcess(t *testing.T) {
 backends: [{name: sim, url: %q, role: unified}]
 tenants: [{name: alice, key_sha256: %q}]
 capacity: {poll_interval: 200ms}
-server: {drain_delay: 100ms}
-`, port, sim.URL, config.SHA256Hex("sk-secret-alice")))
+server: {drain_delay: 100ms, metrics_key_sha256: %q}
+`, port, sim.URL, config.SHA256Hex("sk-secret-alice"), config.SHA256Hex("scrape-key")))
 	logs := &syncBuf{}
 	cmd, base := startServe(t, cfg, port, logs)
 	defer cmd.Process.Kill()
@@ -77,7 +77,9 @@ server: {drain_delay: 100ms}
 	resp.Body.Close()
 	// kvgate_build_info carries the version the binary reports.
 	_, v, _ := run(t, nil, "version")
-	mr, err := http.Get(base + "/metrics")
+	mreq, _ := http.NewRequest("GET", base+"/metrics", nil)
+	mreq.Header.Set("Authorization", "Bearer scrape-key")
+	mr, err := http.DefaultClient.Do(mreq)
 	if err != nil {
 		t.Fatal(err)
 	}

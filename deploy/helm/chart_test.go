@@ -257,8 +257,8 @@ func TestChartRendersAProductionInstall(t *testing.T) {
 			env = append(env, e.Name+"="+v)
 		}
 	}
-	if len(env) != 6 {
-		t.Fatalf("want the listen address, canary secret, admin key hash, Redis URL, tenants and a backend key, got %v", env)
+	if len(env) != 7 {
+		t.Fatalf("want the listen address, canary secret, admin key hash, Redis URL, tenants, scrape key hash and a backend key, got %v", env)
 	}
 	for _, secret := range sec.StringData {
 		if strings.Contains(cm.Data["kvgate.yaml"], secret) {
@@ -341,8 +341,22 @@ func TestChartRendersAProductionInstall(t *testing.T) {
 			t.Fatalf("ServiceMonitor selects %s=%s, the Service has %q", k, v, svc.Labels[k])
 		}
 	}
-	if ep := sm.Spec.Endpoints[0]; ep.Port != svc.Spec.Ports[0].Name || ep.Path != "/metrics" || ep.Authorization == nil {
-		t.Fatalf("ServiceMonitor endpoint %+v (metrics_auth admin needs the bearer)", ep)
+	ep := sm.Spec.Endpoints[0]
+	if ep.Port != svc.Spec.Ports[0].Name || ep.Path != "/metrics" || ep.Authorization == nil || ep.Authorization.Type != "Bearer" || ep.Authorization.Credentials == nil {
+		t.Fatalf("ServiceMonitor endpoint %+v (/metrics needs a key by default)", ep)
+	}
+	// Issue 31: the key the ServiceMonitor sends, from the chart's Secret, is one the gateway
+	// takes for /metrics: its SHA-256 is the loaded server.metrics_key_sha256.
+	cred := ep.Authorization.Credentials
+	scrapeKey, ok := sec.StringData[cred.Key]
+	if cred.Name != sec.Name || !ok || scrapeKey == "" {
+		t.Fatalf("ServiceMonitor credentials %+v, not a key of the chart's Secret %s", cred, sec.Name)
+	}
+	if cfg.Server.MetricsAuth != config.MetricsAuthKey || cfg.Server.MetricsKeySHA256 != config.SHA256Hex(scrapeKey) {
+		t.Fatalf("the gateway does not take the ServiceMonitor's key: metrics_auth %s, metrics_key_sha256 %q", cfg.Server.MetricsAuth, cfg.Server.MetricsKeySHA256)
+	}
+	if w := cfg.Warnings(); len(w) != 0 {
+		t.Fatalf("the production install warns: %v", w)
 	}
 }
 

@@ -22,6 +22,8 @@ import (
 const (
 	chatPath = "/v1/chat/completions"
 	benchKey = "sk-bench"
+	// scrapeKey reads the gateway's /metrics (it needs a key by default).
+	scrapeKey = "bench-scrape-key"
 )
 
 var (

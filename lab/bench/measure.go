@@ -331,8 +331,8 @@ canary: {enabled: %v, secret: "kvgate bench secret, padded to 32 bytes"}
 state: %s
 capacity: {poll_interval: 2s}
 upstream: {max_conns: 60000}
-server: {drain_delay: 0s}
-`, addr, sim, hexSHA256(benchKey), limits, c.canary, state)
+server: {drain_delay: 0s, metrics_key_sha256: %q}
+`, addr, sim, hexSHA256(benchKey), limits, c.canary, state, hexSHA256(scrapeKey))
 	conf := filepath.Join(ps.dir, name+".yaml")
 	if err := os.WriteFile(conf, []byte(yaml), 0o644); err != nil {
 		return nil, err

@@ -591,14 +591,18 @@ type overheadStat struct {
 
 // scrapeOverhead reads the gateway's kvgate_overhead_seconds sums and counts by phase.
 func scrapeOverhead(addr string) (map[string]overheadStat, error) {
-	code, body, err := fasthttp.GetTimeout(nil, "http://"+addr+"/metrics", 5*time.Second)
-	if err != nil {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + addr + "/metrics")
+	req.Header.Set("Authorization", "Bearer "+scrapeKey)
+	if err := fasthttp.DoTimeout(req, resp, 5*time.Second); err != nil {
 		return nil, err
 	}
-	if code != 200 {
+	if code := resp.StatusCode(); code != 200 {
 		return nil, fmt.Errorf("/metrics: status %d", code)
 	}
-	return parseOverhead(string(body)), nil
+	return parseOverhead(string(resp.Body())), nil
 }
 
 // parseOverhead reads kvgate_overhead_seconds_sum and _count by phase from Prometheus text.

@@ -28,13 +28,17 @@ type Config struct {
 	// BootstrapPort: prefill binds it (0 = ephemeral; -1 = unset, which
 	// means DefaultBootstrapPort); decode uses it when a request's
 	// bootstrap_port is null.
-	BootstrapPort   int
-	Allocator       string        // lifo | fifo | random; default lifo
-	Tokenizer       string        // cl100k | chunk4 | hf:DIR; default cl100k
-	Bug             string        // none | admit-rejected; default none
-	Fix             string        // see the Fix constants; default none
-	Seed            uint64        // seeds the model and the random allocator
-	TokenDelay      time.Duration // sleep between generated tokens; default 0
+	BootstrapPort int
+	Allocator     string        // lifo | fifo | random; default lifo
+	Tokenizer     string        // cl100k | chunk4 | hf:DIR; default cl100k
+	Bug           string        // none | admit-rejected; default none
+	Fix           string        // see the Fix constants; default none
+	Seed          uint64        // seeds the model and the random allocator
+	TokenDelay    time.Duration // sleep between generated tokens; default 0
+	// FillContext: an OpenAI request that names no max_tokens generates until the context is
+	// full, as SGLang's scheduler does (context − prompt − 1 tokens), instead of
+	// wire.DefaultOpenAIMaxTokens.
+	FillContext     bool
 	TransferTimeout time.Duration // how long decode waits for a room's KV; default 5 s
 	Model           string        // served model name; any requested name is accepted; default "sim"
 	APIKey          string        // when set, every call needs "Authorization: Bearer KEY"

@@ -83,6 +83,9 @@ func (s *Server) run(ctx context.Context, it *wire.Item) *outcome {
 		s.reject("empty")
 		return errOutcome(400, "The input is empty: at least one token is required.")
 	}
+	if !it.MaxNewGiven && s.cfg.FillContext {
+		it.MaxNew = max(s.cfg.ContextLength-1-p, 0)
+	}
 	reason, msg := s.checkLengths(p, it.MaxNew, it.MaxNewGiven)
 	stub := false
 	if reason != "" {

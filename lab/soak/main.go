@@ -146,8 +146,13 @@ type gauges struct {
 	fds        float64
 }
 
+// scrapeKey reads the gateways' /metrics (it needs a key by default).
+const scrapeKey = "soak-scrape-key"
+
 func scrape(base string) (gauges, error) {
-	resp, err := http.Get(base + "/metrics")
+	req, _ := http.NewRequest("GET", base+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+scrapeKey)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return gauges{}, err
 	}
@@ -211,6 +216,7 @@ func run(bin, lab string, streams, nsims, gateways, tokens int, duration, delay,
 	}
 	key := "sk-soak"
 	sum := sha256.Sum256([]byte(key))
+	scrapeSum := sha256.Sum256([]byte(scrapeKey))
 	// Each stream holds two descriptors in a gateway (client and upstream connection): with fewer
 	// than that, the streams are spread over replicas sharing nothing but the backends.
 	ngw := gateways
@@ -230,8 +236,8 @@ func run(bin, lab string, streams, nsims, gateways, tokens int, duration, delay,
 	for i := 0; i < ngw; i++ {
 		port := freePort()
 		cfg := fmt.Sprintf("listen: \"127.0.0.1:%d\"\nbackends:\n%stenants: [{name: soak, key_sha256: %q}]\n"+
-			"upstream: {max_conns: %d}\nserver: {max_conns: %d, drain_delay: 0s}\ncanary: {enabled: %v, secret: soak-test-secret-padded-to-32-bytes}\n",
-			port, backends.String(), hex.EncodeToString(sum[:]), 2*per+100, 2*per+100, canary)
+			"upstream: {max_conns: %d}\nserver: {max_conns: %d, drain_delay: 0s, metrics_key_sha256: %q}\ncanary: {enabled: %v, secret: soak-test-secret-padded-to-32-bytes}\n",
+			port, backends.String(), hex.EncodeToString(sum[:]), 2*per+100, 2*per+100, hex.EncodeToString(scrapeSum[:]), canary)
 		cfgPath := filepath.Join(dir, fmt.Sprintf("kvgate-%d.yaml", i))
 		_ = os.WriteFile(cfgPath, []byte(cfg), 0o600)
 		gw, err := start(bin, "serve", "--config", cfgPath)
