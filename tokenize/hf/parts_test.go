@@ -2,10 +2,11 @@ package hf_test
 
 import (
 	"encoding/json"
-	"github.com/kvgate/kvgate/tests/hfref"
-	"github.com/kvgate/kvgate/tokenize/hf"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/tests/hfref"
+	"github.com/kvgate/kvgate/tokenize/hf"
 )
 
 // A template that loops over a message's content takes parts (SGLang's "openai" content
