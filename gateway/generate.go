@@ -162,6 +162,11 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 		return e
 	}
 	x.counter = models.counter(x.servedModel)
+	if len(req.ModelSwitches()) > 0 {
+		if e := req.CheckTemplateSwitches(models.acceptsSwitch(x.servedModel)); e != nil {
+			return e
+		}
+	}
 	if req.StoredContext != "" && !g.pol().AllowStoredContext {
 		return request.StoredContextError(req.StoredContext)
 	}

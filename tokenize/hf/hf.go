@@ -38,6 +38,8 @@ type Tokenizer struct {
 	template *jinja.Template
 	// BOS and EOS are the strings templates receive as bos_token / eos_token ("" when unset).
 	BOS, EOS string
+	// vars are the names the chat template reads and does not define (TemplateVariables).
+	vars []string
 	// EncodeAdds is how many special tokens the post-processor adds when text is encoded with
 	// add_special_tokens (what an engine does with a /generate or completions text prompt; a
 	// rendered chat template is encoded without them).
@@ -407,6 +409,7 @@ func (t *Tokenizer) loadConfig(raw []byte) error {
 		return fmt.Errorf("%s: chat_template: %w", ConfigFile, err)
 	}
 	t.template = tmpl
+	t.vars = templateVariables(source)
 	return nil
 }
 
