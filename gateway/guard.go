@@ -9,7 +9,6 @@ import (
 
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
-	"github.com/kvgate/kvgate/internal/panics"
 	"github.com/kvgate/kvgate/state"
 )
 
@@ -81,9 +80,7 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 		g.log.Warn("echoed canary marker stripped (the requester's own prompt contained it)",
 			zap.String("request_id", x.rid), zap.String("requester", x.tenant.Name), zap.String("victim", h.Victim))
 	}
-	work := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
+	g.goBackground("incident_record", func(ctx context.Context) {
 		if err := g.state.Incidents.Record(ctx, inc); err != nil {
 			g.log.Error("incident not recorded", zap.String("request_id", x.rid), zap.Error(err))
 		}
@@ -94,21 +91,7 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 				}
 			}
 		}
-	}
-	g.bgMu.Lock()
-	if g.bgClosed {
-		// Shutting down: record before the process goes, on this goroutine.
-		g.bgMu.Unlock()
-		work()
-		return
-	}
-	g.bg.Add(1)
-	g.bgMu.Unlock()
-	go func() {
-		defer g.bg.Done()
-		defer panics.Recover(g.log, "incident_record")
-		work()
-	}()
+	})
 }
 
 // shortFragment says a hit carries fewer than canary.LooseMin marker characters: only the prefix

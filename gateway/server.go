@@ -70,6 +70,7 @@ type Gateway struct {
 	bgMu       sync.Mutex     // guards bgClosed and bg.Add against Shutdown's Wait
 	bgClosed   bool
 	quarantine *state.Quarantines
+	drift      *driftMonitor // count drift and fail-closed models (drift.go)
 	// prints: prompt fingerprints of this replica (prints.go); nil when off.
 	prints         *fingerprint.Index
 	printsWeak     prometheus.Counter
@@ -135,9 +136,15 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	g.models.Store(models)
 	g.policy.Store(&cfg.Policy)
 	g.count = models.counter(models.fallback)
+	failClosed := st.FailClosed
+	if failClosed == nil {
+		failClosed = state.NewMemoryQuarantine()
+	}
+	g.drift = newDriftMonitor(g, failClosed)
 	g.lim = newLimitsState(g) // kvgate limits
 	g.admin = &admin.API{Key: adminKey, Backends: set, Incidents: st.Incidents, Quarantines: g.quarantine, Tenants: g.tenants, QuarantineTTL: cfg.Canary.QuarantineTTL,
-		Store: st.Tenants, Log: g.log, Bearer: bearer, ReadBody: readBody, Metrics: g.metrics.reg}
+		Store: st.Tenants, Log: g.log, Bearer: bearer, ReadBody: readBody, Metrics: g.metrics.reg,
+		FailClosed: g.drift.flags, FailClosedModels: g.drift.FailClosed}
 	g.replies = reply.NewBudget(cfg.Upstream.MaxBufferedBytes)
 	g.metrics.repliesOverBudget = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_replies_over_budget_total",
 		Help: "Non-streaming replies refused (503) because upstream.max_buffered_bytes was spent."})
@@ -225,6 +232,7 @@ func (g *Gateway) syncLoop(ctx context.Context) {
 	for {
 		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		g.quarantine.Sync(sctx)
+		g.drift.flags.Sync(sctx)
 		cancel()
 		if g.keyring != nil {
 			g.keyring.Refresh(time.Now())
