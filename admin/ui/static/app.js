@@ -129,7 +129,6 @@ function failClosedRow(m) {
   btn.type = "button";
   btn.dataset.clear = m.model;
   btn.addEventListener("click", async () => {
-    if (!confirm("Let " + m.model + " admit on the gateway's own counts again, on every replica?")) return;
     try {
       await call("models/" + encodeURIComponent(m.model) + "/clear-fail-closed", "POST");
     } catch (e) {
