@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/internal/panics"
+	"github.com/kvgate/kvgate/request"
 	"github.com/kvgate/kvgate/state"
 )
 
@@ -108,6 +109,11 @@ func (d *driftMonitor) FailClosed() map[string]time.Time {
 func (d *driftMonitor) observe(x *exchange, engine, admitted int64) {
 	if x.req == nil || admitted <= 0 {
 		return
+	}
+	if x.kind == request.Generate && x.req.N > 1 {
+		// SGLang's /generate answers sampling_params.n items, each reporting the prompt: the
+		// reader sums them (OpenAI routes report a prompt once, whatever n).
+		admitted *= int64(x.req.N)
 	}
 	route, tier := x.kind.Path(), string(x.decision.Tier)
 	drift := engine - admitted
