@@ -160,6 +160,11 @@ func TestTemplateDriftFailsClosed(t *testing.T) {
 	if r := post(t, b.URL, "/v1/chat/completions", tenantKey, body); r.status != 503 || r.header.Get("Retry-After") == "" {
 		t.Fatalf("the other replica admitted a prompt without an exact count: %d %s", r.status, r.body)
 	}
+	// In the route's own envelope: Anthropic's on /v1/messages.
+	if r := post(t, b.URL, "/v1/messages", tenantKey, `{"model":"drifty","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`); r.status != 503 ||
+		r.header.Get("Retry-After") == "" || !strings.Contains(string(r.body), `"type":"error"`) {
+		t.Fatalf("/v1/messages while fail-closed: %d %s", r.status, r.body)
+	}
 	// Token ids are an exact count: still admitted.
 	if r := post(t, a.URL, "/generate", tenantKey, `{"input_ids":[1,2,3],"sampling_params":{"max_new_tokens":2}}`); r.status != 200 {
 		t.Fatalf("token ids while fail-closed: %d %s", r.status, r.body)
