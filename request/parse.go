@@ -192,7 +192,6 @@ func parse(kind Kind, body []byte, fast bool) (*Request, *apierr.Error) {
 	if err == nil {
 		err = r.checkIDLists()
 	}
-
 	if err != nil {
 		return nil, err
 	}
