@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,6 +44,10 @@ type API struct {
 	ReadBody func(ctx *fasthttp.RequestCtx, n int) ([]byte, *apierr.Error)
 	// Metrics is the replica's registry, read by /admin/stats; nil answers 503 there.
 	Metrics prometheus.Gatherer
+	// FailClosed holds the models whose admission is fail-closed after count drift (their
+	// release is the operator's clear); FailClosedModels lists them and since when. Nil: none.
+	FailClosed       *state.Quarantines
+	FailClosedModels func() map[string]time.Time
 	// Sessions are the status page's logins (statuspage.go); nil makes one on first use.
 	Sessions     *ui.Sessions
 	sessionsOnce sync.Once
@@ -75,6 +80,22 @@ func (g *API) Handle(ctx *fasthttp.RequestCtx, path, method string) bool {
 			writeError(ctx, apierr.Method)
 		} else if g.Auth(ctx) {
 			g.incidents(ctx)
+		}
+		return true
+	}
+	if path == "/admin/models/fail-closed" {
+		if method != fasthttp.MethodGet {
+			writeError(ctx, apierr.Method)
+		} else if g.Auth(ctx) {
+			g.failClosedList(ctx)
+		}
+		return true
+	}
+	if name, ok := strings.CutPrefix(path, "/admin/models/"); ok && strings.HasSuffix(name, "/clear-fail-closed") {
+		if method != fasthttp.MethodPost {
+			writeError(ctx, apierr.Method)
+		} else if g.Auth(ctx) {
+			g.clearFailClosed(ctx, strings.TrimSuffix(name, "/clear-fail-closed"))
 		}
 		return true
 	}
@@ -342,4 +363,49 @@ func (g *API) release(ctx *fasthttp.RequestCtx, name string) {
 	}
 	g.Log.Warn("backend released from quarantine by an operator", zap.String("backend", name))
 	writeJSON(ctx, 200, map[string]any{"released": name})
+}
+
+// failClosedModel is one row of /admin/models/fail-closed.
+type failClosedModel struct {
+	Model string    `json:"model"`
+	Since time.Time `json:"since"`
+}
+
+// failClosedList answers GET /admin/models/fail-closed: the models whose admission requires
+// exact counts after count drift, by name.
+func (g *API) failClosedList(ctx *fasthttp.RequestCtx) {
+	out := []failClosedModel{}
+	if g.FailClosedModels != nil {
+		for m, since := range g.FailClosedModels() {
+			out = append(out, failClosedModel{Model: m, Since: since.UTC()})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Model < out[j].Model })
+	writeJSON(ctx, 200, map[string]any{"fail_closed": out})
+}
+
+// clearFailClosed answers POST /admin/models/{model}/clear-fail-closed: the model's admission
+// counts as before on every replica (the shared flag first: a failure leaves it in force).
+func (g *API) clearFailClosed(ctx *fasthttp.RequestCtx, model string) {
+	if g.FailClosed == nil || g.FailClosedModels == nil {
+		writeError(ctx, modelNotFailClosed(model))
+		return
+	}
+	if _, ok := g.FailClosedModels()[model]; !ok {
+		writeError(ctx, modelNotFailClosed(model))
+		return
+	}
+	rctx, cancel := storeCtx()
+	defer cancel()
+	if err := g.FailClosed.Release(rctx, model); err != nil {
+		writeError(ctx, apierr.StateUnavailable("The shared store is unreachable; the model stays fail-closed: "+err.Error()))
+		return
+	}
+	g.Log.Warn("model's fail-closed admission cleared by an operator", zap.String("model", model))
+	writeJSON(ctx, 200, map[string]any{"cleared": model})
+}
+
+func modelNotFailClosed(model string) *apierr.Error {
+	return &apierr.Error{Status: 404, Type: "invalid_request_error", Code: "not_found", Param: "model",
+		Message: fmt.Sprintf("Model %q is not fail-closed.", model)}
 }

@@ -40,6 +40,12 @@ type Result struct {
 // x.decision is the roomiest path's refusal (with Limit = the overall limit) and -1 is returned;
 // undecided then says whether some path refused only for want of a sound count.
 func (g *Counter) Decide(prompts []request.Prompt, routes []backends.Route, output, tenantMax, limit int) Result {
+	return g.DecideWith(prompts, routes, output, tenantMax, limit, false)
+}
+
+// DecideWith is Decide; failClosed admits only token-id prompts (policy.Request.FailClosed): the
+// model's admission is fail-closed after count drift.
+func (g *Counter) DecideWith(prompts []request.Prompt, routes []backends.Route, output, tenantMax, limit int, failClosed bool) Result {
 	loads := make([]int64, len(routes))
 	for i := range routes {
 		loads[i] = routes[i].Load()
@@ -64,7 +70,7 @@ func (g *Counter) Decide(prompts []request.Prompt, routes []backends.Route, outp
 	room := Roomiest(routes, output, tenantMax)
 	var refusal policy.Decision
 	for _, i := range order {
-		d := g.decideOn(prompts, &routes[i], policy.MaxPrompt(routes[i].Path, output, tenantMax), ratio, ests, cache, &res.Estimate)
+		d := g.decideOn(prompts, &routes[i], policy.MaxPrompt(routes[i].Path, output, tenantMax), ratio, ests, cache, &res.Estimate, failClosed)
 		if d.Admit {
 			d.Limit = limit
 			res.Pick, res.Decision, res.Undecided = i, d, false
@@ -82,7 +88,7 @@ func (g *Counter) Decide(prompts []request.Prompt, routes []backends.Route, outp
 
 // decideOn counts every prompt of the request (a batch has several) against one path's limit.
 // The path admits only if all fit; the decision reported is the largest prompt's.
-func (g *Counter) decideOn(prompts []request.Prompt, r *backends.Route, limit int, ratio float64, ests []cachingEstimator, cache map[string]int, estimate *int) policy.Decision {
+func (g *Counter) decideOn(prompts []request.Prompt, r *backends.Route, limit int, ratio float64, ests []cachingEstimator, cache map[string]int, estimate *int, failClosed bool) policy.Decision {
 	var exact policy.ExactCounter // no exact counter: a nil interface, not a nil pointer
 	var pc *pathCounter
 	if g.exact != nil {
@@ -96,7 +102,7 @@ func (g *Counter) decideOn(prompts []request.Prompt, r *backends.Route, limit in
 			pc.prompt, pc.est = i, &ests[i]
 		}
 		pr := policy.Request{Text: p.Text, Bytes: len(p.Text), InputIDs: p.IDs, HasInputIDs: p.HasIDs,
-			Overhead: specialTokenAllowance, DistrustEstimate: distrust, LocalExact: g.o.LocalExact}
+			Overhead: specialTokenAllowance, DistrustEstimate: distrust, LocalExact: g.o.LocalExact, FailClosed: failClosed}
 		if g.o.LocalExact {
 			// A rendered template holds every special token the engine counts; a text prompt
 			// gets what the tokenizer's post-processor adds (a BOS token for some models).

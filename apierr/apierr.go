@@ -140,6 +140,13 @@ func CountUnavailable() *Error {
 		Message: "The gateway could not count this prompt's tokens with the engine's tokenizer, so it cannot check that the prompt fits. Retry shortly."}
 }
 
+// CountFailClosed: the model's admission is fail-closed after count drift (engines counted more
+// prompt tokens than the gateway's bound) and this prompt had no exact count.
+func CountFailClosed(model string, retryAfter int) *Error {
+	return &Error{Status: 503, Type: "server_error", Code: "count_unavailable", RetryAfter: retryAfter,
+		Message: fmt.Sprintf("Admission for model %q is fail-closed: engines counted more prompt tokens than this gateway did, so only prompts given as token ids (an exact count) are admitted now. An operator clears this once the count is fixed. Retry later.", model)}
+}
+
 // StateUnavailable: the shared store (Redis) did not answer an admin request; msg says what was
 // or was not changed.
 func StateUnavailable(msg string) *Error {

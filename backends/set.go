@@ -231,8 +231,8 @@ func (s *Set) CutStreams() {
 // All returns every backend now in configuration order (discovered members in place of their
 // entry, in address order). The slice is the caller's.
 func (s *Set) All() []*Backend {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
+	// members takes the read lock itself: holding it here too would be a recursive RLock, which
+	// deadlocks once a writer (SetQuarantine on every quarantine sync) queues between the two.
 	return append([]*Backend(nil), s.members()...)
 }
 

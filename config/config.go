@@ -353,6 +353,19 @@ type Policy struct {
 	// context_length_exceeded): 413 (default) or 400, for clients that handle OpenAI's
 	// context_length_exceeded only as the 400 OpenAI itself answers.
 	OverflowStatus int `yaml:"overflow_status"`
+	// CountDrift is the drift monitor: replies whose engine counted more prompt tokens than the
+	// bound admission used make the model's admission fail-closed.
+	CountDrift CountDrift `yaml:"count_drift"`
+}
+
+// CountDrift: Threshold drifts of one model within Window make its admission fail-closed (an
+// exact count required; without one, 503 with Retry-After) until an operator clears it.
+type CountDrift struct {
+	// Threshold is how many replies of one model, within Window, must show the engine counting
+	// more than the admitted bound. Default 3; at least 1.
+	Threshold int `yaml:"threshold"`
+	// Window is the span the drifts are counted over. Default 10m; from 1s to 24h.
+	Window time.Duration `yaml:"window"`
 }
 
 // Tokenizer selects the estimator used when the byte bound cannot decide.
@@ -616,6 +629,12 @@ func (c *Config) applyDefaults() {
 	if c.Tokenizer.RemoteImages == "" {
 		c.Tokenizer.RemoteImages = RemoteImagesRefuse
 	}
+	if c.Policy.CountDrift.Threshold == 0 {
+		c.Policy.CountDrift.Threshold = 3 // a single drift may be an engine's glitch; three are a pattern
+	}
+	if c.Policy.CountDrift.Window == 0 {
+		c.Policy.CountDrift.Window = 10 * time.Minute
+	}
 	if c.Tokenizer.Library == "" {
 		c.Tokenizer.Library = LibraryTiktokenGo
 	}
@@ -864,6 +883,12 @@ func (c *Config) Validate() error {
 	oneOf("policy.mode", string(c.Policy.Mode), string(ModeEnforce), string(ModeMonitor))
 	if c.Policy.OverflowStatus != 413 && c.Policy.OverflowStatus != 400 {
 		bad("policy.overflow_status", "must be 413 or 400, got %d", c.Policy.OverflowStatus)
+	}
+	if c.Policy.CountDrift.Threshold < 1 {
+		bad("policy.count_drift.threshold", "must be ≥ 1, got %d", c.Policy.CountDrift.Threshold)
+	}
+	if w := c.Policy.CountDrift.Window; w < time.Second || w > 24*time.Hour {
+		bad("policy.count_drift.window", "must be from 1s to 24h, got %s", w)
 	}
 	if c.Policy.DefaultMaxTokens < 0 {
 		bad("policy.default_max_tokens", "must be ≥ 0, got %d", c.Policy.DefaultMaxTokens)

@@ -31,7 +31,7 @@ func TestParseDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Listen != "127.0.0.1:8080" || c.MaxBodyBytes != 32<<20 || c.Policy.Mode != "enforce" ||
-		c.Policy.OverflowStatus != 413 ||
+		c.Policy.OverflowStatus != 413 || c.Policy.CountDrift.Threshold != 3 || c.Policy.CountDrift.Window != 10*time.Minute ||
 		c.Tokenizer.Library != "tiktoken-go" || c.Tokenizer.SafetyRatio != 1.3 ||
 		c.State.RedisMode != "standalone" || c.Canary.Epoch != time.Hour || c.Capacity.MaxAge != 6*time.Second ||
 		c.Upstream.MaxReplyBytes != 64<<20 || c.Upstream.MaxBufferedBytes != 256<<20 ||
@@ -98,6 +98,9 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"same key twice", minimal + "  - {name: bob, key_sha256: \"" + key + "\"}\n", "", "same key"},
 		{"bad mode", minimal + "policy: {mode: lenient}\n", "", "policy.mode"},
 		{"bad overflow status", minimal + "policy: {overflow_status: 422}\n", "", "policy.overflow_status"},
+		{"drift threshold below one", minimal + "policy: {count_drift: {threshold: -1}}\n", "", "policy.count_drift.threshold"},
+		{"drift window too short", minimal + "policy: {count_drift: {window: 10ms}}\n", "", "policy.count_drift.window"},
+		{"drift window too long", minimal + "policy: {count_drift: {window: 48h}}\n", "", "policy.count_drift.window"},
 		{"bad library", minimal + "tokenizer: {library: hf}\n", "", "tokenizer.library"},
 		{"ratio below one", minimal + "tokenizer: {safety_ratio: 0.5}\n", "", "tokenizer.safety_ratio"},
 		{"canary without secret", minimal + "canary: {enabled: true}\n", "", "canary.secret"},

@@ -165,6 +165,11 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 		return e
 	}
 	x.counter = models.counter(x.servedModel)
+	if len(req.ModelSwitches()) > 0 {
+		if e := req.CheckTemplateSwitches(models.acceptsSwitch(x.servedModel)); e != nil {
+			return e
+		}
+	}
 	if req.StoredContext != "" && !g.pol().AllowStoredContext {
 		return request.StoredContextError(req.StoredContext)
 	}
@@ -200,7 +205,8 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 	}
 	tenantMax := x.tenant.MaxPromptTokens
 	limit := policy.Limit(paths, output, tenantMax)
-	res := x.counter.Decide(x.req.Prompts, routes, output, tenantMax, limit)
+	failClosed := g.drift.failClosed(x.servedModel) // count drift: exact counts only
+	res := x.counter.DecideWith(x.req.Prompts, routes, output, tenantMax, limit, failClosed)
 	pick, undecided := res.Pick, res.Undecided
 	x.decision, x.estimate = res.Decision, res.Estimate
 	dur := time.Since(x.start)
@@ -218,6 +224,9 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 				// Some path might admit it, but no sound count could say: not a 413 (the prompt
 				// may fit), and never an admit. Retryable.
 				g.metrics.decisionsC.get("unavailable", x.reason, string(x.decision.Tier)).Inc()
+				if failClosed {
+					return apierr.CountFailClosed(flagName(x.servedModel), failClosedRetryAfter)
+				}
 				return apierr.CountUnavailable()
 			}
 			g.metrics.decisionsC.get("refuse", x.reason, string(x.decision.Tier)).Inc()

@@ -9,7 +9,6 @@ import (
 
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
-	"github.com/kvgate/kvgate/internal/panics"
 	"github.com/kvgate/kvgate/state"
 )
 
@@ -86,9 +85,7 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 		g.log.Warn("echoed canary marker stripped (the requester's own prompt contained it)",
 			zap.String("request_id", x.rid), zap.String("requester", x.tenant.Name), zap.String("victim", h.Victim))
 	}
-	work := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
+	g.goBackground("incident_record", func(ctx context.Context) {
 		if printed && !inc.Flagged {
 			if g.textQuarantine(ctx, &inc) {
 				quarantine = true
@@ -104,21 +101,7 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 				}
 			}
 		}
-	}
-	g.bgMu.Lock()
-	if g.bgClosed {
-		// Shutting down: record before the process goes, on this goroutine.
-		g.bgMu.Unlock()
-		work()
-		return
-	}
-	g.bg.Add(1)
-	g.bgMu.Unlock()
-	go func() {
-		defer g.bg.Done()
-		defer panics.Recover(g.log, "incident_record")
-		work()
-	}()
+	})
 }
 
 // textQuarantine decides whether a prompt-text match quarantines its backends: only when text

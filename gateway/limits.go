@@ -311,6 +311,9 @@ func (x *exchange) settleLimits() {
 			}
 			used = p + o
 			x.promptTokens, x.outputTokens = p, o
+			if pk {
+				defer x.g.drift.observe(x, p, h.prompt) // the engine's count against admission's bound
+			}
 		}
 		h.mu.Unlock()
 		x.g.settle(x.tenant, h.ticket, used)

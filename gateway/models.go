@@ -41,7 +41,17 @@ type modelTable struct {
 	// (nil: images are refused); remoteAtMax: tokenizer.remote_images is count_max.
 	images      map[string]*vision.Rule
 	remoteAtMax map[string]bool
-	aliases     map[string][]string // name → its aliases, for /v1/models
+	// switches: the chat_template_kwargs keys a model's own template reads beyond
+	// request.StandardSwitches (found by reading the template; none without tokenizer.hf_dir).
+	switches map[string]map[string]bool
+	aliases  map[string][]string // name → its aliases, for /v1/models
+}
+
+// acceptsSwitch says whether model's chat template reads the chat_template_kwargs key k (for
+// request.CheckTemplateSwitches).
+func (t *modelTable) acceptsSwitch(model string) func(string) bool {
+	sw := t.switches[model]
+	return func(k string) bool { return sw[k] }
 }
 
 // imageRule is model's image rule, or nil.
@@ -59,7 +69,7 @@ func (g *Gateway) pol() *config.Policy { return g.policy.Load() }
 func newModelTable(cfg *config.Config, set *backends.Set, ratio *tokenize.SafetyRatio, m *metrics, log *zap.Logger) (*modelTable, error) {
 	t := &modelTable{multi: cfg.MultiModel(), ids: map[string]string{}, counters: map[string]*admission.Counter{},
 		templates: map[string]request.ChatTemplate{}, aliases: map[string][]string{},
-		images: map[string]*vision.Rule{}, remoteAtMax: map[string]bool{}}
+		images: map[string]*vision.Rule{}, remoteAtMax: map[string]bool{}, switches: map[string]map[string]bool{}}
 	names := []string{""}
 	if t.multi {
 		names = cfg.ModelNames()
@@ -100,6 +110,13 @@ func newModelTable(cfg *config.Config, set *backends.Set, ratio *tokenize.Safety
 			default:
 				return nil, fmt.Errorf("tokenizer.hf_dir (model %q): %w", name, err)
 			}
+			sw := map[string]bool{}
+			for _, v := range hfTok.TemplateVariables() {
+				if !request.IsRefusedSwitch(v) && !request.StandardSwitches[v] {
+					sw[v] = true // rendered by the model's own template here: counted exactly
+				}
+			}
+			t.switches[name] = sw
 		} else if enc, err = tokenize.NewEncoder(string(tk.Library), tk.Encoding); err != nil {
 			return nil, fmt.Errorf("building tokenizer (model %q): %w", name, err)
 		}

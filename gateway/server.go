@@ -76,6 +76,7 @@ type Gateway struct {
 	// localEvidence is this replica's own record of prompt-text matches: it decides while the
 	// shared one (state.Evidence) is away.
 	localEvidence state.TextEvidence
+	drift         *driftMonitor // count drift and fail-closed models (drift.go)
 	// prints: prompt fingerprints of this replica (prints.go); nil when off.
 	prints         *fingerprint.Index
 	printsWeak     prometheus.Counter
@@ -145,6 +146,11 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	g.models.Store(models)
 	g.policy.Store(&cfg.Policy)
 	g.count = models.counter(models.fallback)
+	failClosed := st.FailClosed
+	if failClosed == nil {
+		failClosed = state.NewMemoryQuarantine()
+	}
+	g.drift = newDriftMonitor(g, failClosed)
 	g.lim = newLimitsState(g) // kvgate limits
 	throttle := admin.NewThrottle(cfg.Server.AuthThrottle, g.metrics.reg)
 	throttle.OnLockout = func(addr netip.Addr, failures int) {
@@ -152,7 +158,8 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 			zap.Int("failures", failures), zap.Duration("lockout", cfg.Server.AuthThrottle.Lockout))
 	}
 	g.admin = &admin.API{Key: adminKey, Backends: set, Incidents: st.Incidents, Quarantines: g.quarantine, Tenants: g.tenants, QuarantineTTL: cfg.Canary.QuarantineTTL,
-		Store: st.Tenants, Log: g.log, Bearer: bearer, ReadBody: readBody, Metrics: g.metrics.reg, Throttle: throttle}
+		Store: st.Tenants, Log: g.log, Bearer: bearer, ReadBody: readBody, Metrics: g.metrics.reg, Throttle: throttle,
+		FailClosed: g.drift.flags, FailClosedModels: g.drift.FailClosed}
 	if cfg.Server.MetricsKeySHA256 != "" {
 		g.metricsKey, _ = hex.DecodeString(strings.ToLower(cfg.Server.MetricsKeySHA256)) // validated by config
 	}
@@ -246,6 +253,7 @@ func (g *Gateway) syncLoop(ctx context.Context) {
 	for {
 		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		g.quarantine.Sync(sctx)
+		g.drift.flags.Sync(sctx)
 		cancel()
 		if g.keyring != nil {
 			g.keyring.Refresh(time.Now())

@@ -129,6 +129,11 @@ type Request struct {
 	// LocalExact says the estimator is the served model's own tokenizer counting Text as the
 	// engine will: its count is exact, so it decides alone (no byte bound, ratio or engine).
 	LocalExact bool
+	// FailClosed: the model's admission is fail-closed because its engines counted more prompt
+	// tokens than the gateway's bound (count drift): the gateway's model of what the engine
+	// renders is wrong, and an engine's /tokenize of the gateway's rendering is no better. Only
+	// token ids, whose count no template changes, admit; the other counts may still refuse.
+	FailClosed bool
 }
 
 // Decision is the outcome of counting against a limit.
@@ -156,6 +161,16 @@ func Decide(ctx context.Context, req Request, limit int, est Estimator, ratio fl
 	d := Decision{Limit: limit}
 	if req.HasInputIDs {
 		d.Tier, d.Tokens, d.Admit = TierInputIDs, req.InputIDs, req.InputIDs <= limit
+		return d
+	}
+	if req.FailClosed {
+		// Decided as if the estimate were distrusted and no engine could count; what would
+		// admit decides nothing.
+		req.FailClosed, req.DistrustEstimate = false, true
+		d = Decide(ctx, req, limit, est, ratio, nil)
+		if d.Admit {
+			d.Tier, d.Admit, d.Undecided = TierUnavailable, false, true
+		}
 		return d
 	}
 	if req.LocalExact {

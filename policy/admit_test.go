@@ -137,6 +137,13 @@ func TestDecideTiers(t *testing.T) {
 		{"distrusted, admit zone, exact down: undecided", Request{Text: words(100), Bytes: 500, DistrustEstimate: true}, 130, &fixedExact{err: errors.New("404")}, false, TierUnavailable, 1},
 		{"distrusted, refuse zone: the estimate still refuses", Request{Text: words(200), Bytes: 1000, DistrustEstimate: true}, 100, &fixedExact{}, false, TierEstimate, 0},
 		{"nothing fits", Request{Text: words(3), Bytes: 15}, -5, nil, false, TierEstimate, 0},
+		// Fail-closed after count drift: only token ids admit; no engine is asked.
+		{"fail-closed: the byte bound does not admit", Request{Text: words(10), Bytes: 50, FailClosed: true}, 50, &fixedExact{n: 12}, false, TierUnavailable, 0},
+		{"fail-closed: an estimate does not admit", Request{Text: words(100), Bytes: 500, FailClosed: true}, 130, &fixedExact{n: 100}, false, TierUnavailable, 0},
+		{"fail-closed: a local count that fits does not admit", Request{Text: words(10), Bytes: 50, LocalExact: true, FailClosed: true}, 50, nil, false, TierUnavailable, 0},
+		{"fail-closed: a local count still refuses", Request{Text: words(100), Bytes: 500, LocalExact: true, FailClosed: true}, 50, nil, false, TierLocal, 0},
+		{"fail-closed: token ids are exact", Request{InputIDs: 10, HasInputIDs: true, FailClosed: true}, 10, nil, true, TierInputIDs, 0},
+		{"fail-closed: the estimate still refuses", Request{Text: words(200), Bytes: 1000, FailClosed: true}, 100, &fixedExact{}, false, TierEstimate, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

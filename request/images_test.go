@@ -308,7 +308,7 @@ func TestResponsesAndMessagesImages(t *testing.T) {
 		{Responses, `{"input":[{"role":"user","content":[{"type":"input_image","image_url":"data:image/png;base64,AAAA"}]}]}`, "input[0].content[0].image_url"},
 		{Responses, `{"input":[{"role":"user","content":[{"type":"input_image","file_id":"file-1"}]}]}`, "input[0].content[0].file_id"},
 		{Messages, `{"max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"!!"}}]}]}`, "messages.0.content.0.source"},
-		{Messages, `{"max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"file","file_id":"f"}}]}]}`, "messages.0.content.0.source.type"},
+		{Messages, `{"max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"file","file_id":"f"}}]}]}`, "messages[0].content[0].source.file_id"},
 	} {
 		if _, e := Parse(c.route, []byte(c.body)); e == nil || e.Param != c.param {
 			t.Errorf("%s: %+v, want 400 naming %s", c.body, e, c.param)

@@ -71,8 +71,8 @@ func TestKeysAllowListSamplingParamsAndParts(t *testing.T) {
 		{Generate, `{"text":"hi","sampling_params":{"custom_params":{"a":1}}}`, "sampling_params.custom_params"},
 		{Generate, `{"text":"hi","sampling_params":{"seed":1}}`, "sampling_params.seed"},
 		{Generate, `{"text":"hi","sampling_params":{"max_new_tokens":8,"temperature":0,"top_p":1,"top_k":5,"stop":["x"],"n":2,"sampling_seed":3,"logit_bias":{"1":1}}}`, ""},
-		{Chat, `{"messages":[{"role":"user","content":[{"type":"text","TEXT":"hi"}]}]}`, "messages[0].content"},
-		{Chat, `{"messages":[{"role":"user","content":[{"type":"text","text":"hi","cache":"x"}]}]}`, "messages[0].content"},
+		{Chat, `{"messages":[{"role":"user","content":[{"type":"text","TEXT":"hi"}]}]}`, "messages[0].content[0].TEXT"},
+		{Chat, `{"messages":[{"role":"user","content":[{"type":"text","text":"hi","cache":"x"}]}]}`, "messages[0].content[0].cache"},
 		{Chat, `{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}`, ""},
 	} {
 		r, e := Parse(c.kind, []byte(c.body))

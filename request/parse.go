@@ -29,36 +29,37 @@ const (
 // Path is the route's URL path.
 func (r Kind) Path() string { return paths[r] }
 
-// Engine-control fields a client must never set: they steer the engine's KV transfer, identity,
-// or code execution. They are refused by name so the client knows why.
-var engineControl = map[string]bool{
-	"bootstrap_host": true, "bootstrap_port": true, "bootstrap_room": true, "rid": true,
-	"custom_logit_processor": true, "input_embeds": true, "return_hidden_states": true,
-	"session_params": true,
+// Engine-control fields a client must never set (they steer the engine's KV transfer, identity,
+// or code execution) and media fields: refused on every route by the field table (fields.go).
+var engineControl = fieldNames(sharedRefused, reasonEngineControl)
+var mediaFields = fieldNames(sharedRefused, reasonMedia)
+
+// fieldNames are the paths of rows refused for reason.
+func fieldNames(rs []FieldRow, reason string) map[string]bool {
+	m := map[string]bool{}
+	for _, r := range rs {
+		if r.Reason == reason {
+			m[r.Path] = true
+		}
+	}
+	return m
 }
 
-// Media fields and parts are not supported: the byte bound cannot cover them.
-var mediaFields = map[string]bool{"image_data": true, "audio_data": true, "video_data": true, "modalities": true}
-
-// The allow-lists: everything else is refused with 400, so an unknown engine option can never
-// slip through unreviewed.
-var allowed = map[Kind]map[string]bool{
-	Chat: AllowList("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
-		"top_k", "min_p", "n", "stream", "stream_options", "stop", "stop_token_ids", "presence_penalty",
-		"frequency_penalty", "repetition_penalty", "logit_bias", "logprobs", "top_logprobs", "user", "seed",
-		"tools", "tool_choice", "functions", "function_call", "response_format", "parallel_tool_calls",
-		"reasoning_effort", "separate_reasoning", "stream_reasoning", "chat_template_kwargs", "regex", "ebnf",
-		"json_schema", "ignore_eos", "skip_special_tokens", "no_stop_trim", "min_tokens",
-		"continue_final_message", "lora_path", "metadata", "store", "service_tier"),
-	Completions: AllowList("model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n",
-		"stream", "stream_options", "stop", "stop_token_ids", "logprobs", "echo", "presence_penalty",
-		"frequency_penalty", "repetition_penalty", "best_of", "logit_bias", "user", "seed", "suffix",
-		"regex", "ebnf", "json_schema", "ignore_eos", "skip_special_tokens", "no_stop_trim", "min_tokens",
-		"lora_path"),
-	Generate: AllowList("text", "input_ids", "sampling_params", "stream", "return_logprob",
-		"logprob_start_len", "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs",
-		"lora_path", "log_metrics"),
-}
+// allowed are the top-level fields each route's table lets through (derived from FieldTable):
+// everything else is refused with 400, so an unknown engine option can never slip through
+// unreviewed.
+var allowed = func() map[Kind]map[string]bool {
+	m := map[Kind]map[string]bool{}
+	for k, rs := range FieldTable {
+		m[k] = map[string]bool{}
+		for _, r := range rs {
+			if !strings.ContainsAny(r.Path, ".[") && (r.Verdict != Refused || r.Policy != "") {
+				m[k][r.Path] = true
+			}
+		}
+	}
+	return m
+}()
 
 // Allows reports whether kind's body may carry field.
 func Allows(kind Kind, field string) bool { return allowed[kind][field] }
@@ -116,6 +117,9 @@ type Request struct {
 	// roles and names of the messages, decoded once at parse time
 	roles, names []string
 	extra        string // tools / functions / response_format JSON, rendered into the prompt
+	// modelSwitches are chat_template_kwargs keys beyond StandardSwitches: the served model's
+	// template must read them (CheckTemplateSwitches).
+	modelSwitches []string
 	// texts for completions / generate: the prompt strings (nil when ids)
 	texts []string
 	// idsField names the field the prompt's token ids came from (for errors)
@@ -164,26 +168,12 @@ func parse(kind Kind, body []byte, fast bool) (*Request, *apierr.Error) {
 	if e := CheckKeys(body); e != nil {
 		return nil, e
 	}
-	bad := false
-	for k := range fields {
-		bad = bad || engineControl[k] || mediaFields[k] || !allowed[kind][k]
+	if e := checkTopFields(kind, fields); e != nil {
+		return nil, e
 	}
-	if bad {
-		names := make([]string, 0, len(fields))
-		for k := range fields {
-			names = append(names, k)
-		}
-		sort.Strings(names) // deterministic error for several bad fields
-		for _, k := range names {
-			switch {
-			case engineControl[k]:
-				return nil, apierr.BadRequest(k, fmt.Sprintf("Field %q is engine-internal and may not be set by clients.", k))
-			case mediaFields[k]:
-				return nil, apierr.BadRequest(k, fmt.Sprintf("Field %q is not supported: this gateway accepts text and token ids only.", k))
-			case !allowed[kind][k]:
-				return nil, apierr.BadRequest(k, fmt.Sprintf("Unsupported field %q for %s.", k, kind.Path()))
-			}
-		}
+	// Before the route's own reading: a field with no verdict is named by its whole path.
+	if e := checkNestedFields(kind, fields); e != nil {
+		return nil, e
 	}
 	r := &Request{Kind: kind, Fields: fields, fast: fast}
 	if raw, ok := fields["stream"]; ok && !isNull(raw) {
@@ -236,11 +226,14 @@ func jsonErr(err error) string {
 	return err.Error()
 }
 
-// emptyJSON: null, "", [] or {}.
+// emptyJSON: null, "", [] or {} (raw is a valid JSON value). It allocates nothing.
 func emptyJSON(raw json.RawMessage) bool {
-	switch string(bytes.Join(bytes.Fields(raw), nil)) {
-	case "null", `""`, "[]", "{}":
+	v := bytes.TrimSpace(raw)
+	switch {
+	case string(v) == "null", string(v) == `""`:
 		return true
+	case len(v) >= 2 && (v[0] == '[' && v[len(v)-1] == ']' || v[0] == '{' && v[len(v)-1] == '}'):
+		return len(bytes.TrimSpace(v[1:len(v)-1])) == 0
 	}
 	return false
 }
@@ -347,12 +340,12 @@ func (r *Request) parseChat() *apierr.Error {
 		}
 		r.roles, r.names = append(r.roles, role), append(r.names, name)
 	}
-	if e := checkTemplateKwargs(r.Fields["chat_template_kwargs"]); e != nil {
+	if e := r.checkTemplateKwargs(r.Fields["chat_template_kwargs"]); e != nil {
 		return e
 	}
 	// Tool definitions, schemas and template arguments reach the engine's template: count them.
 	var extra []string
-	for _, k := range []string{"tools", "functions", "response_format", "chat_template_kwargs"} {
+	for _, k := range []string{"tools", "functions", "response_format", "chat_template_kwargs", "reasoning_effort"} {
 		if raw, ok := r.Fields[k]; ok && !isNull(raw) {
 			extra = append(extra, string(raw))
 		}
@@ -361,21 +354,42 @@ func (r *Request) parseChat() *apierr.Error {
 	return r.openAIOutput()
 }
 
-// templateSwitches are the chat_template_kwargs keys the engine may receive: the switches chat
-// templates read (Qwen3's enable_thinking, DeepSeek's thinking, gpt-oss's reasoning_effort).
-// Engines pass the object into apply_chat_template(**kwargs), so any other key can replace what
-// the gateway counted: chat_template swaps the template itself (any prompt size from a short
-// body), and messages, tools, documents, bos_token, add_generation_prompt,
+// StandardSwitches are the chat_template_kwargs keys every model accepts: the switches chat
+// templates read (Qwen3's enable_thinking, DeepSeek's thinking, gpt-oss's reasoning_effort). A
+// model's own template may read more (CheckTemplateSwitches). Engines pass the object into
+// apply_chat_template(**kwargs), so a key the template or apply_chat_template interprets can
+// replace what the gateway counted: chat_template swaps the template itself (any prompt size from
+// a short body), and messages, tools, documents, bos_token, add_generation_prompt,
 // continue_final_message, tokenize or a special-token variable change the render. Those are
-// refused by name, every other key as unknown.
-var templateSwitches = AllowList("enable_thinking", "thinking", "reasoning_effort")
+// refused by name (IsRefusedSwitch) whatever a template reads.
+var StandardSwitches = AllowList("enable_thinking", "thinking", "reasoning_effort")
+
+// refusedSwitches are the names the field table refuses inside chat_template_kwargs.
+var refusedSwitches = func() map[string]bool {
+	m := map[string]bool{}
+	for _, r := range FieldTable[Chat] {
+		if k, ok := strings.CutPrefix(r.Path, "chat_template_kwargs."); ok && r.Verdict == Refused {
+			m[k] = true
+		}
+	}
+	return m
+}()
+
+// IsRefusedSwitch says a chat_template_kwargs key is never accepted, whatever a model's template
+// reads: apply_chat_template's own arguments, the template's inputs, and every special-token
+// variable (*_token).
+func IsRefusedSwitch(k string) bool {
+	return refusedSwitches[k] || strings.HasSuffix(k, "_token") || strings.HasSuffix(k, "_tokens")
+}
 
 // maxSwitchString bounds a string switch's value: templates compare it with a few words.
 const maxSwitchString = 32
 
 // checkTemplateKwargs refuses chat_template_kwargs unless it is null or an object whose keys are
-// template switches with scalar values (a string at most maxSwitchString bytes).
-func checkTemplateKwargs(raw json.RawMessage) *apierr.Error {
+// not refused switches, with scalar values (a string at most maxSwitchString bytes). Keys other
+// than StandardSwitches are kept in r.modelSwitches: CheckTemplateSwitches checks them against
+// the served model's template.
+func (r *Request) checkTemplateKwargs(raw json.RawMessage) *apierr.Error {
 	if len(raw) == 0 || isNull(raw) {
 		return nil
 	}
@@ -390,9 +404,12 @@ func checkTemplateKwargs(raw json.RawMessage) *apierr.Error {
 	sort.Strings(keys) // the same error every time
 	for _, k := range keys {
 		field := "chat_template_kwargs." + k
-		if !templateSwitches[k] {
+		if IsRefusedSwitch(k) {
 			return apierr.BadRequest(field, fmt.Sprintf("Template argument %q may not be set by clients: "+
-				"chat_template_kwargs accepts only %s.", k, strings.Join(sortedKeys(templateSwitches), ", ")))
+				"chat_template_kwargs accepts only %s (and switches the model's own template reads).", k, strings.Join(sortedKeys(StandardSwitches), ", ")))
+		}
+		if !StandardSwitches[k] {
+			r.modelSwitches = append(r.modelSwitches, k)
 		}
 		v := bytes.TrimSpace(kw[k])
 		var s string
@@ -410,6 +427,21 @@ func checkTemplateKwargs(raw json.RawMessage) *apierr.Error {
 			}
 		default:
 			return apierr.BadRequest(field, fmt.Sprintf("Template argument %q must be a boolean, a number or a short string.", k))
+		}
+	}
+	return nil
+}
+
+// ModelSwitches are the request's chat_template_kwargs keys beyond StandardSwitches.
+func (r *Request) ModelSwitches() []string { return r.modelSwitches }
+
+// CheckTemplateSwitches refuses (400 naming chat_template_kwargs.<key>) a template switch other
+// than StandardSwitches that the served model does not accept (accepts nil: none).
+func (r *Request) CheckTemplateSwitches(accepts func(string) bool) *apierr.Error {
+	for _, k := range r.modelSwitches {
+		if accepts == nil || !accepts(k) {
+			return apierr.BadRequest("chat_template_kwargs."+k, fmt.Sprintf("Template argument %q is not a switch of this model's chat template: "+
+				"chat_template_kwargs accepts only %s and the switches the model's own template reads.", k, strings.Join(sortedKeys(StandardSwitches), ", ")))
 		}
 	}
 	return nil

@@ -57,24 +57,6 @@ func (r Kind) ChatLike() bool {
 	return r == Chat || r == Responses || r == Messages
 }
 
-func init() {
-	allowed[Responses] = AllowList("model", "input", "instructions", "max_output_tokens", "temperature", "top_p",
-		"stream", "stream_options", "tools", "tool_choice", "parallel_tool_calls", "text", "reasoning", "metadata",
-		"store", "user", "truncation", "include", "top_logprobs", "service_tier", "previous_response_id",
-		"conversation", "cache_salt")
-	allowed[Messages] = AllowList("model", "messages", "system", "max_tokens", "stop_sequences", "stream",
-		"temperature", "top_p", "top_k", "metadata", "tools", "tool_choice", "thinking", "service_tier", "cache_salt")
-	allowed[Embeddings] = AllowList("model", "input", "encoding_format", "dimensions", "user")
-	allowed[Rerank] = AllowList("model", "query", "documents", "top_n", "return_documents")
-	allowed[Score] = AllowList("model", "query", "items", "label_token_ids", "apply_softmax", "item_first")
-	allowed[Classify] = AllowList("model", "input", "user")
-	allowed[Encode] = AllowList("text", "input_ids")
-	allowed[ClassifyNative] = AllowList("text", "input_ids")
-	for _, k := range []Kind{Chat, Completions} {
-		allowed[k]["cache_salt"] = true // accepted, and always replaced by the tenant's own
-	}
-}
-
 // parseMore parses the routes of this file.
 func (r *Request) parseMore() *apierr.Error {
 	if !r.Kind.Generates() {

@@ -55,7 +55,7 @@ func (r *Request) RenderTemplate(tmpl ChatTemplate) *apierr.Error {
 			}
 			msgs = append(msgs, out)
 		}
-		tools, kwargs = r.Fields["tools"], r.Fields["chat_template_kwargs"]
+		tools, kwargs = r.Fields["tools"], withReasoningEffort(r.Fields["chat_template_kwargs"], r.Fields["reasoning_effort"])
 		if raw, ok := r.Fields["add_generation_prompt"]; ok && !isNull(raw) {
 			if json.Unmarshal(raw, &addGen) != nil {
 				return apierr.BadRequest("add_generation_prompt", "'add_generation_prompt' must be a boolean.")
@@ -129,4 +129,25 @@ func compactJSON(s string) []byte {
 		return []byte(s)
 	}
 	return b.Bytes()
+}
+
+// withReasoningEffort adds the top-level reasoning_effort to the template's arguments, as engines
+// hand it to templates that read it (gpt-oss); a reasoning_effort in kwargs wins.
+func withReasoningEffort(kwargs, effort json.RawMessage) json.RawMessage {
+	if len(effort) == 0 || isNull(effort) {
+		return kwargs
+	}
+	kw := map[string]json.RawMessage{}
+	if len(kwargs) > 0 && !isNull(kwargs) && json.Unmarshal(kwargs, &kw) != nil {
+		return kwargs
+	}
+	if _, ok := kw["reasoning_effort"]; ok {
+		return kwargs
+	}
+	kw["reasoning_effort"] = effort
+	out, err := json.Marshal(kw)
+	if err != nil {
+		return kwargs
+	}
+	return out
 }

@@ -16,6 +16,8 @@ import (
 const (
 	KindLeak = "leak"
 	KindEcho = "echo"
+	// KindCountDrift: an engine reported more prompt tokens than the bound admission used.
+	KindCountDrift = "count_drift"
 )
 
 // Detectors: what found an incident.
@@ -29,7 +31,7 @@ const (
 // on (Context): tenants, hashes, offsets and lengths.
 type Incident struct {
 	Time      time.Time `json:"time"`
-	Kind      string    `json:"kind"` // KindLeak or KindEcho
+	Kind      string    `json:"kind"` // KindLeak, KindEcho or KindCountDrift
 	Detector  string    `json:"detector,omitempty"`
 	RequestID string    `json:"request_id"`
 	Victim    string    `json:"victim"`    // the tenant whose marker (or most of whose text) appeared
@@ -50,6 +52,13 @@ type Incident struct {
 	Evidence    string `json:"evidence,omitempty"`
 	Flagged     bool   `json:"flagged,omitempty"`
 	Quarantined bool   `json:"quarantined,omitempty"`
+	// Count drift (KindCountDrift; Requester is the tenant): the model and route, the prompt
+	// tokens the engine reported and the bound admission used. No prompt text.
+	Model          string `json:"model,omitempty"`
+	Route          string `json:"route,omitempty"`
+	Tier           string `json:"tier,omitempty"`
+	EngineTokens   int    `json:"engine_tokens,omitempty"`
+	AdmittedTokens int    `json:"admitted_tokens,omitempty"`
 }
 
 // FingerprintMatch is one foreign fingerprint in a reply: no text, only where and whose.

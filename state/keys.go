@@ -10,6 +10,8 @@ package state
 //	prefix{kvgate}:incidents               stream of incidents
 //	prefix{kvgate}:quarantine:<backend>    one flag per backend, expiring (PX)
 //	prefix{kvgate}:quarantined             set of flagged backend names
+//	prefix{kvgate}:failclosed:<model>      one flag per model whose admission is fail-closed
+//	prefix{kvgate}:failclosed              set of fail-closed model names
 //	prefix{kvgate}:replicas                replica heartbeats
 //	prefix{kvgate}:tenants                 run-time tenants (name → record)
 //	prefix{kvgate}:tenant-keys             key hash → tenant name
@@ -47,6 +49,12 @@ func (k Keys) QuarantineFlag(backend string) string { return k.base() + "quarant
 
 // Quarantined is the set of flagged backend names.
 func (k Keys) Quarantined() string { return k.base() + "quarantined" }
+
+// FailClosedFlag is model's fail-closed admission flag (count drift).
+func (k Keys) FailClosedFlag(model string) string { return k.base() + "failclosed:" + model }
+
+// FailClosed is the set of fail-closed model names.
+func (k Keys) FailClosed() string { return k.base() + "failclosed" }
 
 // LimitCells are tenant's request cell, token cell and lease set, in that order, in the
 // tenant's own slot.

@@ -79,6 +79,9 @@ func (m *MemoryQuarantine) Active(context.Context) (map[string]time.Time, error)
 type RedisQuarantine struct {
 	client redis.UniversalClient
 	prefix string
+	// failClosed: the flags are models' fail-closed admission (count drift), not backends'
+	// quarantine: the same flags under their own keys.
+	failClosed bool
 }
 
 // NewRedisQuarantine returns a quarantine shared by every replica using the same Redis and prefix.
@@ -86,11 +89,25 @@ func NewRedisQuarantine(client redis.UniversalClient, prefix string) *RedisQuara
 	return &RedisQuarantine{client: client, prefix: prefix}
 }
 
-func (r *RedisQuarantine) flagKey(backend string) string {
-	return Keys{r.prefix}.QuarantineFlag(backend)
+// NewRedisFailClosed returns the models' fail-closed flags (count drift) shared by every
+// replica using the same Redis and prefix: flags like quarantine's, under keys of their own.
+func NewRedisFailClosed(client redis.UniversalClient, prefix string) *RedisQuarantine {
+	return &RedisQuarantine{client: client, prefix: prefix, failClosed: true}
 }
 
-func (r *RedisQuarantine) setKey() string { return Keys{r.prefix}.Quarantined() }
+func (r *RedisQuarantine) flagKey(name string) string {
+	if r.failClosed {
+		return Keys{r.prefix}.FailClosedFlag(name)
+	}
+	return Keys{r.prefix}.QuarantineFlag(name)
+}
+
+func (r *RedisQuarantine) setKey() string {
+	if r.failClosed {
+		return Keys{r.prefix}.FailClosed()
+	}
+	return Keys{r.prefix}.Quarantined()
+}
 
 func (r *RedisQuarantine) Quarantine(ctx context.Context, backend, reason string, ttl time.Duration) error {
 	if ttl <= 0 {

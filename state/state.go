@@ -18,6 +18,9 @@ import (
 type State struct {
 	Incidents  IncidentLog
 	Quarantine Quarantine
+	// FailClosed holds the models whose admission is fail-closed after count drift (flags like
+	// quarantine's, keyed by model name; cleared by an operator).
+	FailClosed Quarantine
 	// Degraded reports that the shared store is unreachable (the gateway goes on from local
 	// state and queues incident writes). Nil for memory state.
 	Degraded func() bool
@@ -43,7 +46,7 @@ func Open(cfg *config.Config, log *zap.Logger) (*State, error) {
 	if cfg.State.RedisURL == "" {
 		inc := NewMemoryIncidents(10000)
 		inc.TTL = cfg.Canary.IncidentTTL
-		return &State{Incidents: inc, Quarantine: NewMemoryQuarantine(), Tenants: NewMemoryTenants(), Evidence: NewMemoryTextEvidence()}, nil
+		return &State{Incidents: inc, Quarantine: NewMemoryQuarantine(), FailClosed: NewMemoryQuarantine(), Tenants: NewMemoryTenants(), Evidence: NewMemoryTextEvidence()}, nil
 	}
 	client, err := NewClient(cfg.State.RedisURL, string(cfg.State.RedisMode))
 	if err != nil {
@@ -60,7 +63,8 @@ func Open(cfg *config.Config, log *zap.Logger) (*State, error) {
 		log.Warn("redis not answering at start: serving from local state, incident writes queue", zap.Error(err))
 	}
 	return &State{Incidents: inc, Quarantine: NewRedisQuarantine(client, cfg.State.KeyPrefix),
-		Tenants: NewRedisTenants(client, cfg.State.KeyPrefix), Limits: NewRedisLimits(client, cfg.State.KeyPrefix),
+		FailClosed: NewRedisFailClosed(client, cfg.State.KeyPrefix),
+		Tenants:    NewRedisTenants(client, cfg.State.KeyPrefix), Limits: NewRedisLimits(client, cfg.State.KeyPrefix),
 		Degraded: inc.Degraded, Run: inc.Run, client: client, unlog: unlog, Evidence: NewRedisTextEvidence(client, cfg.State.KeyPrefix),
 		Prints: NewRedisPrints(client, cfg.State.KeyPrefix, cfg.Canary.DetectWindow, 0)}, nil
 }

@@ -304,3 +304,33 @@ func TestRedisIncidentsIgnoreCallerCancellation(t *testing.T) {
 		t.Fatalf("degraded=%v queue=%d: the incident should be in the stream", r.Degraded(), r.QueueLen())
 	}
 }
+
+// TestRedisFailClosed: models' fail-closed flags (count drift) behave as quarantine flags, under
+// keys of their own: a model flagged on one replica is flagged on another until cleared, and a
+// backend's quarantine flag of the same name is another flag.
+func TestRedisFailClosed(t *testing.T) {
+	c, prefix := testRedis(t)
+	f := state.NewRedisFailClosed(c, prefix)
+	testQuarantine(t, f, state.NewRedisFailClosed(secondClient(t), prefix))
+	ctx := context.Background()
+	q := state.NewRedisQuarantine(c, prefix)
+	if err := f.Quarantine(ctx, "qwen", "count drift", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if active, _ := q.Active(ctx); len(active) != 0 {
+		t.Fatalf("a fail-closed model shows as a quarantined backend: %v", active)
+	}
+	if c.Exists(ctx, state.Keys{Prefix: prefix}.FailClosedFlag("qwen")).Val() != 1 {
+		t.Fatal("the fail-closed flag is not under its key")
+	}
+	other := state.NewRedisFailClosed(secondClient(t), prefix)
+	if active, _ := other.Active(ctx); active["qwen"].IsZero() {
+		t.Fatalf("another replica does not see the fail-closed model: %v", active)
+	}
+	if err := other.Release(ctx, "qwen"); err != nil {
+		t.Fatal(err)
+	}
+	if active, _ := f.Active(ctx); !active["qwen"].IsZero() {
+		t.Fatalf("cleared on one replica, still fail-closed on another: %v", active)
+	}
+}

@@ -31,7 +31,7 @@ type Config struct {
 	BootstrapPort int
 	Allocator     string        // lifo | fifo | random; default lifo
 	Tokenizer     string        // cl100k | chunk4 | hf:DIR; default cl100k
-	Bug           string        // none | admit-rejected; default none
+	Bug           string        // none | admit-rejected | template-drift; default none
 	Fix           string        // see the Fix constants; default none
 	Seed          uint64        // seeds the model and the random allocator
 	TokenDelay    time.Duration // sleep between generated tokens; default 0
@@ -46,6 +46,9 @@ type Config struct {
 	// Default: 2 × TransferTimeout, at least 10 s.
 	RoomTTL time.Duration
 	Log     io.Writer // request and error log lines; nil = discard
+	// DriftTokens (bug template-drift) is how many tokens the engine's template adds before
+	// every text prompt. Default 256.
+	DriftTokens int
 
 	// Fast answers the generation routes with a tiny fixed reply, without parsing the prompt,
 	// tokenizing or touching the KV pool: a backend that costs almost nothing, so a benchmark
@@ -88,6 +91,9 @@ func (c *Config) Defaults() {
 	}
 	if c.Fix == "" {
 		c.Fix = kvmodel.FixNone
+	}
+	if c.DriftTokens == 0 {
+		c.DriftTokens = 256
 	}
 	if c.TransferTimeout == 0 {
 		c.TransferTimeout = 5 * time.Second
@@ -137,9 +143,12 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("tokenizer: %q is not cl100k, chunk4 or hf:DIR", c.Tokenizer)
 	}
 	switch c.Bug {
-	case kvmodel.BugNone, kvmodel.BugAdmitRejected:
+	case kvmodel.BugNone, kvmodel.BugAdmitRejected, kvmodel.BugTemplateDrift:
 	default:
-		return fmt.Errorf("bug: %q is not none or admit-rejected", c.Bug)
+		return fmt.Errorf("bug: %q is not none, admit-rejected or template-drift", c.Bug)
+	}
+	if c.DriftTokens < 0 {
+		return fmt.Errorf("drift-tokens must not be negative")
 	}
 	switch c.Fix {
 	case kvmodel.FixNone, kvmodel.FixRejectAtAdmission, kvmodel.FixZeroOnRelease, kvmodel.FixOwnershipTags, kvmodel.FixDecodeLengthCheck:

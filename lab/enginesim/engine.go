@@ -74,6 +74,9 @@ func (s *Server) checkLengths(p, o int, oGiven bool) (reason, msg string) {
 func (s *Server) run(ctx context.Context, it *wire.Item) *outcome {
 	if it.IDs == nil {
 		it.IDs, it.Texts = s.tok.Encode(it.Prompt)
+		if s.cfg.Bug == kvmodel.BugTemplateDrift {
+			it.IDs, it.Texts = s.driftPreamble(it.IDs, it.Texts)
+		}
 	} else if it.Texts == nil {
 		it.Texts = s.idTexts(it.IDs)
 	}
@@ -111,6 +114,22 @@ func (s *Server) run(ctx context.Context, it *wire.Item) *outcome {
 		return s.runDecode(ctx, it, self, p)
 	}
 	return s.runCombined(ctx, it, self, p)
+}
+
+// driftPreamble puts the tokens of bug template-drift before a text prompt's: a preamble the
+// engine's template renders that the gateway's model of the prompt lacks (token-id prompts
+// are not rendered, so they get none).
+func (s *Server) driftPreamble(ids []uint32, texts []string) ([]uint32, []string) {
+	unitIDs, unitTexts := s.tok.Encode(" drift")
+	if len(unitIDs) == 0 || s.cfg.DriftTokens == 0 {
+		return ids, texts
+	}
+	outIDs := make([]uint32, 0, s.cfg.DriftTokens+len(ids))
+	outTexts := make([]string, 0, s.cfg.DriftTokens+len(ids))
+	for len(outIDs) < s.cfg.DriftTokens {
+		outIDs, outTexts = append(outIDs, unitIDs[0]), append(outTexts, unitTexts[0])
+	}
+	return append(outIDs, ids...), append(outTexts, texts...)
 }
 
 // genLen caps the output so prompt plus output fit the pool.

@@ -39,6 +39,8 @@ type Tokenizer struct {
 	template *jinja.Template
 	// BOS and EOS are the strings templates receive as bos_token / eos_token ("" when unset).
 	BOS, EOS string
+	// vars are the names the chat template reads and does not define (TemplateVariables).
+	vars []string
 	// EncodeAdds is how many special tokens the post-processor adds when text is encoded with
 	// add_special_tokens (what an engine does with a /generate or completions text prompt; a
 	// rendered chat template is encoded without them).
@@ -422,6 +424,7 @@ func (t *Tokenizer) loadConfig(raw []byte) error {
 	}
 	t.template = tmpl
 	t.parts = contentLoop.MatchString(source)
+	t.vars = templateVariables(source)
 	return nil
 }
 

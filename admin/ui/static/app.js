@@ -104,12 +104,39 @@ function incidentRow(i) {
   const tr = el("tr");
   tr.dataset.incident = i.request_id;
   cell(tr, "time", (i.time || "").replace("T", " ").replace(/\..*Z$/, "Z"));
-  cell(tr, "kind", i.kind, i.kind === "leak" ? "bad" : "warn");
+  cell(tr, "kind", i.kind, i.kind === "leak" || i.kind === "count_drift" ? "bad" : "warn");
   cell(tr, "victim", i.victim);
   cell(tr, "requester", i.requester);
   cell(tr, "backends", (i.backends || []).join(", "));
   cell(tr, "request_id", i.request_id);
-  cell(tr, "context", i.context, "context");
+  if (i.kind === "count_drift") {
+    // No prompt text: the model, route and both counts.
+    cell(tr, "context", "model " + i.model + ", " + i.route + " (" + i.tier + "): engine counted " + num(i.engine_tokens) +
+      " prompt tokens, admission's bound was " + num(i.admitted_tokens), "context");
+  } else {
+    cell(tr, "context", i.context, "context");
+  }
+  return tr;
+}
+
+function failClosedRow(m) {
+  const tr = el("tr");
+  tr.dataset.failclosed = m.model;
+  cell(tr, "model", m.model);
+  cell(tr, "since", (m.since || "").replace("T", " ").replace(/\..*Z$/, "Z"));
+  const act = cell(tr, "action", "");
+  const btn = el("button", "Clear");
+  btn.type = "button";
+  btn.dataset.clear = m.model;
+  btn.addEventListener("click", async () => {
+    try {
+      await call("models/" + encodeURIComponent(m.model) + "/clear-fail-closed", "POST");
+    } catch (e) {
+      showError(e);
+    }
+    refresh();
+  });
+  act.appendChild(btn);
   return tr;
 }
 
@@ -171,15 +198,17 @@ function showError(e) {
 // Each section loads on its own: with Redis down the incident list fails (503) while the
 // backends, which this replica reads itself, still show.
 async function refresh() {
-  const [b, inc, ten, st] = await Promise.allSettled([call("backends"), call("incidents?limit=50"), call("tenants"), call("stats")]);
+  const [b, inc, ten, st, fc] = await Promise.allSettled([call("backends"), call("incidents?limit=50"), call("tenants"), call("stats"),
+    call("models/fail-closed")]);
   const errors = [];
   const ok = (r) => {
     if (r.status === "fulfilled") return r.value;
     if (r.reason.message !== "signed out") errors.push(r.reason.message);
     return null;
   };
-  const backends = ok(b), incidents = ok(inc), tenants = ok(ten), stats = ok(st);
+  const backends = ok(b), incidents = ok(inc), tenants = ok(ten), stats = ok(st), failClosed = ok(fc);
   if (backends) fill("backends", backends.backends || [], backendRow);
+  if (failClosed) fill("failclosed", failClosed.fail_closed || [], failClosedRow);
   if (incidents) fill("incidents", incidents.incidents || [], incidentRow);
   const counters = stats ? stats.counters : {};
   if (tenants) {

@@ -5,6 +5,9 @@ package kvmodel
 const (
 	BugNone          = "none"
 	BugAdmitRejected = "admit-rejected" // prefill turns a pool rejection into an admitted one-token stub
+	// BugTemplateDrift: the engine renders tokens the gateway does not model (a preamble its
+	// chat template adds) before every text prompt, and reports the larger prompt_tokens.
+	BugTemplateDrift = "template-drift"
 
 	FixNone              = "none"
 	FixRejectAtAdmission = "reject-at-admission" // prefill and decode answer 400, nothing is transferred
