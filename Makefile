@@ -7,7 +7,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 # Tests share one Redis (db 15, unique key prefixes); override to point elsewhere.
 export KVGATE_TEST_REDIS ?= redis://127.0.0.1:6379/15
 
-.PHONY: build test demo bench bench-quick bench-compare bench-micro fuzz soak lint docker clean tools helm promtool chart screenshot falsealarm bench-scanner
+.PHONY: build test demo bench bench-quick bench-proxy bench-compare bench-micro fuzz soak lint docker clean tools helm promtool chart screenshot falsealarm bench-scanner
 
 # The product binary (kvgate) and the lab's (kvgate-lab: simulator, leak lab, demo), which the
 # product never links.
@@ -23,7 +23,8 @@ test: build
 demo: build
 	$(LAB_BIN) demo
 
-# Issue 9: kvgate side by side with the simulator direct, nginx (if installed) and a bare fasthttp
+# Issue 33 first (the proxy alone on its own core: CPU per request and per event from /proc, see
+# bench-proxy), then issue 9: kvgate side by side with the simulator direct, nginx (if installed) and a bare fasthttp
 # proxy, rounds interleaved, then a concurrency sweep, streams, the RSS of 10,000 slow streams and
 # the micro-benchmarks; a table on stdout and lab/bench/results/latest.json (see BENCHMARKS.md).
 # Run nothing else heavy at the same time. bench-quick is the same in under a minute.
@@ -36,6 +37,15 @@ bench: build
 bench-quick: build
 	$(GO) build -o $(BENCH_BIN) ./lab/bench
 	KVGATE_BIN=$(CURDIR)/$(BIN) KVGATE_LAB_BIN=$(CURDIR)/$(LAB_BIN) $(BENCH_BIN) -quick -kvgate $(BIN) -lab $(LAB_BIN)
+
+# Issue 33, the first phase of make bench on its own: each party pinned to its own cores with
+# taskset (the proxy alone on one), the proxy's CPU time per request and per event from /proc for
+# nginx, the bare proxy and kvgate (memory, Redis; canaries off, on), then large prompts (Qwen3's
+# tokenizer from .cache/npm, cl100k). PROXY_CORES gives the proxy more cores.
+PROXY_CORES ?= 1
+bench-proxy: build
+	$(GO) build -o $(BENCH_BIN) ./lab/bench
+	KVGATE_BIN=$(CURDIR)/$(BIN) KVGATE_LAB_BIN=$(CURDIR)/$(LAB_BIN) $(BENCH_BIN) -phases proxy -proxy-cores $(PROXY_CORES) -kvgate $(BIN) -lab $(LAB_BIN) -out lab/bench/results/proxy.json
 
 # The gateway's per-request and per-event costs of BASE and of the work tree, rounds interleaved
 # in one run, side by side with their ratio (scripts/bench-compare.sh).

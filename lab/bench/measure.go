@@ -54,6 +54,14 @@ func measure(ctx context.Context, p params, c config, ps *procs) (*report, error
 			return rep, err
 		}
 	}
+	// The proxy alone, its own processes pinned, before the other phases start theirs.
+	if p.Proxy.Rounds > 0 || p.Proxy.PromptRounds > 0 {
+		pr, err := measureProxy(ctx, p.Proxy, c, ps, log)
+		rep.Proxy = pr
+		if err != nil {
+			return rep, fmt.Errorf("proxy phase: %w", err)
+		}
+	}
 	// The gateway holds two sockets per stream (client and engine); the limit is per process and
 	// children inherit it. Without CAP_SYS_RESOURCE the hard limit caps it, and the figure is
 	// then taken at the most streams that fit and projected to the count asked for.

@@ -29,13 +29,19 @@ func findNginx(flag string) string {
 // connections (HTTP/1.1, Connection cleared), buffering off so event streams pass event by
 // event, one worker per core, an access log like kvgate's, every path inside dir.
 func nginxConfig(dir, name, listen, upstream string) (string, error) {
+	return nginxConfigWorkers(dir, name, listen, upstream, "auto")
+}
+
+// nginxConfigWorkers is nginxConfig with worker_processes set (the proxy-alone phase: one per
+// core it is pinned to).
+func nginxConfigWorkers(dir, name, listen, upstream, workers string) (string, error) {
 	d := filepath.Join(dir, name)
 	if err := os.MkdirAll(filepath.Join(d, "tmp"), 0o755); err != nil {
 		return "", err
 	}
 	conf := fmt.Sprintf(`daemon off;
 master_process on;
-worker_processes auto;
+worker_processes %[4]s;
 pid %[1]s/nginx.pid;
 error_log %[1]s/error.log warn;
 events { worker_connections 16384; }
@@ -62,7 +68,7 @@ http {
         }
     }
 }
-`, d, listen, upstream)
+`, d, listen, upstream, workers)
 	path := filepath.Join(d, "nginx.conf")
 	return path, os.WriteFile(path, []byte(conf), 0o644)
 }

@@ -23,9 +23,11 @@ type report struct {
 	Ratios  ratios                        `json:"ratios"`
 	Micro   map[string]map[string]float64 `json:"micro"`
 	// Count is the count phase: MB/s of kvgate's counter and tiktoken-go per text.
-	Count   map[string]*countResult `json:"count"`
-	Machine machine                 `json:"machine"`
-	Params  params                  `json:"-"`
+	Count map[string]*countResult `json:"count"`
+	// Proxy is the proxy-alone phase (issue 33): CPU per request and per event, large prompts.
+	Proxy   *proxyReport `json:"proxy,omitempty"`
+	Machine machine      `json:"machine"`
+	Params  params       `json:"-"`
 }
 
 // ratios are kvgate (memory state) over nginx and over the bare proxy, in requests/s: the
@@ -311,6 +313,7 @@ func (r *report) print(w io.Writer) {
 	if r.Machine.Nginx != "" {
 		fmt.Fprintf(w, "   %s\n", r.Machine.Nginx)
 	}
+	r.Proxy.print(w)
 	if p.Rounds > 0 {
 		fmt.Fprintf(w, "\nThroughput: %d connections, small non-streaming chat, zero-latency backend; medians of %d interleaved rounds × %v\n", p.Conns, p.Rounds, p.Dur)
 		fmt.Fprintf(w, "%-15s %10s %9s %9s %7s   %s\n", "target", "req/s", "p50 ms", "p99 ms", "errors", "per round")
