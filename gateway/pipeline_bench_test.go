@@ -69,7 +69,7 @@ func BenchmarkPipelineStream64(b *testing.B) {
 		}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			gw := testkit.StartGateway(b, testkit.ParseConfig(b, hostileYAML(rawStreamEngine(b, c.gen), "")))
+			gw := quietGateway(b, rawStreamEngine(b, c.gen))
 			cl := dialStream(b, gw.Addr)
 			writes := 0
 			b.ReportAllocs()

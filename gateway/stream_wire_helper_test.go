@@ -13,6 +13,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvgate/kvgate/internal/testkit"
 )
 
 // This file holds the wire-level helpers of the stream write tests (stream_writes_test.go) and
@@ -80,6 +84,14 @@ func serveRawEngine(c net.Conn, gen func(c net.Conn)) {
 
 func writeRawJSON(c net.Conn, body string) {
 	_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+}
+
+// quietGateway is a gateway with canaries on (hostileYAML) in front of the engine at url, logging
+// nothing: its capacity poller may log once more after the test ends (a cancelled poll loop
+// polls again when its tick is due too), which a test logger turns into a panic.
+func quietGateway(tb testing.TB, url string) *testkit.Gateway {
+	tb.Helper()
+	return testkit.StartGatewayWithLogger(tb, testkit.ParseConfig(tb, hostileYAML(url, "")), zap.NewNop())
 }
 
 // sseHead starts a streamed reply as SGLang's server does: chunked, one chunk per event.
