@@ -11,8 +11,6 @@ require (
 	github.com/goccy/go-json v0.12.0
 	github.com/miekg/dns v1.1.73
 	github.com/mtibben/confusables v0.0.0-20210201002637-9d1b0723b659
-	github.com/pkoukk/tiktoken-go v0.1.8
-	github.com/pkoukk/tiktoken-go-loader v0.0.2
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.72.0

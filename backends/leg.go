@@ -174,6 +174,7 @@ type Leg struct {
 	Rids []string
 	req  *fasthttp.Request
 	resp *fasthttp.Response
+	body legBody // the reply body Body hands out (bodyready.go)
 }
 
 // Send posts body to path on the engine and waits for the reply's headers (the body streams).
@@ -235,16 +236,19 @@ func (l *Leg) Headers() iter.Seq2[[]byte, []byte] { return l.resp.Header.All() }
 // VisitHeaders calls f for every reply header.
 func (l *Leg) VisitHeaders(f func(k, v []byte)) { l.resp.Header.VisitAll(f) }
 
-// Body is the reply body as a stream (fasthttp has none for 1xx, 204, 304 replies).
+// Body is the reply body as a stream (fasthttp has none for 1xx, 204, 304 replies). Between its
+// reads, BodyReady says whether the next one would wait for the engine.
 func (l *Leg) Body() io.Reader {
 	if s := l.resp.BodyStream(); s != nil {
-		return s
+		l.body = legBody{s: s, boundary: true, chunked: l.resp.Header.ContentLength() == -1}
+		return &l.body
 	}
 	return bytes.NewReader(l.resp.Body())
 }
 
 // Release returns the leg's buffers and closes its body stream; later calls do nothing.
 func (l *Leg) Release() {
+	l.body = legBody{} // its read buffer goes back to fasthttp's pool with the response
 	if l.resp != nil {
 		_ = l.resp.CloseBodyStream()
 		fasthttp.ReleaseResponse(l.resp)

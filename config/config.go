@@ -370,7 +370,9 @@ type CountDrift struct {
 
 // Tokenizer selects the estimator used when the byte bound cannot decide.
 type Tokenizer struct {
-	// Library is tiktoken-go (default: github.com/tiktoken-go/tokenizer) or pkoukk.
+	// Library is kvgate (default: kvgate's own exact counter over tiktoken-go's vocabularies) or
+	// tiktoken-go (github.com/tiktoken-go/tokenizer's Count; slower, the same counts but on some
+	// whitespace runs).
 	Library Library `yaml:"library"`
 	// Encoding is cl100k_base (default) or o200k_base.
 	Encoding string `yaml:"encoding"`
@@ -562,7 +564,6 @@ const (
 	ModeMonitor Mode = "monitor"
 
 	LibraryTiktokenGo Library = "tiktoken-go"
-	LibraryPkoukk     Library = "pkoukk"
 	// LibraryKvgate is kvgate's own counting-only BPE (tokenize/bpe) over the same vocabularies.
 	LibraryKvgate Library = "kvgate"
 
@@ -636,7 +637,7 @@ func (c *Config) applyDefaults() {
 		c.Policy.CountDrift.Window = 10 * time.Minute
 	}
 	if c.Tokenizer.Library == "" {
-		c.Tokenizer.Library = LibraryTiktokenGo
+		c.Tokenizer.Library = LibraryKvgate // the fastest exact counter (issue 33)
 	}
 	if c.Tokenizer.Encoding == "" {
 		c.Tokenizer.Encoding = "cl100k_base"
@@ -893,7 +894,7 @@ func (c *Config) Validate() error {
 	if c.Policy.DefaultMaxTokens < 0 {
 		bad("policy.default_max_tokens", "must be ≥ 0, got %d", c.Policy.DefaultMaxTokens)
 	}
-	oneOf("tokenizer.library", string(c.Tokenizer.Library), string(LibraryTiktokenGo), string(LibraryPkoukk), string(LibraryKvgate))
+	checkLibrary(bad, "tokenizer.library", c.Tokenizer.Library)
 	if err := CheckHFDir(c.Tokenizer.HFDir); err != nil {
 		bad("tokenizer.hf_dir", "%v", err)
 	}
@@ -1039,6 +1040,17 @@ func (c *Config) Validate() error {
 
 // validateModels: once any model is named, every backend names one; names and aliases are
 // unique ids; every prefill has a decode of its model (and group), and the other way round.
+// checkLibrary refuses a tokenizer library kvgate does not build in.
+func checkLibrary(bad func(field, format string, args ...any), field string, got Library) {
+	switch got {
+	case LibraryKvgate, LibraryTiktokenGo:
+	case "pkoukk": // a second tiktoken library in the binary, removed in issue 33
+		bad(field, "%q is no longer built in: use %s (the default: the same counts, faster) or %s", got, LibraryKvgate, LibraryTiktokenGo)
+	default:
+		bad(field, "must be %s or %s, got %q", LibraryKvgate, LibraryTiktokenGo, got)
+	}
+}
+
 func (c *Config) validateModels(bad func(field, format string, args ...any)) {
 	if !c.MultiModel() {
 		return
@@ -1062,9 +1074,7 @@ func (c *Config) validateModels(bad func(field, format string, args ...any)) {
 			claim(a, fmt.Sprintf("%s.aliases[%d]", f, j))
 		}
 		if t := m.Tokenizer; t != nil {
-			if t.Library != LibraryTiktokenGo && t.Library != LibraryPkoukk && t.Library != LibraryKvgate {
-				bad(f+".tokenizer.library", "must be %s, %s or %s, got %q", LibraryTiktokenGo, LibraryPkoukk, LibraryKvgate, t.Library)
-			}
+			checkLibrary(bad, f+".tokenizer.library", t.Library)
 			if err := CheckHFDir(t.HFDir); err != nil {
 				bad(f+".tokenizer.hf_dir", "%v", err)
 			}

@@ -32,7 +32,7 @@ func TestParseDefaults(t *testing.T) {
 	}
 	if c.Listen != "127.0.0.1:8080" || c.MaxBodyBytes != 32<<20 || c.Policy.Mode != "enforce" ||
 		c.Policy.OverflowStatus != 413 || c.Policy.CountDrift.Threshold != 3 || c.Policy.CountDrift.Window != 10*time.Minute ||
-		c.Tokenizer.Library != "tiktoken-go" || c.Tokenizer.SafetyRatio != 1.3 ||
+		c.Tokenizer.Library != "kvgate" || c.Tokenizer.SafetyRatio != 1.3 ||
 		c.State.RedisMode != "standalone" || c.Canary.Epoch != time.Hour || c.Capacity.MaxAge != 6*time.Second ||
 		c.Upstream.MaxReplyBytes != 64<<20 || c.Upstream.MaxBufferedBytes != 256<<20 ||
 		c.Server.MetricsAuth != MetricsAuthKey || c.Server.MetricsListen != "" {
@@ -102,6 +102,7 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"drift window too short", minimal + "policy: {count_drift: {window: 10ms}}\n", "", "policy.count_drift.window"},
 		{"drift window too long", minimal + "policy: {count_drift: {window: 48h}}\n", "", "policy.count_drift.window"},
 		{"bad library", minimal + "tokenizer: {library: hf}\n", "", "tokenizer.library"},
+		{"removed library", minimal + "tokenizer: {library: pkoukk}\n", "", `tokenizer.library: "pkoukk" is no longer built in: use kvgate`},
 		{"ratio below one", minimal + "tokenizer: {safety_ratio: 0.5}\n", "", "tokenizer.safety_ratio"},
 		{"canary without secret", minimal + "canary: {enabled: true}\n", "", "canary.secret"},
 		{"bad redis mode", minimal + "state: {redis_mode: ring}\n", "", "state.redis_mode"},
@@ -336,7 +337,7 @@ func TestModelTokenizerInherits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tk := c.ModelTokenizer("m"); tk.Encoding != "o200k_base" || tk.SafetyRatio != 1.5 || tk.Library != LibraryTiktokenGo || tk.ExactTimeout != c.Tokenizer.ExactTimeout {
+	if tk := c.ModelTokenizer("m"); tk.Encoding != "o200k_base" || tk.SafetyRatio != 1.5 || tk.Library != LibraryKvgate || tk.ExactTimeout != c.Tokenizer.ExactTimeout {
 		t.Fatalf("model m's tokenizer: %+v", tk)
 	}
 	if tk := c.ModelTokenizer("n"); tk != c.Tokenizer {

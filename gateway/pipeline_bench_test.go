@@ -1,6 +1,11 @@
 package gateway_test
 
 import (
+	"bytes"
+	"io"
+	"net"
+	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/valyala/fasthttp"
@@ -34,4 +39,61 @@ func BenchmarkPipelineSmallChat(b *testing.B) {
 			}
 		}
 	})
+}
+
+// A streamed chat reply of 64 content events through the gateway over loopback, canaries on, one
+// reply at a time, the engine sending every event as its own chunk: all in one TCP write (burst)
+// or one write per event, back to back (per-event). cpu-ns/op is the process's CPU time per
+// reply (gateway, engine stand-in and client together: the last two do the same work on every
+// side of a comparison); writes/op is the chunks the client got per reply, one write each.
+func BenchmarkPipelineStream64(b *testing.B) {
+	var burst strings.Builder
+	burst.WriteString(sseHead)
+	events := make([]string, 64)
+	for k := range events {
+		events[k] = chunk(chatEvent(k))
+		burst.WriteString(events[k])
+	}
+	burst.WriteString(chatEndChunks())
+	for _, c := range []struct {
+		name string
+		gen  func(net.Conn)
+	}{
+		{"burst", func(c net.Conn) { _, _ = io.WriteString(c, burst.String()) }},
+		{"per-event", func(c net.Conn) {
+			_, _ = io.WriteString(c, sseHead)
+			for _, e := range events {
+				_, _ = io.WriteString(c, e)
+			}
+			_, _ = io.WriteString(c, chatEndChunks())
+		}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			gw := quietGateway(b, rawStreamEngine(b, c.gen))
+			cl := dialStream(b, gw.Addr)
+			writes := 0
+			b.ReportAllocs()
+			cpu0 := processCPU()
+			b.ResetTimer()
+			for b.Loop() {
+				cl.ask(b, requesterKey)
+				body, n, err := cl.readAll()
+				if err != nil || !bytes.Contains(body, []byte("tok-063")) || !bytes.HasSuffix(body, []byte("data: [DONE]\n\n")) {
+					b.Fatalf("reply: %v\n%s", err, body)
+				}
+				writes += n
+			}
+			b.ReportMetric(float64(writes)/float64(b.N), "writes/op")
+			b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
+		})
+	}
+}
+
+// processCPU is this process's user and system CPU time so far, in nanoseconds.
+func processCPU() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
 }

@@ -302,7 +302,8 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *backends.Leg, other *backe
 	}
 	copyReplyHeaders(ctx, l) // X-Request-Id is set already (generate)
 	if code >= 200 && code <= 299 && code != 204 && x.req.Stream {
-		src, err := reply.Decoded(string(l.Header(fasthttp.HeaderContentEncoding)), l.Body())
+		body := l.Body()
+		src, err := reply.Decoded(string(l.Header(fasthttp.HeaderContentEncoding)), body)
 		if cs := reply.CharsetOf(l.ContentType()); err == nil && cs != "" && cs != "utf-8" && cs != "utf8" {
 			err = fmt.Errorf("%w %q on an event stream (the format is UTF-8 only)", reply.ErrCharset, cs)
 		}
@@ -320,7 +321,7 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *backends.Leg, other *backe
 		ctx.Response.Header.SetContentType("text/event-stream")
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		x.status = code
-		ctx.SetBodyStream(x.newRelayReader(l, other, src, gd), -1)
+		ctx.SetBodyStream(x.newRelayReader(l, other, src, src == body, gd), -1)
 		return
 	}
 	defer x.closeLeg(l)

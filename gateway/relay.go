@@ -45,14 +45,17 @@ var streamFailEvent, streamCutEvent, streamDrainEvent = func() (fail, cut, drain
 }()
 
 // relayReader is the client's body for a streamed reply. fasthttp calls Read until EOF, writing
-// and flushing each chunk, and calls Close when the body is done or the client is gone. It owns
-// the upstream response from the moment it is set as the body stream.
+// and flushing each chunk (one write system call each), and calls Close when the body is done or
+// the client is gone. It owns the upstream response from the moment it is set as the body stream.
 type relayReader struct {
 	x     *exchange
 	l     *backends.Leg
 	other *backends.Backend
 	src   io.Reader
 	ev    *reply.Stream
+	// peek: src is the leg's body itself (no content coding between), so l.BodyReady tells
+	// whether reading on would wait for the engine.
+	peek bool
 
 	readBuf [16 << 10]byte
 	eof     bool // upstream finished (cleanly or not); ev.out holds the rest
@@ -60,15 +63,17 @@ type relayReader struct {
 	once    sync.Once
 }
 
-func (x *exchange) newRelayReader(l *backends.Leg, other *backends.Backend, src io.Reader, gd *reply.Guard) *relayReader {
-	r := &relayReader{x: x, l: l, other: other, src: src}
+func (x *exchange) newRelayReader(l *backends.Leg, other *backends.Backend, src io.Reader, peek bool, gd *reply.Guard) *relayReader {
+	r := &relayReader{x: x, l: l, other: other, src: src, peek: peek}
 	r.ev = x.newEventRelay(gd, func() { x.cut(r.ev.Leak(), l.B, l.Rids, other) })
 	return r
 }
 
-// Read hands fasthttp the next processed bytes. Each upstream read is parsed at once and one
-// event is bounded, so a client that left is noticed at the next write, not after an endless
-// event was buffered.
+// Read hands fasthttp the next processed bytes. Each upstream read is parsed and scanned at once
+// (one event is bounded), so a client that left is noticed at the next write, not after an endless
+// event was buffered. What is ready goes out as soon as the engine has nothing more buffered
+// (or p is full): events the engine sent back to back leave in one write, and a complete event is
+// never held while the relay waits on the engine (issue 33).
 func (r *relayReader) Read(p []byte) (n int, err error) {
 	defer func() {
 		// fasthttp reads the body on its connection goroutine, where nothing recovers: a
@@ -83,7 +88,10 @@ func (r *relayReader) Read(p []byte) (n int, err error) {
 			err = nil
 		}
 	}()
-	for len(r.ev.Pending()) == 0 {
+	for {
+		if out := len(r.ev.Pending()); out > 0 && (out >= len(p) || r.eof || r.ev.Ended() || !r.upstreamReady()) {
+			break
+		}
 		if r.eof || r.ev.Ended() {
 			return 0, io.EOF
 		}
@@ -117,6 +125,10 @@ func (r *relayReader) Read(p []byte) (n int, err error) {
 	}
 	return n, nil
 }
+
+// upstreamReady says the next upstream read returns without waiting for the engine (its bytes
+// are buffered already); false when that cannot be told.
+func (r *relayReader) upstreamReady() bool { return r.peek && r.l.BodyReady() }
 
 // Close releases the upstream reply. If the stream did not finish (client gone, cut, error), the
 // engines are told to abort the request.

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Compare the gateway's per-request and per-event costs of BASE (a commit) with the work tree,
 # in one run, rounds interleaved (old, new, old, new, ...), on the same machine. Run nothing else
-# heavy meanwhile. Usage: scripts/bench-compare.sh [BASE] [ROUNDS]
+# heavy meanwhile. Usage: scripts/bench-compare.sh [BASE] [ROUNDS]; BENCHES (a -test.bench
+# pattern) and BENCHTIME choose other benchmarks of ./gateway/ (BASE must have them); RAW=FILE
+# also appends every round's benchmark lines there, side first (for metrics beyond the table's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base=${1:-f8755d9}
 rounds=${2:-3}
-benches='^(BenchmarkRequest|BenchmarkRelayEvent)$'
+benches=${BENCHES:-'^(BenchmarkRequest|BenchmarkRelayEvent)$'}
 dir=$(mktemp -d)
 trap 'git worktree remove --force "$dir/old" >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
 git worktree add --detach "$dir/old" "$base" >/dev/null 2>&1
@@ -16,7 +18,8 @@ for i in $(seq 1 "$rounds"); do
   for side in old new; do
     src=$([ "$side" = old ] && echo "$dir/old/gateway" || echo "$PWD/gateway")
     (cd "$src" && "$dir/$side.test" -test.run '^$' -test.bench "$benches" -test.benchmem -test.benchtime ${BENCHTIME:-2000x}) |
-      awk -v side="$side" '/^Benchmark/ {print side, $1, $3, $(NF-3), $(NF-1)}' >> "$dir/results"
+      awk '/^Benchmark/' | sed "s/^/$side /" | tee -a "${RAW:-/dev/null}" |
+      awk '{print $1, $2, $4, $(NF-3), $(NF-1)}' >> "$dir/results"
   done
 done
 # name: median ns/op, B/op, allocs/op per side, then new/old.

@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	tiktoken "github.com/pkoukk/tiktoken-go"
 	"github.com/tiktoken-go/tokenizer"
 )
 
@@ -14,8 +13,6 @@ import (
 // Adversarial texts have the same byte sizes (their token counts differ). Run once, e.g.
 //
 //	go test -run '^$' -bench . -benchtime 1x ./tokenize/
-//
-// pkoukk on 3.5 MB of adversarial text takes a few seconds per iteration.
 
 var benchSizes = []struct {
 	name  string
@@ -80,15 +77,9 @@ func BenchmarkCountEarlyExit(b *testing.B) {
 	}
 }
 
-// BenchmarkLibraryWhole counts the 8k-token texts in one library call, without our chunking:
-// it shows what the 256-byte pieces buy on pkoukk (quadratic on long runs) and what they
-// cost on ordinary text.
+// BenchmarkLibraryWhole counts the 8k-token texts in one tiktoken-go call, without our
+// chunking: what the chunking costs on ordinary text.
 func BenchmarkLibraryWhole(b *testing.B) {
-	mustEncoder(b, LibraryPkoukk, "") // sets the offline loader
-	tk, err := tiktoken.GetEncoding(EncodingCl100k)
-	if err != nil {
-		b.Fatal(err)
-	}
 	codec, err := tokenizer.Get(tokenizer.Cl100kBase)
 	if err != nil {
 		b.Fatal(err)
@@ -101,12 +92,6 @@ func BenchmarkLibraryWhole(b *testing.B) {
 				if _, err := codec.Count(text); err != nil {
 					b.Fatal(err)
 				}
-			}
-		})
-		b.Run(LibraryPkoukk+"/"+bt.name+"/8k", func(b *testing.B) {
-			b.SetBytes(int64(len(text)))
-			for b.Loop() {
-				_ = tk.Encode(text, nil, nil)
 			}
 		})
 	}

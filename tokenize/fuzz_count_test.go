@@ -33,7 +33,7 @@ func FuzzCount(f *testing.F) {
 		f.Add(s, int16(-1))
 		f.Add(s, int16(3))
 	}
-	encoders := []Encoder{mustEncoder(f, LibraryTiktokenGo, ""), mustEncoder(f, LibraryPkoukk, ""), mustEncoder(f, LibraryKvgate, "")}
+	encoders := []Encoder{mustEncoder(f, LibraryTiktokenGo, ""), mustEncoder(f, LibraryKvgate, "")}
 	var codecs []tokenizer.Codec
 	for _, e := range []tokenizer.Encoding{tokenizer.Cl100kBase, tokenizer.O200kBase} {
 		codec, err := tokenizer.Get(e)

@@ -9,7 +9,8 @@ import (
 )
 
 // LibraryKvgate is kvgate's own counting-only BPE (tokenize/bpe) over the vocabularies that
-// github.com/tiktoken-go/tokenizer compiles in: the same counts, without producing tokens.
+// github.com/tiktoken-go/tokenizer compiles in: the same counts, without producing tokens. The
+// default library (issue 33: 2.6 ms against tiktoken-go's 12.4 ms for a 220 KB prompt).
 const LibraryKvgate = "kvgate"
 
 var kvgateVocabs sync.Map // encoding name -> *onceVocab
