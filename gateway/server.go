@@ -89,6 +89,8 @@ type Gateway struct {
 	printsWaitLate prometheus.Counter
 
 	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/limits.go)
+	// queues: the admission queue at the free KV (gateway/queue.go); nil unless queue.enabled.
+	queues *queues
 
 	replies *reply.Budget // upstream.max_buffered_bytes (budget.go)
 
@@ -143,6 +145,9 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	g.policy.Store(&cfg.Policy)
 	g.count = models.counter(models.fallback)
 	g.lim = newLimitsState(g) // kvgate limits
+	if cfg.Queue.Enabled {
+		g.queues = newQueues(cfg.Queue, g.metrics.reg)
+	}
 	g.admin = &admin.API{Key: adminKey, Backends: set, Incidents: st.Incidents, Quarantines: g.quarantine, Tenants: g.tenants, QuarantineTTL: cfg.Canary.QuarantineTTL,
 		Store: st.Tenants, Log: g.log, Bearer: bearer, ReadBody: readBody, Metrics: g.metrics.reg}
 	g.replies = reply.NewBudget(cfg.Upstream.MaxBufferedBytes)
@@ -166,6 +171,9 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 		// A failed calibration is retried on the poll schedule (backing off) until it succeeds,
 		// not only when the engine's capacity changes.
 		g.modelTab().counter(b.Model).RetryCalibration(b, time.Now())
+		if g.queues != nil {
+			g.queues.kick() // a fresh usage reading may free KV for what waits
+		}
 		if prevPolled != nil {
 			prevPolled(b)
 		}
