@@ -81,6 +81,9 @@ type Backend struct {
 	polled    atomic.Bool
 	roleOK    atomic.Bool
 	inflight  atomic.Int64 // prompt tokens of requests in flight through this gateway
+	// reserved is the KV tokens (prompt + reserved output) of requests the admission queue
+	// dispatched here and has not seen finish (Route.Reserve).
+	reserved atomic.Int64
 	// quarantinedUntil is unix nanoseconds; 0 when not quarantined.
 	quarantinedUntil atomic.Int64
 	infoPath         atomic.Value   // "/server_info" until it answers 404
@@ -116,6 +119,24 @@ func (b *Backend) AddInflight(tokens int) { b.inflight.Add(int64(tokens)) }
 
 // Inflight is the prompt tokens of requests in flight through this gateway.
 func (b *Backend) Inflight() int64 { return b.inflight.Load() }
+
+// Reserved is the KV tokens the admission queue dispatched here and has not seen finish.
+func (b *Backend) Reserved() int64 { return b.reserved.Load() }
+
+// KVFree estimates the backend's free KV tokens now: its pool minus what is in use, where in
+// use is the larger of the engine's own num_used_tokens (which covers other clients' requests,
+// but lags a burst by up to a poll) and what this gateway has dispatched and not seen finish
+// (which covers the burst; the engine counts those too once running, so the two are not added).
+// known is false when the engine reported no usage (no /v1/loads and no gauge): the caller
+// fails closed.
+func (b *Backend) KVFree() (free int64, known bool) {
+	c := b.capacity.Load()
+	if c == nil || c.UsedTokens < 0 {
+		return 0, false
+	}
+	used := max(int64(c.UsedTokens), b.reserved.Load())
+	return max(int64(c.PoolTokens)-used, 0), true
+}
 
 // Options are the set's timings.
 type Options struct {
@@ -651,6 +672,51 @@ func (r *Route) Load() int64 {
 		}
 	}
 	return n
+}
+
+// kvNeeds is what a request of prompt and output tokens holds on each backend of the route: a
+// prefill engine holds the prompt, a decode or unified one the prompt and the output, each cut
+// to the engine's pool (admission already refused what can never fit).
+func (r *Route) kvNeeds(prompt, output int) (bs [2]*Backend, need [2]int64, n int) {
+	add := func(b *Backend, tokens int) {
+		if c := b.Capacity(); c != nil {
+			tokens = min(tokens, c.PoolTokens)
+		}
+		bs[n], need[n] = b, int64(tokens)
+		n++
+	}
+	if r.Unified != nil {
+		add(r.Unified, prompt+output)
+		return
+	}
+	add(r.Prefill, prompt)
+	add(r.Decode, prompt+output)
+	return
+}
+
+// Reserve takes the request's KV on every backend of the route when each one's KVFree holds it,
+// and reports whether it did. Unknown usage fails closed (false). The caller serialises
+// Reserve calls for a route's backends (one admission queue per model) and calls Unreserve with
+// the same numbers when the request finishes.
+func (r *Route) Reserve(prompt, output int) bool {
+	bs, need, n := r.kvNeeds(prompt, output)
+	for i := 0; i < n; i++ {
+		if free, known := bs[i].KVFree(); !known || free < need[i] {
+			return false
+		}
+	}
+	for i := 0; i < n; i++ {
+		bs[i].reserved.Add(need[i])
+	}
+	return true
+}
+
+// Unreserve releases what Reserve took.
+func (r *Route) Unreserve(prompt, output int) {
+	bs, need, n := r.kvNeeds(prompt, output)
+	for i := 0; i < n; i++ {
+		bs[i].reserved.Add(-need[i])
+	}
 }
 
 // Reasons no route is available.

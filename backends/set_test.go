@@ -218,3 +218,47 @@ func TestPairingWithinModelAndGroup(t *testing.T) {
 		t.Fatalf("a model no backend serves: %v", err)
 	}
 }
+
+// The free-KV estimate: unknown usage fails closed; in use is the larger of the engine's report
+// and what the gateway dispatched (a burst the engine has not reported yet still counts, and the
+// two are not added twice); Reserve takes prompt on a prefill and prompt+output on a decode, and
+// refuses when any leg lacks room.
+func TestKVFreeAndReserve(t *testing.T) {
+	s := newTestSet(t, config.Backend{Name: "u", URL: "http://127.0.0.1:1", Role: "unified"},
+		config.Backend{Name: "p", URL: "http://127.0.0.1:1", Role: "prefill"}, config.Backend{Name: "d", URL: "http://127.0.0.1:1", Role: "decode"})
+	u, p, d := s.Get("u"), s.Get("p"), s.Get("d")
+	SetCapacityForTest(u, &Capacity{PoolTokens: 1000, UsedTokens: -1, ReadAt: time.Now()})
+	if _, known := u.KVFree(); known {
+		t.Fatal("usage never reported: the estimate must be unknown")
+	}
+	uni := Route{Unified: u}
+	if uni.Reserve(1, 1) {
+		t.Fatal("unknown usage must fail closed")
+	}
+	SetCapacityForTest(u, &Capacity{PoolTokens: 1000, UsedTokens: 300, ReadAt: time.Now()})
+	if free, _ := u.KVFree(); free != 700 {
+		t.Fatalf("free %d, want 700", free)
+	}
+	if !uni.Reserve(400, 200) {
+		t.Fatal("600 fits 700 free")
+	}
+	if free, _ := u.KVFree(); free != 400 {
+		t.Fatalf("after reserving 600 over an engine report of 300: free %d, want 400 (max of the two, not the sum)", free)
+	}
+	if uni.Reserve(300, 101) {
+		t.Fatal("401 must not fit 400 free")
+	}
+	uni.Unreserve(400, 200)
+	if free, _ := u.KVFree(); free != 700 || u.Reserved() != 0 {
+		t.Fatalf("after release: free %d reserved %d", free, u.Reserved())
+	}
+	SetCapacityForTest(p, &Capacity{PoolTokens: 1000, UsedTokens: 0, ReadAt: time.Now()})
+	SetCapacityForTest(d, &Capacity{PoolTokens: 500, UsedTokens: 100, ReadAt: time.Now()})
+	pd := Route{Prefill: p, Decode: d}
+	if !pd.Reserve(300, 100) || p.Reserved() != 300 || d.Reserved() != 400 {
+		t.Fatalf("PD reserve: prefill %d decode %d, want 300 and 400", p.Reserved(), d.Reserved())
+	}
+	if pd.Reserve(50, 100) || p.Reserved() != 300 {
+		t.Fatal("decode lacks room: nothing may be taken on either leg")
+	}
+}

@@ -53,7 +53,32 @@ type Config struct {
 	Upstream  Upstream  `yaml:"upstream"`
 	Limits    Limits    `yaml:"limits"`
 	Server    Server    `yaml:"server"`
+	Queue     Queue     `yaml:"queue"`
 }
+
+// Queue is admission at the live free KV: a request that fits the pool but not what is free now
+// waits, and waiting tenants are served by fair share. Off by default in this release: it
+// needs engines that report their KV usage (/v1/loads, or the num_used_tokens gauge), since
+// unknown usage fails closed, and its sharing across replicas is not built yet (each replica
+// sees only its own dispatches between polls).
+type Queue struct {
+	Enabled bool `yaml:"enabled"`
+	// Policy is fair (token-weighted fair share, the default) or round_robin (one request per
+	// waiting tenant in turn, whatever its size).
+	Policy QueuePolicy `yaml:"policy"`
+	// Timeout bounds a request's wait; past it the client gets 429 with Retry-After. Default 30s.
+	Timeout time.Duration `yaml:"timeout"`
+	// MaxQueued bounds the requests waiting per model; beyond it 503 at once. Default 1024.
+	MaxQueued int `yaml:"max_queued"`
+}
+
+// QueuePolicy is queue.policy.
+type QueuePolicy string
+
+const (
+	QueueFair       QueuePolicy = "fair"
+	QueueRoundRobin QueuePolicy = "round_robin"
+)
 
 // Server bounds what one client connection may cost the gateway before a request is admitted:
 // how long it may take to send its headers and body, how large its headers may be, and how many
@@ -332,6 +357,10 @@ type Tenant struct {
 	TPM int `yaml:"tpm"`
 	// MaxConcurrent caps requests in flight, across every replica; 0 means no limit.
 	MaxConcurrent int `yaml:"max_concurrent"`
+	// Weight is the tenant's share of a model's KV when the admission queue (queue.enabled)
+	// holds requests: a tenant of weight 2 is served twice the tokens of one of weight 1.
+	// Default 1.
+	Weight float64 `yaml:"weight"`
 }
 
 // Policy is the admission policy.
@@ -768,6 +797,20 @@ func (c *Config) applyDefaults() {
 	if c.Limits.RedisTimeout == 0 {
 		c.Limits.RedisTimeout = 100 * time.Millisecond
 	}
+	if c.Queue.Policy == "" {
+		c.Queue.Policy = QueueFair
+	}
+	if c.Queue.Timeout == 0 {
+		c.Queue.Timeout = 30 * time.Second
+	}
+	if c.Queue.MaxQueued == 0 {
+		c.Queue.MaxQueued = 1024
+	}
+	for i := range c.Tenants {
+		if c.Tenants[i].Weight == 0 {
+			c.Tenants[i].Weight = 1
+		}
+	}
 	if c.Discovery.Interval == 0 {
 		c.Discovery.Interval = 10 * time.Second
 	}
@@ -880,6 +923,16 @@ func (c *Config) Validate() error {
 				bad(f+"."+l.name, "must be ≥ 0 (0 = no limit), got %d", l.v)
 			}
 		}
+		if !(t.Weight > 0 && t.Weight <= 1000) { // NaN fails too
+			bad(f+".weight", "must be > 0 and ≤ 1000, got %v", t.Weight)
+		}
+	}
+	oneOf("queue.policy", string(c.Queue.Policy), string(QueueFair), string(QueueRoundRobin))
+	if c.Queue.Timeout < 0 || c.Queue.Timeout > 10*time.Minute {
+		bad("queue.timeout", "must be between 0 and 10m, got %s", c.Queue.Timeout)
+	}
+	if c.Queue.MaxQueued < 1 || c.Queue.MaxQueued > 1_000_000 {
+		bad("queue.max_queued", "must be between 1 and 1000000, got %d", c.Queue.MaxQueued)
 	}
 	oneOf("policy.mode", string(c.Policy.Mode), string(ModeEnforce), string(ModeMonitor))
 	if c.Policy.OverflowStatus != 413 && c.Policy.OverflowStatus != 400 {

@@ -65,6 +65,7 @@ type exchange struct {
 	errMsg    string
 	logged    atomic.Bool
 	limit     *limitHold // kvgate limits: the tenant-limit reservation, settled in finish
+	queued    *queued    // the admission queue's KV reservation, released in close (queue.go)
 	// hideUsage: the engine was asked for a stream's usage that the client did not ask for;
 	// the usage-only chunk is read for settlement and not relayed.
 	hideUsage bool
@@ -115,6 +116,10 @@ func (g *Gateway) generate(ctx *fasthttp.RequestCtx, kind request.Kind) {
 	}
 	x.spanAdmitted()
 	if e := x.reserveLimits(ctx); e != nil { // kvgate limits: 429 after the 413 decision, before any backend
+		x.fail(ctx, e)
+		return
+	}
+	if e := x.enqueue(ctx); e != nil { // the admission queue: waits for free KV (gateway/queue.go)
 		x.fail(ctx, e)
 		return
 	}

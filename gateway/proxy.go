@@ -114,6 +114,7 @@ func (x *exchange) close() {
 		}
 		x.printsDone()
 		x.finish()
+		x.releaseQueue() // after finish: the charge is corrected from the settled usage
 	})
 }
 

@@ -93,6 +93,8 @@ type Gateway struct {
 	printsWaitLate prometheus.Counter
 
 	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/limits.go)
+	// queues: the admission queue at the free KV (gateway/queue.go); nil unless queue.enabled.
+	queues *queues
 
 	replies *reply.Budget // upstream.max_buffered_bytes (budget.go)
 
@@ -152,6 +154,9 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	}
 	g.drift = newDriftMonitor(g, failClosed)
 	g.lim = newLimitsState(g) // kvgate limits
+	if cfg.Queue.Enabled {
+		g.queues = newQueues(cfg.Queue, g.metrics.reg)
+	}
 	throttle := admin.NewThrottle(cfg.Server.AuthThrottle, g.metrics.reg)
 	throttle.OnLockout = func(addr netip.Addr, failures int) {
 		g.log.Warn("admin or metrics key: client address locked out after repeated wrong keys", zap.String("client_addr", addr.String()),
@@ -187,6 +192,9 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 		// A failed calibration is retried on the poll schedule (backing off) until it succeeds,
 		// not only when the engine's capacity changes.
 		g.modelTab().counter(b.Model).RetryCalibration(b, time.Now())
+		if g.queues != nil {
+			g.queues.kick() // a fresh usage reading may free KV for what waits
+		}
 		if prevPolled != nil {
 			prevPolled(b)
 		}

@@ -70,7 +70,7 @@ func (s *Server) models(ctx *fasthttp.RequestCtx) {
 }
 
 type loadSnap struct {
-	used, total, running, waiting, freePages, totalPages int
+	used, total, running, waiting, freePages, totalPages, poolFull int
 }
 
 func (s *Server) snapshot() loadSnap {
@@ -82,6 +82,7 @@ func (s *Server) snapshot() loadSnap {
 		total:      s.pool.Tokens(),
 		running:    s.running,
 		waiting:    s.waiting,
+		poolFull:   s.poolFull,
 		freePages:  free,
 		totalPages: s.pool.NumPages,
 	}
@@ -139,7 +140,10 @@ type SimStats struct {
 	// CacheSalts counts the distinct cache_salt values seen (and /generate's extra_key): the simulator
 	// has no prefix cache to partition, so this is what a test can check.
 	CacheSalts int `json:"cache_salts"`
-	Pool       struct {
+	// PoolFullHits counts requests that found no room in the KV pool on arrival (they waited
+	// for pages, or failed): the engine's overflow path.
+	PoolFullHits int `json:"pool_full_hits"`
+	Pool         struct {
 		PagesTotal int `json:"pages_total"`
 		PagesFree  int `json:"pages_free"`
 	} `json:"pool"`
@@ -163,6 +167,7 @@ func (s *Server) Stats() SimStats {
 	st.CacheSalts = len(s.salts)
 	s.statsMu.Unlock()
 	st.Pool.PagesTotal, st.Pool.PagesFree = l.totalPages, l.freePages
+	st.PoolFullHits = l.poolFull
 	return st
 }
 

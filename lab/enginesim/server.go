@@ -39,6 +39,9 @@ type Server struct {
 	seq     uint64
 	waiting int
 	running int
+	// poolFull counts requests that found the pool without room for their pages and had to
+	// wait or fail (the engine's own overflow path, which admission at free KV avoids).
+	poolFull int
 
 	statsMu  sync.Mutex
 	requests map[string]int
@@ -370,11 +373,14 @@ func (s *Server) allocPages(ctx context.Context, n int) ([]int32, error) {
 	var timer *time.Timer
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for {
+	for first := true; ; first = false {
 		pages, ok := s.pool.Alloc(n, make([]int32, 0, n))
 		if ok {
 			s.running++
 			return pages, nil
+		}
+		if first {
+			s.poolFull++
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

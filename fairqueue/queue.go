@@ -1,0 +1,273 @@
+// Package fairqueue decides which waiting request goes next when a model's free KV cannot take
+// them all: token-weighted fair share between tenants (a virtual token counter per tenant, as in
+// "Fairness in Serving Large Language Models", OSDI 2024), or request-count round robin (the
+// comparison point llm-d's flow control offers). It knows nothing of HTTP or engines: the
+// caller says whether a request fits (and reserves it) and when a request's client is gone.
+package fairqueue
+
+import (
+	"errors"
+	"sync"
+	"time"
+)
+
+// Policy chooses the tenant served next among those with requests waiting.
+type Policy int
+
+const (
+	// Fair serves the waiting tenant with the smallest weighted virtual token counter.
+	Fair Policy = iota
+	// RoundRobin serves waiting tenants one request each in turn, whatever the requests' size.
+	RoundRobin
+)
+
+// ErrFull: the queue holds max_queued requests already (the caller answers 503 at once).
+var ErrFull = errors.New("fairqueue: queue full")
+
+// ErrTimeout: the request waited its whole timeout without fitting (the caller answers 429).
+var ErrTimeout = errors.New("fairqueue: queue timeout")
+
+// ErrGone: the request's client left while it waited; it was removed and charged nothing.
+var ErrGone = errors.New("fairqueue: client gone")
+
+// Ticket is one request: who sends it and the KV tokens it needs (prompt + reserved output).
+type Ticket struct {
+	Tenant string
+	Tokens int64
+	// Weight is the tenant's share (default 1 when ≤ 0): its counter grows by Tokens/Weight.
+	Weight float64
+	// Value is the caller's own (the gateway's exchange); the queue never reads it.
+	Value any
+
+	ready      chan struct{} // closed at dispatch
+	dispatched bool
+	queued     bool
+	charged    float64 // what the tenant's counter was charged at dispatch
+}
+
+// Dispatched reports whether the ticket was dispatched (read under no lock only after Wait).
+func (t *Ticket) Dispatched() bool { return t.dispatched }
+
+type tenant struct {
+	name    string
+	counter float64   // weighted tokens served (virtual time)
+	waiting []*Ticket // FIFO within the tenant
+}
+
+// Queue is one model's queue. The zero value is not usable; use New.
+type Queue struct {
+	mu        sync.Mutex
+	policy    Policy
+	maxQueued int
+	tenants   map[string]*tenant
+	backlog   []*tenant // tenants with requests waiting, in arrival order (round robin turns)
+	rr        int       // round robin: the index in backlog served next
+	queued    int
+	lastLift  float64 // the counter of the last tenant served: floor for one that comes back to an idle queue
+}
+
+// New returns an empty queue holding at most maxQueued waiting requests (≤ 0: unbounded).
+func New(p Policy, maxQueued int) *Queue {
+	return &Queue{policy: p, maxQueued: maxQueued, tenants: map[string]*tenant{}}
+}
+
+// Len is the number of waiting requests.
+func (q *Queue) Len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.queued
+}
+
+// LenOf is the number of requests tenant has waiting.
+func (q *Queue) LenOf(tenantName string) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if t := q.tenants[tenantName]; t != nil {
+		return len(t.waiting)
+	}
+	return 0
+}
+
+// Counter is the tenant's virtual token counter (tests and the status page).
+func (q *Queue) Counter(tenantName string) float64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if t := q.tenants[tenantName]; t != nil {
+		return t.counter
+	}
+	return 0
+}
+
+// Submit queues t and dispatches whatever fits now (t included, when its turn has come and it
+// fits). fits is asked about the request chosen next; it returns true only after reserving the
+// request's tokens (so the next call sees them taken). Submit returns ErrFull when the queue is
+// at its bound and t does not dispatch at once.
+func (q *Queue) Submit(t *Ticket, fits func(*Ticket) bool) error {
+	if t.Weight <= 0 {
+		t.Weight = 1
+	}
+	t.ready = make(chan struct{})
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	ten := q.tenants[t.Tenant]
+	if ten == nil {
+		ten = &tenant{name: t.Tenant}
+		q.tenants[t.Tenant] = ten
+	}
+	if len(ten.waiting) == 0 {
+		q.lift(ten)
+		q.backlog = append(q.backlog, ten)
+	}
+	ten.waiting = append(ten.waiting, t)
+	t.queued = true
+	q.queued++
+	q.dispatchLocked(fits)
+	if !t.dispatched && q.maxQueued > 0 && q.queued > q.maxQueued {
+		q.removeLocked(t)
+		return ErrFull
+	}
+	return nil
+}
+
+// lift raises a newly backlogged tenant's counter to the smallest among the tenants waiting (or,
+// with none waiting, to the last one served), so time spent idle is not banked as credit that
+// would let it shut the others out on return.
+func (q *Queue) lift(ten *tenant) {
+	floor := q.lastLift
+	if len(q.backlog) > 0 {
+		floor = q.backlog[0].counter
+		for _, b := range q.backlog[1:] {
+			floor = min(floor, b.counter)
+		}
+	}
+	ten.counter = max(ten.counter, floor)
+}
+
+// Dispatch dispatches waiting requests while the one chosen next fits (call it when KV frees:
+// a request finished, or a fresh load reading came).
+func (q *Queue) Dispatch(fits func(*Ticket) bool) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.dispatchLocked(fits)
+}
+
+func (q *Queue) dispatchLocked(fits func(*Ticket) bool) int {
+	n := 0
+	for len(q.backlog) > 0 {
+		i := q.next()
+		ten := q.backlog[i]
+		t := ten.waiting[0]
+		// The chosen request waits for room rather than a later, smaller one overtaking it:
+		// otherwise a tenant of large requests could wait for ever behind small ones.
+		if !fits(t) {
+			return n
+		}
+		ten.waiting = ten.waiting[1:]
+		t.queued = false
+		q.queued--
+		t.charged = float64(t.Tokens) / t.Weight
+		ten.counter += t.charged
+		q.lastLift = ten.counter
+		if len(ten.waiting) == 0 {
+			q.dropBacklog(i)
+		} else if q.policy == RoundRobin {
+			q.rr = i + 1
+		}
+		t.dispatched = true
+		close(t.ready)
+		n++
+	}
+	return n
+}
+
+// next is the index in backlog of the tenant served next.
+func (q *Queue) next() int {
+	if q.policy == RoundRobin {
+		if q.rr >= len(q.backlog) {
+			q.rr = 0
+		}
+		return q.rr
+	}
+	best := 0
+	for i, b := range q.backlog[1:] {
+		if b.counter < q.backlog[best].counter {
+			best = i + 1
+		}
+	}
+	return best
+}
+
+func (q *Queue) dropBacklog(i int) {
+	q.backlog = append(q.backlog[:i], q.backlog[i+1:]...)
+	if q.rr > i {
+		q.rr--
+	}
+}
+
+// Cancel removes a waiting request (its client left, or it timed out); it is charged nothing.
+// It reports false when t was already dispatched (the caller then owns a reservation).
+func (q *Queue) Cancel(t *Ticket) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !t.queued {
+		return false
+	}
+	q.removeLocked(t)
+	return true
+}
+
+func (q *Queue) removeLocked(t *Ticket) {
+	ten := q.tenants[t.Tenant]
+	for i, w := range ten.waiting {
+		if w == t {
+			ten.waiting = append(ten.waiting[:i], ten.waiting[i+1:]...)
+			break
+		}
+	}
+	t.queued = false
+	q.queued--
+	if len(ten.waiting) == 0 {
+		for i, b := range q.backlog {
+			if b == ten {
+				q.dropBacklog(i)
+				break
+			}
+		}
+	}
+}
+
+// Settle corrects a dispatched request's charge to what it really used (prompt + generated
+// output, at most what was reserved), as VTC charges tokens served rather than reserved.
+func (q *Queue) Settle(t *Ticket, usedTokens int64) {
+	if !t.dispatched || usedTokens < 0 || usedTokens >= t.Tokens {
+		return
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if ten := q.tenants[t.Tenant]; ten != nil {
+		actual := float64(usedTokens) / t.Weight
+		ten.counter -= t.charged - actual
+		t.charged = actual
+	}
+}
+
+// Wait blocks until t is dispatched (nil), timeout fires (ErrTimeout), or gone closes (ErrGone).
+// A request dispatched in the same instant as its timeout or its client leaving is dispatched:
+// the caller owns its reservation and releases it. The channels are the caller's clock: tests
+// drive them by hand.
+func (q *Queue) Wait(t *Ticket, timeout <-chan time.Time, gone <-chan struct{}) error {
+	select {
+	case <-t.ready:
+		return nil
+	case <-timeout:
+		if q.Cancel(t) {
+			return ErrTimeout
+		}
+	case <-gone:
+		if q.Cancel(t) {
+			return ErrGone
+		}
+	}
+	<-t.ready
+	return nil
+}
