@@ -70,13 +70,15 @@ func newQueueEngine(t *testing.T, noLoads bool) *queueEngine {
 }
 
 func queueGateway(t *testing.T, e *queueEngine, queue string) *testkit.Gateway {
+	// The admin key opens /metrics (metrics_auth: key by default), which the tests read.
 	return testkit.StartGateway(t, testkit.ParseConfig(t, fmt.Sprintf(`backends: [{name: eng, url: %q, role: unified}]
+admin_key_sha256: %q
 tenants:
   - {name: alice, key_sha256: %q}
   - {name: bob, key_sha256: %q, weight: 2}
 capacity: {poll_interval: 100ms}
 queue: {enabled: true, %s}
-`, e.url, testkit.KeySHA256("alice-key"), testkit.KeySHA256("bob-key"), queue)))
+`, e.url, testkit.KeySHA256("admin-key"), testkit.KeySHA256("alice-key"), testkit.KeySHA256("bob-key"), queue)))
 }
 
 // 5000 tokens of reserved output: two never fit the 8192-token pool together.
