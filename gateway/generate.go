@@ -55,7 +55,7 @@ type exchange struct {
 	counter     *admission.Counter
 	// echoes are foreign markers the client's own prompt contained (or began).
 	echoes []string
-	fp     printsState // prompt fingerprints (prints.go)
+	fp     printsState // prompt fingerprints (fingerprints.go)
 	// idsUnread: a token-id prompt whose text no engine on the route could give back; short
 	// marker fragments in its reply may be the client's own, so they cut the reply but
 	// quarantine nothing (a whole marker still does; see shortFragment).

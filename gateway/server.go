@@ -77,7 +77,7 @@ type Gateway struct {
 	// shared one (state.Evidence) is away.
 	localEvidence state.TextEvidence
 	drift         *driftMonitor // count drift and fail-closed models (drift.go)
-	// prints: prompt fingerprints of this replica (prints.go); nil when off.
+	// prints: prompt fingerprints of this replica (fingerprints.go); nil when off.
 	prints         *fingerprint.Index
 	printsWeak     prometheus.Counter
 	printsUnshared prometheus.Counter
@@ -92,7 +92,7 @@ type Gateway struct {
 	printsDown     atomic.Bool   // the last publish failed: replies do not wait for Redis
 	printsWaitLate prometheus.Counter
 
-	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/limits.go)
+	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/quota.go)
 	// queues: the admission queue at the free KV (gateway/queue.go); nil unless queue.enabled.
 	queues *queues
 

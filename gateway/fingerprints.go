@@ -17,7 +17,7 @@ import (
 )
 
 // This file is the second leak detector: another tenant's prompt text in a reply (package
-// fingerprint), next to the marker scanners of guard.go. Prompts are fingerprinted when they are
+// fingerprint), next to the marker injection and incidents of leaks.go. Prompts are fingerprinted when they are
 // forwarded; each reply's text is checked as it streams; a strong match takes the marker's path
 // (cut, incident, quarantine).
 
