@@ -1,7 +1,7 @@
 package gateway
 
-// Per-tenant limits (rpm, tpm, max_concurrent) and tenants added at run time. The decision and
-// its state live in policy; this file is the gateway's side: reserve after the 413 decision,
+// Per-tenant limits (rpm, tpm, max_concurrent) and tenants added at run time. The algorithm and
+// its state live in package limits; this file is the gateway's side: reserve after the 413 decision,
 // observe the reply's usage, settle when the exchange ends, keep the tenant list in sync, and
 // the metrics. Hooks into the pipeline are marked "kvgate limits" where they sit.
 
