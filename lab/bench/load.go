@@ -171,13 +171,19 @@ type streamSample struct {
 
 // streams runs conns connections of back-to-back streamed chat requests for dur.
 func streams(ctx context.Context, addr string, conns int, dur time.Duration) streamSample {
-	c := newClient(addr, conns, true)
-	defer c.CloseIdleConnections()
 	deadline := time.Now().Add(dur)
+	return streamLoop(ctx, addr, conns, func() bool { return time.Now().Before(deadline) })
+}
+
+// streamLoop reads streamed chat replies on workers connections, each worker starting another
+// while more says so: one loop for the timed and the counted runs.
+func streamLoop(ctx context.Context, addr string, workers int, more func() bool) streamSample {
+	c := newClient(addr, workers, true)
+	defer c.CloseIdleConnections()
 	var mu sync.Mutex
 	var all streamSample
 	var wg sync.WaitGroup
-	for range conns {
+	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -185,7 +191,7 @@ func streams(ctx context.Context, addr string, conns int, dur time.Duration) str
 			req := newRequest(addr, streamBody)
 			defer fasthttp.ReleaseRequest(req)
 			br := bufio.NewReaderSize(nil, 16<<10)
-			for ctx.Err() == nil && time.Now().Before(deadline) {
+			for ctx.Err() == nil && more() {
 				if streamOnce(c, req, br, &s) {
 					s.streams++
 				} else {

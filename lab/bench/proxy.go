@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -387,37 +386,8 @@ func fixedCountBodies(ctx context.Context, addr string, conns, n int, bodies [][
 
 // fixedStreams reads n streamed replies from conns connections.
 func fixedStreams(ctx context.Context, addr string, conns, n int) streamSample {
-	c := newClient(addr, conns, true)
-	defer c.CloseIdleConnections()
 	var next atomic.Int64
-	var mu sync.Mutex
-	var all streamSample
-	var wg sync.WaitGroup
-	for range min(conns, n) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var s streamSample
-			req := newRequest(addr, streamBody)
-			defer fasthttp.ReleaseRequest(req)
-			br := bufio.NewReaderSize(nil, 16<<10)
-			for ctx.Err() == nil && next.Add(1) <= int64(n) {
-				if streamOnce(c, req, br, &s) {
-					s.streams++
-				} else {
-					s.errs++
-					time.Sleep(time.Millisecond)
-				}
-			}
-			mu.Lock()
-			all.streams += s.streams
-			all.errs += s.errs
-			all.events += s.events
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	return all
+	return streamLoop(ctx, addr, min(conns, n), func() bool { return next.Add(1) <= int64(n) })
 }
 
 // startSim runs a fast simulator on the engine's cores.
