@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/apierr"
+	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/state"
 	"github.com/kvgate/kvgate/tenants"
 )
@@ -60,14 +61,14 @@ func (g *API) tenants(ctx *fasthttp.RequestCtx, path, method string) bool {
 	return true
 }
 
-// readTenantFields reads the body through readBody: the server streams request bodies, so
-// PostBody alone may not hold all of it.
-func (g *API) readTenantFields(ctx *fasthttp.RequestCtx) (*tenants.Fields, *apierr.Error) {
+// readTenant merges the body into r (tenants.Decode), read through ReadBody: the server streams
+// request bodies, so PostBody alone may not hold all of it.
+func (g *API) readTenant(ctx *fasthttp.RequestCtx, r *config.Tenant) *apierr.Error {
 	body, e := g.ReadBody(ctx, 1<<20)
 	if e != nil {
-		return nil, e
+		return e
 	}
-	return tenants.DecodeFields(body)
+	return tenants.Decode(body, r)
 }
 
 func storeCtx() (context.Context, context.CancelFunc) {
@@ -82,10 +83,7 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 }
 
 // configView shows a tenant of the config file as the store's tenants are shown.
-func configView(t tenants.Tenant) tenants.View {
-	return tenants.ViewOf(state.TenantRecord{Name: t.Name, KeySHA256: t.KeySHA256, MaxPromptTokens: t.MaxPromptTokens,
-		CanaryOptOut: t.CanaryOptOut, Rates: t.Limits()}, "config")
-}
+func configView(t tenants.Tenant) tenants.View { return tenants.ViewOf(t.Tenant, "config") }
 
 func (g *API) listTenants(ctx *fasthttp.RequestCtx) {
 	out := []tenants.View{}
@@ -122,21 +120,16 @@ func (g *API) getTenant(ctx *fasthttp.RequestCtx, name string) {
 }
 
 func (g *API) createTenant(ctx *fasthttp.RequestCtx) {
-	f, e := g.readTenantFields(ctx)
-	if e != nil {
+	var r config.Tenant
+	if e := g.readTenant(ctx, &r); e != nil {
 		writeError(ctx, e)
 		return
 	}
-	if f.Name == nil || !tenants.ValidName(*f.Name) {
+	if !tenants.ValidName(r.Name) {
 		writeError(ctx, apierr.BadRequest("name", "'name' is required: 1 to 64 characters from A-Z, a-z, 0-9, '-', '_', '.'."))
 		return
 	}
-	if f.KeySHA256 == nil {
-		writeError(ctx, apierr.BadRequest("key_sha256", "'key_sha256' is required (the hex SHA-256 of the tenant's API key)."))
-		return
-	}
-	r := state.TenantRecord{Name: *f.Name}
-	if e := f.Apply(&r); e != nil {
+	if e := tenants.Validate(&r); e != nil {
 		writeError(ctx, e)
 		return
 	}
@@ -164,15 +157,6 @@ func (g *API) patchTenant(ctx *fasthttp.RequestCtx, name string) {
 		writeError(ctx, tenants.ConfigTenantError(name))
 		return
 	}
-	f, e := g.readTenantFields(ctx)
-	if e != nil {
-		writeError(ctx, e)
-		return
-	}
-	if f.Name != nil && *f.Name != name {
-		writeError(ctx, apierr.BadRequest("name", "A tenant cannot be renamed: create the new name and delete the old one."))
-		return
-	}
 	rctx, cancel := storeCtx()
 	defer cancel()
 	r, err := g.Store.Get(rctx, name)
@@ -180,7 +164,15 @@ func (g *API) patchTenant(ctx *fasthttp.RequestCtx, name string) {
 		writeError(ctx, tenants.StoreError(err, name))
 		return
 	}
-	if e := f.Apply(&r); e != nil {
+	if e := g.readTenant(ctx, &r); e != nil {
+		writeError(ctx, e)
+		return
+	}
+	if r.Name != name {
+		writeError(ctx, apierr.BadRequest("name", "A tenant cannot be renamed: create the new name and delete the old one."))
+		return
+	}
+	if e := tenants.Validate(&r); e != nil {
 		writeError(ctx, e)
 		return
 	}
