@@ -350,6 +350,10 @@ type Tenant struct {
 	KeySHA256 string `yaml:"key_sha256" json:"key_sha256"`
 	// MaxPromptTokens caps the prompt (after template and canary); 0 means no cap.
 	MaxPromptTokens int `yaml:"max_prompt_tokens" json:"max_prompt_tokens"`
+	// MaxPromptBytes caps a prompt's size in bytes, as the client sent it (before template and
+	// canary): a request over it is refused with 413 before any token is counted, so a tenant's
+	// oversized prompts cost no counting. 0 means no cap.
+	MaxPromptBytes int `yaml:"max_prompt_bytes" json:"max_prompt_bytes"`
 	// CanaryOptOut disables marker injection for this tenant (its replies are still scanned).
 	CanaryOptOut bool `yaml:"canary_opt_out" json:"canary_opt_out"`
 	// RPM caps requests per minute, across every replica; 0 means no limit. Burst = RPM.
@@ -380,15 +384,14 @@ func (t *Tenant) Check(bad func(field, format string, args ...any)) {
 	if !isSHA256Hex(t.KeySHA256) {
 		bad("key_sha256", "must be 64 hex characters (the SHA-256 of the tenant's API key)")
 	}
-	if t.MaxPromptTokens < 0 {
-		bad("max_prompt_tokens", "must be ≥ 0 (0 = no cap), got %d", t.MaxPromptTokens)
-	}
 	for _, l := range []struct {
 		name string
 		v    int
-	}{{"rpm", t.RPM}, {"tpm", t.TPM}, {"max_concurrent", t.MaxConcurrent}} {
+		zero string
+	}{{"max_prompt_tokens", t.MaxPromptTokens, "no cap"}, {"max_prompt_bytes", t.MaxPromptBytes, "no cap"},
+		{"rpm", t.RPM, "no limit"}, {"tpm", t.TPM, "no limit"}, {"max_concurrent", t.MaxConcurrent, "no limit"}} {
 		if l.v < 0 {
-			bad(l.name, "must be ≥ 0 (0 = no limit), got %d", l.v)
+			bad(l.name, "must be ≥ 0 (0 = %s), got %d", l.zero, l.v)
 		}
 	}
 	if !(t.Weight > 0 && t.Weight <= 1000) { // NaN fails too

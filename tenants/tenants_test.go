@@ -63,6 +63,8 @@ func TestDecodeNamesTheField(t *testing.T) {
 		{`{"name":"x",` + key + `,"tpm":-5}`, "tpm"},
 		{`{"name":"x",` + key + `,"max_concurrent":-1}`, "max_concurrent"},
 		{`{"name":"x",` + key + `,"max_prompt_tokens":-1}`, "max_prompt_tokens"},
+		{`{"name":"x",` + key + `,"max_prompt_bytes":-1}`, "max_prompt_bytes"},
+		{`{"name":"x",` + key + `,"max_prompt_bytes":1e30}`, "max_prompt_bytes"},
 		{`{"name":"x",` + key + `,"weight":-1}`, "weight"},
 		{`{"name":"x",` + key + `,"weight":1001}`, "weight"},
 		{`{"name":"x",` + key + `,"weight":"heavy"}`, "weight"},
