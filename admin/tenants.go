@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/apierr"
+	"github.com/kvgate/kvgate/apierr/respond"
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/state"
 	"github.com/kvgate/kvgate/tenants"
@@ -34,7 +35,7 @@ func (g *API) tenants(ctx *fasthttp.RequestCtx, path, method string) bool {
 				g.createTenant(ctx)
 			}
 		default:
-			writeError(ctx, apierr.Method)
+			respond.Error(ctx, apierr.Method, apierr.OpenAI)
 		}
 		return true
 	}
@@ -56,7 +57,7 @@ func (g *API) tenants(ctx *fasthttp.RequestCtx, path, method string) bool {
 			g.deleteTenant(ctx, name)
 		}
 	default:
-		writeError(ctx, apierr.Method)
+		respond.Error(ctx, apierr.Method, apierr.OpenAI)
 	}
 	return true
 }
@@ -94,7 +95,7 @@ func (g *API) listTenants(ctx *fasthttp.RequestCtx) {
 	defer cancel()
 	recs, err := g.Store.List(rctx)
 	if err != nil {
-		writeError(ctx, tenants.StoreError(err, ""))
+		respond.Error(ctx, tenants.StoreError(err, ""), apierr.OpenAI)
 		return
 	}
 	for _, r := range recs {
@@ -113,7 +114,7 @@ func (g *API) getTenant(ctx *fasthttp.RequestCtx, name string) {
 	defer cancel()
 	r, err := g.Store.Get(rctx, name)
 	if err != nil {
-		writeError(ctx, tenants.StoreError(err, name))
+		respond.Error(ctx, tenants.StoreError(err, name), apierr.OpenAI)
 		return
 	}
 	writeJSON(ctx, 200, tenants.ViewOf(r, "runtime"))
@@ -122,29 +123,29 @@ func (g *API) getTenant(ctx *fasthttp.RequestCtx, name string) {
 func (g *API) createTenant(ctx *fasthttp.RequestCtx) {
 	var r config.Tenant
 	if e := g.readTenant(ctx, &r); e != nil {
-		writeError(ctx, e)
+		respond.Error(ctx, e, apierr.OpenAI)
 		return
 	}
 	if !tenants.ValidName(r.Name) {
-		writeError(ctx, apierr.BadRequest("name", "'name' is required: 1 to 64 characters from A-Z, a-z, 0-9, '-', '_', '.'."))
+		respond.Error(ctx, apierr.BadRequest("name", "'name' is required: 1 to 64 characters from A-Z, a-z, 0-9, '-', '_', '.'."), apierr.OpenAI)
 		return
 	}
 	if e := tenants.Validate(&r); e != nil {
-		writeError(ctx, e)
+		respond.Error(ctx, e, apierr.OpenAI)
 		return
 	}
 	if g.Tenants.Configured(r.Name) != nil {
-		writeError(ctx, tenants.StoreError(state.ErrTenantExists, r.Name))
+		respond.Error(ctx, tenants.StoreError(state.ErrTenantExists, r.Name), apierr.OpenAI)
 		return
 	}
 	if g.Tenants.KeyClash(r.KeySHA256) {
-		writeError(ctx, tenants.KeyInUse())
+		respond.Error(ctx, tenants.KeyInUse(), apierr.OpenAI)
 		return
 	}
 	rctx, cancel := storeCtx()
 	defer cancel()
 	if err := g.Store.Create(rctx, r); err != nil {
-		writeError(ctx, tenants.StoreError(err, r.Name))
+		respond.Error(ctx, tenants.StoreError(err, r.Name), apierr.OpenAI)
 		return
 	}
 	g.Tenants.Sync(rctx) // this replica serves the tenant at once; others within a sync interval
@@ -154,34 +155,34 @@ func (g *API) createTenant(ctx *fasthttp.RequestCtx) {
 
 func (g *API) patchTenant(ctx *fasthttp.RequestCtx, name string) {
 	if g.Tenants.Configured(name) != nil {
-		writeError(ctx, tenants.ConfigTenantError(name))
+		respond.Error(ctx, tenants.ConfigTenantError(name), apierr.OpenAI)
 		return
 	}
 	rctx, cancel := storeCtx()
 	defer cancel()
 	r, err := g.Store.Get(rctx, name)
 	if err != nil {
-		writeError(ctx, tenants.StoreError(err, name))
+		respond.Error(ctx, tenants.StoreError(err, name), apierr.OpenAI)
 		return
 	}
 	if e := g.readTenant(ctx, &r); e != nil {
-		writeError(ctx, e)
+		respond.Error(ctx, e, apierr.OpenAI)
 		return
 	}
 	if r.Name != name {
-		writeError(ctx, apierr.BadRequest("name", "A tenant cannot be renamed: create the new name and delete the old one."))
+		respond.Error(ctx, apierr.BadRequest("name", "A tenant cannot be renamed: create the new name and delete the old one."), apierr.OpenAI)
 		return
 	}
 	if e := tenants.Validate(&r); e != nil {
-		writeError(ctx, e)
+		respond.Error(ctx, e, apierr.OpenAI)
 		return
 	}
 	if g.Tenants.KeyClash(r.KeySHA256) {
-		writeError(ctx, tenants.KeyInUse())
+		respond.Error(ctx, tenants.KeyInUse(), apierr.OpenAI)
 		return
 	}
 	if err := g.Store.Update(rctx, r); err != nil {
-		writeError(ctx, tenants.StoreError(err, name))
+		respond.Error(ctx, tenants.StoreError(err, name), apierr.OpenAI)
 		return
 	}
 	g.Tenants.Sync(rctx)
@@ -191,13 +192,13 @@ func (g *API) patchTenant(ctx *fasthttp.RequestCtx, name string) {
 
 func (g *API) deleteTenant(ctx *fasthttp.RequestCtx, name string) {
 	if g.Tenants.Configured(name) != nil {
-		writeError(ctx, tenants.ConfigTenantError(name))
+		respond.Error(ctx, tenants.ConfigTenantError(name), apierr.OpenAI)
 		return
 	}
 	rctx, cancel := storeCtx()
 	defer cancel()
 	if err := g.Store.Delete(rctx, name); err != nil {
-		writeError(ctx, tenants.StoreError(err, name))
+		respond.Error(ctx, tenants.StoreError(err, name), apierr.OpenAI)
 		return
 	}
 	g.Tenants.Sync(rctx)
