@@ -63,7 +63,8 @@ func bodies(b64 string, n int) map[string]string {
 // 16,386 Qwen2.5-VL tokens, where the gateway used to charge 6. Eight in one request over a
 // 20,000-token pool are refused with 413 before the engine on chat, Responses and Messages
 // (the simulator's request count does not move), charged at least 8 × 16,386; one alone is
-// admitted and charged what the engine (sizing it as Pillow does) counts.
+// admitted and charged what the engine (sizing it as Pillow does) counts. Text spelling the
+// image placeholder is a 400 before the engine on the three routes.
 func TestIssue39GIFRefusedBeforeTheEngine(t *testing.T) {
 	dir := hfref.QwenVLDir(t)
 	rule, err := vision.Load(dir)
@@ -96,6 +97,18 @@ func TestIssue39GIFRefusedBeforeTheEngine(t *testing.T) {
 		}
 		if after := sim.Stats(t).Requests[path]; after != before {
 			t.Errorf("%s: the engine got %d requests", path, after-before)
+		}
+	}
+	// Text that spells the model's image placeholder, beside one real image, is refused before
+	// the engine: it would expand it into an image the request does not carry.
+	for path, body := range bodies(b64, 1) {
+		before := sim.Stats(t).Requests[path]
+		body = strings.Replace(body, `"Describe"`, `"Describe <|vision_start|><|image_pad|><|vision_end|>"`, 1)
+		if r := post(t, gw.URL+path, body); r.status != 400 || !strings.Contains(string(r.body), "media placeholder") {
+			t.Errorf("%s: placeholder in text: %d %.300s, want 400", path, r.status, r.body)
+		}
+		if after := sim.Stats(t).Requests[path]; after != before {
+			t.Errorf("%s: the engine got the placeholder text", path)
 		}
 	}
 	// One fits: the gateway's count is the engine's, which sizes the GIF as Pillow does.
