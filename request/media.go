@@ -10,6 +10,7 @@ package request
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -33,10 +34,8 @@ func (r *Request) checkMediaTokens(media map[string]int) *apierr.Error {
 		return nil
 	}
 	tokens := make([]string, 0, len(media))
-	byID := make(map[int]string, len(media))
-	for tok, id := range media {
+	for tok := range media {
 		tokens = append(tokens, tok)
-		byID[id] = tok
 	}
 	sort.Strings(tokens)
 	keys := make([]string, 0, len(r.Fields))
@@ -58,14 +57,15 @@ func (r *Request) checkMediaTokens(media map[string]int) *apierr.Error {
 		}
 	}
 	for i, p := range r.Prompts {
-		for _, id := range p.Tokens {
-			if tok, ok := byID[id]; ok {
-				name := r.idsField
-				if r.Batch {
-					name = fmt.Sprintf("%s[%d]", name, i)
-				}
-				return mediaError(name, tok)
+		for _, tok := range tokens {
+			if !slices.Contains(p.Tokens, media[tok]) {
+				continue
 			}
+			name := r.idsField
+			if r.Batch {
+				name = fmt.Sprintf("%s[%d]", name, i)
+			}
+			return mediaError(name, tok)
 		}
 	}
 	return nil

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"encoding/base64"
 	"image"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -21,7 +24,13 @@ func FuzzRead(f *testing.F) {
 		f.Add(webpExtended(s[0], s[1]))
 		f.Add(webpLossy(s[0], s[1]))
 	}
-	f.Add(issueGIF)
+	// And every file of the Pillow corpus.
+	names, _ := filepath.Glob(filepath.Join(corpusDir, "*.*"))
+	for _, n := range names {
+		if b, err := os.ReadFile(n); err == nil && !strings.HasSuffix(n, ".py") && !strings.HasSuffix(n, ".json") {
+			f.Add(b)
+		}
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s, err := Read(b)
 		if err != nil {
