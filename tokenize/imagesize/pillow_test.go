@@ -197,6 +197,13 @@ func goBuilt(t testing.TB) map[string][]byte {
 	files["jpeg_junk_and_jpg0_40x30.jpg"] = cat(head, []byte("junk"), []byte{0xFF, 0xF0, 0xFF, 0xFF}, frame, rest)
 	files["jpeg_two_frames_big_first.jpg"] = cat(head, sof0(4000, 3000), frame, rest)
 	files["jpeg_two_frames_big_last.jpg"] = cat(head, frame, sof0(4000, 3000), rest)
+	// Pillow opens 8-bit samples and 1, 3 or 4 components only.
+	bits12 := bytes.Clone(frame)
+	bits12[4] = 12
+	files["jpeg_12bit_samples.jpg"] = cat(head, bits12, rest)
+	comps2 := bytes.Clone(frame)
+	comps2[9] = 2
+	files["jpeg_2_components.jpg"] = cat(head, comps2, rest)
 	files["jpeg_1x1.jpg"] = encodeJPEG(t, 1, 1)
 	files["jpeg_28.jpg"] = encodeJPEG(t, 28, 28)
 	// Headers only (no pixel data): Pillow opens it at its size and cannot load it.
@@ -226,7 +233,8 @@ func goBuilt(t testing.TB) map[string][]byte {
 }
 
 // refusedHere are the corpus files Read refuses (each one Pillow cannot load either).
-var refusedHere = map[string]bool{"jpeg_two_frames_big_first.jpg": true, "jpeg_two_frames_big_last.jpg": true}
+var refusedHere = map[string]bool{"jpeg_two_frames_big_first.jpg": true, "jpeg_two_frames_big_last.jpg": true,
+	"jpeg_12bit_samples.jpg": true, "jpeg_2_components.jpg": true}
 
 func loadPillowJSON(t testing.TB) map[string]PillowResult {
 	raw, err := os.ReadFile(filepath.Join(corpusDir, "pillow.json"))
