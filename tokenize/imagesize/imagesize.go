@@ -43,9 +43,10 @@ type Size struct {
 // built on it decodes one.
 const MaxPixels = 2 * 89_478_485
 
-// MaxHeaderBytes bounds how far into a file the header is looked for: a JPEG's frame header
-// may follow large metadata segments (EXIF with a thumbnail, ICC profiles, XMP), each at most
-// 64 KiB.
+// MaxHeaderBytes bounds how far into a file the header is looked for: a JPEG's scan may follow
+// large metadata segments (EXIF with a thumbnail, ICC profiles, XMP), each at most 64 KiB, and a
+// GIF's first frame may follow its extensions. A file whose size is not settled within it is
+// refused.
 const MaxHeaderBytes = 1 << 20
 
 var (
@@ -55,8 +56,8 @@ var (
 	ErrTruncated = errors.New("the image ends before its header does")
 )
 
-// Read returns the size stated by the header at the start of b (b may be only a prefix of the
-// file: it needs the header, not the pixels).
+// Read returns the size Pillow opens the file at b's start at (b may be only a prefix of the
+// file: it needs the headers up to a JPEG's first scan or a GIF's first frame, not the pixels).
 func Read(b []byte) (Size, error) {
 	var s Size
 	var err error
