@@ -7,6 +7,8 @@ package fairqueue
 
 import (
 	"errors"
+	"math"
+	"slices"
 	"sync"
 	"time"
 )
@@ -36,6 +38,10 @@ type Ticket struct {
 	Tokens int64
 	// Weight is the tenant's share (default 1 when ≤ 0): its counter grows by Tokens/Weight.
 	Weight float64
+	// Pool is the KV pool of the engine that holds the request (0: unknown). The request books
+	// min(Tokens, Pool) (an engine cuts the output at its pool); a booking above the tenant's
+	// share of the pool makes it large (see large).
+	Pool int64
 	// Value is the caller's own (the gateway's exchange); the queue never reads it.
 	Value any
 
@@ -43,11 +49,17 @@ type Ticket struct {
 	dispatched bool
 	queued     bool
 	settled    bool
+	large      bool    // dispatched as large: charged its whole booking at settle
 	held       float64 // its booking over its weight, in the tenant's held while in flight
 }
 
 // booking is what the request holds in the pool while it runs.
-func (t *Ticket) booking() int64 { return t.Tokens }
+func (t *Ticket) booking() int64 {
+	if t.Pool > 0 {
+		return min(t.Tokens, t.Pool)
+	}
+	return t.Tokens
+}
 
 // Dispatched reports whether the ticket was dispatched (read under no lock only after Wait).
 func (t *Ticket) Dispatched() bool { return t.dispatched }
@@ -167,15 +179,33 @@ func (q *Queue) Dispatch(fits func(*Ticket) bool) int {
 
 func (q *Queue) dispatchLocked(fits func(*Ticket) bool) int {
 	n := 0
-	for len(q.backlog) > 0 {
-		i := q.next()
+	var passed []*tenant // fair: tenants whose large head did not fit, passed this round
+	horizon := math.Inf(1)
+	for {
+		i := q.next(passed)
+		if i < 0 {
+			return n
+		}
 		ten := q.backlog[i]
 		t := ten.waiting[0]
+		if q.policy == Fair && ten.counter() > horizon {
+			return n // the passed large head's turn: the others wait with it while the pool drains
+		}
 		if !fits(t) {
+			if q.policy == Fair && q.large(t) {
+				// A large head waits for room without holding the others back, but only until
+				// they have been served as much as its booking (its finish tag): then nobody
+				// passes and the pool drains for it. So a whole-pool request neither blocks the
+				// queue nor starves.
+				passed = append(passed, ten)
+				horizon = min(horizon, ten.counter()+float64(t.booking())/t.Weight)
+				continue
+			}
 			// The chosen request waits for room rather than a later, smaller one overtaking it:
 			// otherwise a tenant of large requests could wait for ever behind small ones.
 			return n
 		}
+		t.large = q.policy == Fair && q.large(t)
 		ten.waiting = ten.waiting[1:]
 		t.queued = false
 		q.queued--
@@ -192,21 +222,42 @@ func (q *Queue) dispatchLocked(fits func(*Ticket) bool) int {
 		close(t.ready)
 		n++
 	}
-	return n
 }
 
-// next is the index in backlog of the tenant served next.
-func (q *Queue) next() int {
+// large: t's booking is more than its tenant's share of the pool and more than half of it (the
+// whole-pool lock of issue 40: a request whose prompt + max_tokens exceeds the pool books the
+// whole pool). With one tenant waiting nothing is large: it may have the whole pool.
+func (q *Queue) large(t *Ticket) bool {
+	if t.Pool <= 0 || len(q.backlog) < 2 {
+		return false
+	}
+	wsum := 0.0
+	for _, b := range q.backlog {
+		wsum += b.waiting[0].Weight
+	}
+	share := float64(t.Pool) * t.Weight / wsum
+	return float64(t.booking()) > max(float64(t.Pool)/2, share)
+}
+
+// next is the index in backlog of the tenant served next, -1 when every waiting tenant was
+// passed.
+func (q *Queue) next(passed []*tenant) int {
+	if len(q.backlog) == 0 {
+		return -1
+	}
 	if q.policy == RoundRobin {
 		if q.rr >= len(q.backlog) {
 			q.rr = 0
 		}
 		return q.rr
 	}
-	best := 0
-	for i, b := range q.backlog[1:] {
-		if b.counter() < q.backlog[best].counter() {
-			best = i + 1
+	best := -1
+	for i, b := range q.backlog {
+		if slices.Contains(passed, b) {
+			continue
+		}
+		if best < 0 || b.counter() < q.backlog[best].counter() {
+			best = i
 		}
 	}
 	return best
@@ -254,8 +305,9 @@ func (q *Queue) removeLocked(t *Ticket) {
 // Settle ends a dispatched request's hold and charges its tenant what the reply really used
 // (prompt + generated output), as VTC charges tokens served rather than reserved: less than the
 // booking when the reply was short, more when it ran past it (charged in full). usedTokens < 0
-// (no usage known: an engine error) charges the booking. Every request is charged at least one
-// token, so floods of empty requests are not free. Once per ticket.
+// (no usage known: an engine error) charges the booking. A large request is charged at least
+// its whole booking (the others could not use that KV meanwhile), and every request at least one
+// token, so neither whole-pool asks nor floods of empty requests are free. Once per ticket.
 func (q *Queue) Settle(t *Ticket, usedTokens int64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -265,8 +317,8 @@ func (q *Queue) Settle(t *Ticket, usedTokens int64) {
 	t.settled = true
 	ten := q.tenants[t.Tenant]
 	used := usedTokens
-	if used < 0 {
-		used = t.booking()
+	if used < 0 || t.large {
+		used = max(used, t.booking())
 	}
 	ten.settled += float64(max(used, 1)) / t.Weight
 	ten.held -= t.held

@@ -3,6 +3,7 @@ package fairqueue
 import (
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 )
@@ -11,10 +12,10 @@ import (
 type pool struct{ size, used int64 }
 
 func (p *pool) fits(t *Ticket) bool {
-	if p.used+t.Tokens > p.size {
+	if p.used+t.booking() > p.size {
 		return false
 	}
-	p.used += t.Tokens
+	p.used += t.booking()
 	return true
 }
 
@@ -241,5 +242,73 @@ func TestPropertyFairAndWorkConserving(t *testing.T) {
 			}
 			q.mu.Unlock()
 		}
+	}
+}
+
+// TestWholePoolHeadDoesNotBlock is issue 40's whole-pool lock: prompt + max_tokens over the pool
+// (30,019 against 20,000) books the whole pool. Such a head is passed while it waits for room,
+// so a light tenant keeps being served, but only until the light tenant has been served as much
+// as the large booking: then the pool drains for the large head, which goes and is charged its
+// whole booking. Neither side starves.
+func TestWholePoolHeadDoesNotBlock(t *testing.T) {
+	q := New(Fair, 0)
+	p := &pool{size: 20000}
+	whole := func() *Ticket { return &Ticket{Tenant: "heavy", Tokens: 30019, Pool: 20000} }
+	var running []*Ticket
+	fits := func(tk *Ticket) bool {
+		if !p.fits(tk) {
+			return false
+		}
+		running = append(running, tk)
+		return true
+	}
+	finish := func(tk *Ticket, used int64) {
+		p.used -= tk.booking()
+		q.Settle(tk, used)
+		running = slices.DeleteFunc(running, func(x *Ticket) bool { return x == tk })
+		q.Dispatch(fits)
+	}
+	h1, h2 := whole(), whole()
+	q.Submit(h1, fits) // alone: it may have the whole pool
+	q.Submit(h2, fits)
+	if !h1.Dispatched() || h2.Dispatched() {
+		t.Fatalf("h1 dispatched %v, h2 %v: want the first alone on the pool", h1.Dispatched(), h2.Dispatched())
+	}
+	l := &Ticket{Tenant: "light", Tokens: 500}
+	q.Submit(l, fits)
+	finish(h1, 22) // three-token reply
+	if !l.Dispatched() || h2.Dispatched() {
+		t.Fatalf("after h1: light dispatched %v, h2 %v: want light first", l.Dispatched(), h2.Dispatched())
+	}
+	// h2 waits for the whole pool; light requests keep going past it.
+	served := 0
+	for !h2.Dispatched() {
+		tk := &Ticket{Tenant: "light", Tokens: 500}
+		q.Submit(tk, fits)
+		if tk.Dispatched() {
+			served++
+		}
+		// the oldest light request finishes with a 300-token reply
+		for _, x := range running {
+			if x.Tenant == "light" {
+				finish(x, 300)
+				break
+			}
+		}
+		if served > 1000 {
+			t.Fatal("the whole-pool request starves")
+		}
+	}
+	// Light was served about h2's booking (20,000 tokens at 300 each) before the pool drained.
+	if served < 20000/300-2 || served > 20000/300+3 {
+		t.Fatalf("light served %d requests past the waiting whole-pool head, want about %d", served, 20000/300)
+	}
+	before := q.Counter("heavy")
+	finish(h2, 22)
+	if got := q.Counter("heavy") - before; got != 0 {
+		t.Fatalf("heavy's counter moved by %v at settle, want 0: a large request is charged its whole booking (20,000) held since dispatch", got)
+	}
+	if q.Counter("heavy") < 20000 {
+		t.Fatalf("heavy's counter %v, want at least the whole booking", q.Counter("heavy"))
 	}
 }
