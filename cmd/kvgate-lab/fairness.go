@@ -23,6 +23,7 @@ func runFairness(args []string) int {
 	fs := flag.NewFlagSet("fairness", flag.ContinueOnError)
 	p := fairness.DefaultParams()
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	jsonOut := fs.String("json-out", "", "also write the JSON report to this file")
 	short := fs.Bool("short", false, "a smoke run: 1 and 2 replicas, short windows (checks the report's shape, not its figures)")
 	fs.StringVar(&p.Kvgate, "kvgate", defaultKvgate(), "the kvgate binary to start as the gateway replicas")
 	fs.StringVar(&p.RedisURL, "redis-url", "redis://127.0.0.1:6379/15", "the Redis the replicas share")
@@ -55,10 +56,16 @@ func runFairness(args []string) int {
 		return 1
 	}
 	fmt.Fprintf(os.Stderr, "fairness: done in %.0f s\n", time.Since(start).Seconds())
+	doc, _ := json.MarshalIndent(rep, "", "  ")
+	doc = append(doc, '\n')
+	if *jsonOut != "" {
+		if err := os.WriteFile(*jsonOut, doc, 0o644); err != nil {
+			fmt.Fprintf(os.Stderr, "kvgate-lab fairness: --json-out: %v\n", err)
+			return 1
+		}
+	}
 	if *asJSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(rep)
+		_, _ = os.Stdout.Write(doc)
 		return 0
 	}
 	printFairness(rep)
@@ -85,7 +92,7 @@ func fileExists(p string) bool {
 
 func printFairness(rep *fairness.Report) {
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "setup\treplicas\tpool_full_hits\tkv_use\tlight\tttft_p50_ms\tttft_p99_ms\tsolo_p50_ms\tsolo_p99_ms\trefused\tunanswered\tleftover_share\tshare_w4:w1\tjain\t")
+	fmt.Fprintln(w, "setup\treplicas\tpool_full_hits\tkv_use\tlight\tanswered\tttft_p50_ms\tttft_p99_ms\tsolo_p50_ms\tsolo_p99_ms\trefused\tunanswered\tleftover_share\tshare_w4:w1\tjain\t")
 	for _, r := range rep.Rows {
 		for i, l := range r.Lights {
 			if i == 0 {
@@ -93,7 +100,7 @@ func printFairness(rep *fairness.Report) {
 			} else {
 				fmt.Fprint(w, "\t\t\t\t")
 			}
-			fmt.Fprintf(w, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t%d\t", l.Tenant, l.TTFTP50, l.TTFTP99, l.SoloTTFTP50, l.SoloTTFTP99, l.Refused, l.Unanswered)
+			fmt.Fprintf(w, "%s\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t%d\t", l.Tenant, l.Requests, l.TTFTP50, l.TTFTP99, l.SoloTTFTP50, l.SoloTTFTP99, l.Refused, l.Unanswered)
 			if i == 0 {
 				fmt.Fprintf(w, "%.2f\t%.2f:%.2f\t%.2f\t\n", r.Heavy.LeftoverShare, r.WeightShare["4"], r.WeightShare["1"], r.Jain)
 			} else {

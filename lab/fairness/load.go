@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
@@ -107,17 +108,25 @@ func runLoad(ctx context.Context, p Params, bases []string, sim *enginesim.Serve
 	var winMu sync.Mutex
 	window := func(t time.Time) bool { winMu.Lock(); defer winMu.Unlock(); return inWindow(t) }
 	if heavy {
-		body, _ := json.Marshal(map[string]any{"model": "sim", "prompt": strings.Repeat("hello ", p.HeavyPrompt), "max_tokens": p.HeavyMaxTokens})
-		for _, tenant := range []string{heavy4, heavy1} {
+		prompt := strings.Repeat("hello ", p.HeavyPrompt)
+		for ti, tenant := range []string{heavy4, heavy1} {
 			for i := 0; i < p.HeavyStreams; i++ {
 				base := bases[0]
 				if tenant == heavy1 && len(bases) > 1 {
 					base = bases[1+i%(len(bases)-1)]
 				}
+				// Streams start spread over the first half of the warm-up and ask for 50–150% of
+				// heavy_max_tokens: in lockstep they would finish in waves that the window counts
+				// in whole waves.
+				rng := rand.New(rand.NewPCG(uint64(ti), uint64(i)))
+				delay := time.Duration(int64(p.Warm) / 2 * int64(i) / int64(p.HeavyStreams))
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
+					sleepCtx(ctx, delay)
 					for ctx.Err() == nil {
+						body, _ := json.Marshal(map[string]any{"model": "sim", "prompt": prompt,
+							"max_tokens": p.HeavyMaxTokens/2 + rng.IntN(p.HeavyMaxTokens+1)})
 						code, tokens, err := complete(ctx, base, tenant, body)
 						now := time.Now()
 						switch {
