@@ -16,24 +16,29 @@ import (
 //     among the waiting tenants (counter minus the charges still held by requests in flight,
 //     which the test tracks itself): a refund cannot lower a heavy tenant below a newcomer;
 //   - a newcomer that was lifted goes before every tenant that was waiting when it arrived, but
-//     for one request each (a tie on the counter): nobody jumps it by refunds meanwhile;
+//     for one request each (a tie on the counter): nobody jumps it by refunds meanwhile (unless
+//     its own head is large, which the others pass by design);
 //   - a tenant's settled counter never falls.
 //
-// Today's lift (to counters that still hold unsettled charges) fails the first two.
+// db312c1's lift (to counters that still hold unsettled charges) fails the first two. The
+// whole-pool variant adds heads that book up to the whole pool (prompt + max_tokens up to 1.5×
+// the pool, Ticket.Pool set): passing them must not let their tenant jump a newcomer either.
 func TestPropertyRefundsBuyNothing(t *testing.T) {
-	for seed := uint64(0); seed < 300; seed++ {
-		if err := refundSchedule(seed); err != nil {
-			t.Fatalf("seed %d: %v", seed, err)
+	for _, wholePool := range []bool{false, true} {
+		for seed := uint64(0); seed < 300; seed++ {
+			if err := refundSchedule(seed, wholePool); err != nil {
+				t.Fatalf("whole-pool heads %v, seed %d: %v", wholePool, seed, err)
+			}
 		}
 	}
 }
 
 type flight struct {
 	tk     *Ticket
-	charge float64 // what the test holds as unsettled for it: Tokens/Weight
+	charge float64 // what the test holds as unsettled for it: its booking over its weight
 }
 
-func refundSchedule(seed uint64) error {
+func refundSchedule(seed uint64, wholePool bool) error {
 	r := rand.New(rand.NewPCG(seed, 40))
 	q := New(Fair, 0)
 	p := &pool{size: int64(2000 + r.IntN(18000))}
@@ -58,8 +63,8 @@ func refundSchedule(seed uint64) error {
 		if !p.fits(tk) {
 			return false
 		}
-		running = append(running, flight{tk, float64(tk.Tokens) / tk.Weight})
-		unsettled[tk.Tenant] += float64(tk.Tokens) / tk.Weight
+		running = append(running, flight{tk, float64(tk.booking()) / tk.Weight})
+		unsettled[tk.Tenant] += float64(tk.booking()) / tk.Weight
 		w := waiting[tk.Tenant]
 		for i, x := range w {
 			if x == tk {
@@ -97,7 +102,9 @@ func refundSchedule(seed uint64) error {
 		newcomer := len(waiting[tk.Tenant]) == 0
 		before := q.Counter(tk.Tenant)
 		var wa *watch
-		if newcomer && anyWaiting && unsettled[tk.Tenant] == 0 && before <= floor {
+		// A head booking over half the pool may be large and is then passed by design: watch only
+		// newcomers that can never be large.
+		if newcomer && anyWaiting && unsettled[tk.Tenant] == 0 && before <= floor && (tk.Pool == 0 || 2*tk.booking() <= tk.Pool) {
 			wa = &watch{tk: tk, before: map[string]int{}}
 			for n, w := range waiting {
 				if len(w) > 0 {
@@ -127,7 +134,7 @@ func refundSchedule(seed uint64) error {
 				keep = append(keep, f)
 				continue
 			}
-			p.used -= f.tk.Tokens
+			p.used -= f.tk.booking()
 			unsettled[f.tk.Tenant] -= f.charge
 			switch k := r.IntN(10); {
 			case k < 6: // a short reply: a few tokens of a generous reservation
@@ -155,7 +162,14 @@ func refundSchedule(seed uint64) error {
 				if r.IntN(4) == 0 {
 					tokens = int64(1 + r.IntN(4)) // tiny
 				}
-				if err := submit(&Ticket{Tenant: n, Tokens: tokens, Weight: weight[n]}); err != nil {
+				tk := &Ticket{Tenant: n, Tokens: tokens, Weight: weight[n]}
+				if wholePool {
+					tk.Pool = p.size
+					if r.IntN(3) == 0 {
+						tk.Tokens = p.size + r.Int64N(p.size/2) // prompt + max_tokens over the pool
+					}
+				}
+				if err := submit(tk); err != nil {
 					return fmt.Errorf("step %d: %w", step, err)
 				}
 			}
