@@ -108,3 +108,33 @@ func TestDecodeTokenizeCount(t *testing.T) {
 		}
 	}
 }
+
+// KVNeed caps a request's need at the pool of each engine (SGLang ends a reply at its pool) and
+// names the engine the request fills the most: a prompt + max_tokens over the pool (issue 40's
+// 30,019 against 20,000) books exactly the whole pool, which the queue then treats as large.
+func TestKVNeedCapsAtThePool(t *testing.T) {
+	backend := func(pool int) *Backend {
+		b := &Backend{}
+		if pool > 0 {
+			SetCapacityForTest(b, &Capacity{PoolTokens: pool, ContextLen: 32768})
+		}
+		return b
+	}
+	for _, c := range []struct {
+		name           string
+		route          Route
+		prompt, output int
+		need, pool     int64
+	}{
+		{"fits", Route{Unified: backend(20000)}, 19, 1000, 1019, 20000},
+		{"over the pool: the whole pool", Route{Unified: backend(20000)}, 19, 30000, 20000, 20000},
+		{"decode binds", Route{Prefill: backend(20000), Decode: backend(8000)}, 500, 30000, 8000, 8000},
+		{"prefill binds", Route{Prefill: backend(1000), Decode: backend(100000)}, 900, 100, 900, 1000},
+		{"unknown pool", Route{Unified: backend(0)}, 19, 30000, 30019, 0},
+	} {
+		need, pool := c.route.KVNeed(c.prompt, c.output)
+		if need != c.need || pool != c.pool {
+			t.Errorf("%s: KVNeed = %d of %d, want %d of %d", c.name, need, pool, c.need, c.pool)
+		}
+	}
+}

@@ -676,7 +676,11 @@ func (r *Route) Load() int64 {
 
 // kvNeeds is what a request of prompt and output tokens holds on each backend of the route: a
 // prefill engine holds the prompt, a decode or unified one the prompt and the output, each cut
-// to the engine's pool (admission already refused what can never fit).
+// to the engine's pool. The cut is the physical bound, not a leniency: admission refused every
+// prompt over the pool, and SGLang cuts max_new_tokens to its max_req_len − prompt − 1 (below
+// the pool), so a prompt + max_tokens over the pool is served, ending at the pool. Such a
+// request books the whole pool; the admission queue keeps it from blocking the others
+// (fairqueue: a large head is passed and charged its whole booking), so it is not refused.
 func (r *Route) kvNeeds(prompt, output int) (bs [2]*Backend, need [2]int64, n int) {
 	add := func(b *Backend, tokens int) {
 		if c := b.Capacity(); c != nil {
@@ -692,6 +696,24 @@ func (r *Route) kvNeeds(prompt, output int) (bs [2]*Backend, need [2]int64, n in
 	add(r.Prefill, prompt)
 	add(r.Decode, prompt+output)
 	return
+}
+
+// KVNeed is what the request books on the route's backend it fills the most, and that backend's
+// pool (0 when unknown): the admission queue's ticket (fairqueue.Ticket's Tokens and Pool).
+func (r *Route) KVNeed(prompt, output int) (need, pool int64) {
+	bs, needs, n := r.kvNeeds(prompt, output)
+	for i := 0; i < n; i++ {
+		c := bs[i].Capacity()
+		if c == nil || c.PoolTokens <= 0 {
+			need = max(need, needs[i]) // unknown pool: the need as asked, nothing large
+			continue
+		}
+		p := int64(c.PoolTokens)
+		if pool == 0 || needs[i]*pool > need*p { // needs[i]/p > need/pool, without division
+			need, pool = needs[i], p
+		}
+	}
+	return need, pool
 }
 
 // Reserve takes the request's KV on every backend of the route when each one's KVFree holds it,
