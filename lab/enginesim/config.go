@@ -50,6 +50,13 @@ type Config struct {
 	// every text prompt. Default 256.
 	DriftTokens int
 
+	// NoCachedTokens leaves the cached-token figures out of every reply (meta_info.cached_tokens,
+	// usage.prompt_tokens_details): an engine without SGLang's --enable-cache-report.
+	NoCachedTokens bool
+	// SaltHeader honours an X-Cache-Salt request header, which overrides the body's salt
+	// (vllm#57609); without it the header is ignored, as engines without that change do.
+	SaltHeader bool
+
 	// Fast answers the generation routes with a tiny fixed reply, without parsing the prompt,
 	// tokenizing or touching the KV pool: a backend that costs almost nothing, so a benchmark
 	// measures what sits in front of it (fast.go).
@@ -143,9 +150,11 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("tokenizer: %q is not cl100k, chunk4 or hf:DIR", c.Tokenizer)
 	}
 	switch c.Bug {
-	case kvmodel.BugNone, kvmodel.BugAdmitRejected, kvmodel.BugTemplateDrift:
+	case kvmodel.BugNone, kvmodel.BugAdmitRejected, kvmodel.BugTemplateDrift, kvmodel.BugSaltIgnored,
+		kvmodel.BugSaltDroppedTier2, kvmodel.BugBatchSlotResidue, kvmodel.BugForcedReasoningEnd:
 	default:
-		return fmt.Errorf("bug: %q is not none, admit-rejected or template-drift", c.Bug)
+		return fmt.Errorf("bug: %q is not none, admit-rejected, template-drift, salt-ignored, salt-dropped-tier2, "+
+			"batch-slot-residue or forced-reasoning-end", c.Bug)
 	}
 	if c.DriftTokens < 0 {
 		return fmt.Errorf("drift-tokens must not be negative")

@@ -24,6 +24,7 @@ type outcome struct {
 	pages        []int32
 	finish       string // "length", "stop" or "abort"
 	self         *kvmodel.Writer
+	cached       int // prompt tokens found in the prefix cache
 }
 
 func (o *outcome) failed() bool { return o.status != 200 }
@@ -107,13 +108,19 @@ func (s *Server) run(ctx context.Context, it *wire.Item) *outcome {
 		}
 	}
 	self := &kvmodel.Writer{RID: it.RID, Tenant: it.Tenant}
+	var out *outcome
 	switch s.cfg.Mode {
 	case ModePrefill:
-		return s.runPrefill(ctx, it, self, p, stub)
+		out = s.runPrefill(ctx, it, self, p, stub)
 	case ModeDecode:
-		return s.runDecode(ctx, it, self, p)
+		out = s.runDecode(ctx, it, self, p)
+	default:
+		out = s.runCombined(ctx, it, self, p)
 	}
-	return s.runCombined(ctx, it, self, p)
+	if !out.failed() && !stub {
+		out.cached = s.prefix.admit(it.Salt, it.IDs)
+	}
+	return out
 }
 
 // driftPreamble puts the tokens of bug template-drift before a text prompt's: a preamble the

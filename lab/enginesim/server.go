@@ -66,6 +66,8 @@ type Server struct {
 
 	rooms *pdxfer.Store // prefill: rooms waiting for decode
 
+	prefix *prefixCache // what cache_salt partitions
+
 	pull *pdxfer.Client // decode: pulls rooms from prefill
 
 	srv, bootSrv *fasthttp.Server
@@ -109,6 +111,7 @@ func New(cfg Config) (*Server, error) {
 		active:    map[string]context.CancelFunc{},
 		rooms:     pdxfer.NewStore(),
 		pull:      pdxfer.NewClient(cfg.TransferTimeout),
+		prefix:    newPrefixCache(cfg),
 	}
 	s.cond = sync.NewCond(&s.mu)
 	s.env = wire.Env{NewRID: s.newRID, NoteSalts: s.noteSalts}
