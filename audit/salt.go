@@ -174,9 +174,10 @@ type saltProbe struct {
 
 // saltReply is what a salt probe got: the cached-token figure (nil if none), or why not.
 type saltReply struct {
-	cached *int
-	status int
-	fail   string // not 2xx, or no reply: the probe says nothing of the cache
+	cached  *int
+	prefill *int // a PD pair's prefill leg's figure: its cache is the pair's too
+	status  int
+	fail    string // not 2xx, or no reply: the probe says nothing of the cache
 }
 
 func (a *auditor) sendSalt(ctx context.Context, u saltUnit, p saltProbe) saltReply {
@@ -213,7 +214,7 @@ func (a *auditor) sendSalt(ctx context.Context, u saltUnit, p saltProbe) saltRep
 	case u.pin != "" && res.header.Get(HeaderPinBackend) != u.pin:
 		return saltReply{status: res.status, fail: "the gateway did not confirm routing to " + u.pin + " (no " + HeaderPinBackend + " echo): the reply may be another backend's"}
 	}
-	return saltReply{cached: cachedTokens(res.raw), status: res.status}
+	return saltReply{cached: cachedTokens(res.raw), prefill: cachedTokens(res.prefillRaw), status: res.status}
 }
 
 // saltCheck runs one unit's probes: a new prompt, its repeat under the same salt, and under
@@ -239,6 +240,12 @@ func (a *auditor) saltCheck(ctx context.Context, u saltUnit) SaltVerdict {
 	}
 	v.FirstCached, v.SameCached, v.OtherCached = replies[0].cached, replies[1].cached, replies[2].cached
 	v.Verdict, v.Detail = saltVerdict(v.FirstCached, v.SameCached, v.OtherCached)
+	if a.snd.prefill != nil {
+		// Both legs of a pair cache the prompt: the pair is isolated only if both are, and
+		// shared if either is.
+		pv, pd := saltVerdict(replies[0].prefill, replies[1].prefill, replies[2].prefill)
+		v.Verdict, v.Detail = worseSalt(v.Verdict, "decode: "+v.Detail, pv, "prefill: "+pd)
+	}
 	if u.via == "direct" && v.Verdict != SaltUnknown {
 		v.Header = a.headerCheck(ctx, u)
 	}
@@ -283,6 +290,15 @@ func saltVerdict(first, same, other *int) (verdict, detail string) {
 			"the salt does not partition the prefix cache, so one tenant's prompt hits another's", *other, *same, *first)
 	}
 	return SaltIsolated, fmt.Sprintf("the same salt found %d tokens cached, another salt %d (a new prompt %d)", *same, *other, *first)
+}
+
+// worseSalt combines two legs' verdicts: shared if either is, isolated only if both are.
+func worseSalt(v1, d1, v2, d2 string) (string, string) {
+	rank := map[string]int{SaltIsolated: 0, SaltUnknown: 1, SaltShared: 2}
+	if rank[v2] > rank[v1] {
+		return v2, d2 + "; " + d1
+	}
+	return v1, d1 + "; " + d2
 }
 
 // headerVerdict judges the header check's three figures. It is pure.

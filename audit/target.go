@@ -225,6 +225,7 @@ type result struct {
 	prefill     string // PD: what the prefill leg answered, when it matters
 	elapsed     time.Duration
 	header      http.Header
+	prefillRaw  []byte // PD: the prefill leg's reply (its own cached-token figure)
 }
 
 // sender sends generation requests to one target, or to a PD pair as a PD router does.
@@ -272,6 +273,7 @@ func (s *sender) sendAs(ctx context.Context, body map[string]any, stream bool, o
 	go func() { pc <- s.one(ctx, s.prefill.base, body, stream, opts) }()
 	d := s.one(ctx, s.decode.base, body, stream, opts)
 	p := <-pc
+	d.prefillRaw = p.raw
 	switch {
 	case p.err != nil:
 		d.prefill = "prefill: " + p.err.Error()

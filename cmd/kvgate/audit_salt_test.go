@@ -65,12 +65,20 @@ func TestAuditSaltVerdictsDirect(t *testing.T) {
 	}
 }
 
-// A PD pair driven directly as a router does: one verdict for the pair, from decode's figures.
+// A PD pair driven directly as a router does: one verdict for the pair, from both legs'
+// figures (a prefill that shares makes the pair shared, whatever decode reports).
 func TestAuditSaltVerdictsPDPair(t *testing.T) {
+	common := []string{"--context-length", "8192", "--quiet"}
 	for _, c := range []struct {
-		bug, verdict, header string
-	}{{"none", audit.SaltIsolated, audit.HeaderIgnored}, {"salt-ignored", audit.SaltShared, audit.HeaderShared}} {
-		p, d := startAuditPair(t, "--bug", c.bug)
+		prefillBug, decodeBug, verdict, header string
+	}{
+		{"none", "none", audit.SaltIsolated, audit.HeaderIgnored},
+		{"salt-ignored", "salt-ignored", audit.SaltShared, audit.HeaderShared},
+		{"salt-ignored", "none", audit.SaltShared, audit.HeaderIgnored},
+		{"none", "salt-dropped-tier2", audit.SaltShared, audit.HeaderShared},
+	} {
+		p := procs.StartSim(t, append([]string{"--mode", "prefill", "--pool-tokens", "2048", "--bootstrap-port", "0", "--bug", c.prefillBug}, common...)...)
+		d := procs.StartSim(t, append([]string{"--mode", "decode", "--pool-tokens", "8192", "--bug", c.decodeBug}, common...)...)
 		r, vs := saltVerdicts(t, "--prefill", p.URL, "--decode", d.URL)
 		wantSalt(t, r, vs, p.URL+" + "+d.URL, c.verdict, c.header)
 	}
