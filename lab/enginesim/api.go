@@ -160,6 +160,11 @@ func (s *Server) runAll(items []*wire.Item) ([]*outcome, context.Context, func()
 		}
 	}
 	done := func() {
+		s.mu.Lock()
+		for _, o := range outs {
+			s.leaveSlot(o)
+		}
+		s.mu.Unlock()
 		for _, o := range outs {
 			if o.pages != nil {
 				s.releasePages(o.pages)

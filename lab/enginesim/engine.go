@@ -25,6 +25,12 @@ type outcome struct {
 	finish       string // "length", "stop" or "abort"
 	self         *kvmodel.Writer
 	cached       int // prompt tokens found in the prefix cache
+	// The batch slot it holds while its reply runs, and what the advisories' bugs need
+	// (advisories.go).
+	slot      int
+	prompt    string
+	budget    int
+	forcedOut bool // its reasoning-end string went to another request (forced-reasoning-end)
 }
 
 func (o *outcome) failed() bool { return o.status != 200 }
@@ -169,12 +175,20 @@ func (s *Server) writeAndGenerate(it *wire.Item, self *kvmodel.Writer, pages []i
 		v.Write(i, it.IDs[i], it.Texts[i])
 	}
 	out := s.generateLocked(v, p, o)
+	if !out.failed() {
+		out.self = self
+		budget := it.ThinkBudget
+		if budget == 0 {
+			budget = s.cfg.ThinkBudget
+		}
+		s.takeSlot(out, self, it.Texts[:p], budget)
+	}
 	s.mu.Unlock()
 	if out.failed() {
 		s.releasePages(pages)
 		return out
 	}
-	out.pages, out.promptTokens, out.self = pages, p, self
+	out.pages, out.promptTokens = pages, p
 	return out
 }
 

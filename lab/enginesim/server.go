@@ -67,6 +67,8 @@ type Server struct {
 	rooms *pdxfer.Store // prefill: rooms waiting for decode
 
 	prefix *prefixCache // what cache_salt partitions
+	slots  []slotState  // the batch's rows (advisories.go); guarded by mu
+	leaks  []Leak       // ground truth of the advisories' bugs; guarded by statsMu
 
 	pull *pdxfer.Client // decode: pulls rooms from prefill
 
