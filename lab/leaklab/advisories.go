@@ -56,14 +56,14 @@ type AdvisoryRow struct {
 	// Leaking: replies the engine put another tenant's state into (its ground truth). Cut: of
 	// those, the replies the gateway cut (502, or an error event in a stream); Recorded: with an
 	// incident for the request. Detected: cut or recorded.
-	Leaking    int      `json:"leaking"`
-	Cut        int      `json:"cut"`
-	Recorded   int      `json:"recorded"`
-	Detected   int      `json:"detected"`
+	Leaking  int `json:"leaking"`
+	Cut      int `json:"cut"`
+	Recorded int `json:"recorded"`
+	Detected int `json:"detected"`
 	// Weak: replies the gateway saw 1 to cut_matches−1 foreign fingerprints in
 	// (kvgate_fingerprint_weak_total): logged, no incident, not cut. Tenants share no text here,
 	// so a weak match is a leaking reply's.
-	Weak int `json:"weak"`
+	Weak       int      `json:"weak"`
 	DetectRate *float64 `json:"detect_rate"` // detected / leaking; null with no leak
 	// MaxVictimRun is the longest run of a victim's prompt text (folded: letters and digits,
 	// lower case) that reached a client in any leaking reply; Bound is fingerprint.MaxQuoted of
