@@ -319,10 +319,13 @@ func headerVerdict(first, headerSame, headerOther int) string {
 // warns.
 func (a *auditor) addSalt(v SaltVerdict) {
 	f := Finding{Check: "salt/" + v.Backend, Kind: KindSalt, Sent: "-", Expected: SaltIsolated, Got: v.Verdict, Detail: v.Detail}
-	if v.Via == "gateway" {
+	switch {
+	case v.Salts == "tenants":
 		f.Sent = "via gateway, two tenants"
-	} else if v.Salts == "body" {
+	case v.Salts == "body":
 		f.Sent = "direct, two salts"
+	case v.Via != "":
+		f.Sent = "via " + v.Via
 	}
 	switch v.Verdict {
 	case SaltIsolated:
