@@ -25,6 +25,20 @@ func saltVerdicts(t *testing.T, args ...string) (auditRun, map[string]audit.Salt
 	return r, out
 }
 
+// saltGateway is a gateway in front of the named unified engines (name, URL pairs) with tenants
+// t1 (key k1) and t2 (k2) and the admin key adm.
+func saltGateway(t *testing.T, engines ...string) *testkit.Gateway {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString("backends:\n")
+	for i := 0; i+1 < len(engines); i += 2 {
+		fmt.Fprintf(&b, "  - {name: %s, url: %q, role: unified}\n", engines[i], engines[i+1])
+	}
+	fmt.Fprintf(&b, "tenants:\n  - {name: t1, key_sha256: %q}\n  - {name: t2, key_sha256: %q}\nadmin_key_sha256: %q\ncapacity: {poll_interval: 200ms}\n",
+		testkit.KeySHA256("k1"), testkit.KeySHA256("k2"), testkit.KeySHA256("adm"))
+	return testkit.StartGateway(t, testkit.ParseConfig(t, b.String()))
+}
+
 func wantSalt(t *testing.T, r auditRun, vs map[string]audit.SaltVerdict, backend, verdict, header string) {
 	t.Helper()
 	v, ok := vs[backend]
@@ -93,14 +107,7 @@ func TestAuditSaltVerdictsThroughGateway(t *testing.T) {
 	}{{"none", audit.SaltIsolated}, {"salt-ignored", audit.SaltShared}} {
 		t.Run(c.bug, func(t *testing.T) {
 			sim := procs.StartSim(t, "--quiet", "--bug", c.bug)
-			gw := testkit.StartGateway(t, testkit.ParseConfig(t, fmt.Sprintf(`backends:
-  - {name: e0, url: %q, role: unified}
-tenants:
-  - {name: t1, key_sha256: %q}
-  - {name: t2, key_sha256: %q}
-admin_key_sha256: %q
-capacity: {poll_interval: 200ms}
-`, sim.URL, testkit.KeySHA256("k1"), testkit.KeySHA256("k2"), testkit.KeySHA256("adm"))))
+			gw := saltGateway(t, "e0", sim.URL)
 			for _, native := range []bool{false, true} {
 				args := []string{"--target", gw.URL, "--api-key", "k1", "--second-key", "k2", "--admin-key", "adm"}
 				if native {
@@ -125,15 +132,7 @@ capacity: {poll_interval: 200ms}
 func TestAuditSaltThroughGatewayNeedsThePin(t *testing.T) {
 	honest := procs.StartSim(t, "--quiet")
 	broken := procs.StartSim(t, "--quiet", "--bug", "salt-ignored")
-	gw := testkit.StartGateway(t, testkit.ParseConfig(t, fmt.Sprintf(`backends:
-  - {name: honest, url: %q, role: unified}
-  - {name: broken, url: %q, role: unified}
-tenants:
-  - {name: t1, key_sha256: %q}
-  - {name: t2, key_sha256: %q}
-admin_key_sha256: %q
-capacity: {poll_interval: 200ms}
-`, honest.URL, broken.URL, testkit.KeySHA256("k1"), testkit.KeySHA256("k2"), testkit.KeySHA256("adm"))))
+	gw := saltGateway(t, "honest", honest.URL, "broken", broken.URL)
 	r, vs := saltVerdicts(t, "--target", gw.URL, "--api-key", "k1", "--second-key", "k2", "--admin-key", "adm")
 	for _, b := range []string{"honest", "broken"} {
 		if v := vs[b]; v.Verdict != audit.SaltUnknown || !strings.Contains(v.Detail, audit.HeaderPinBackend) {

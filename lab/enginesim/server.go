@@ -77,6 +77,20 @@ type Server struct {
 	closed       atomic.Bool
 }
 
+// Start builds a server from cfg on an ephemeral loopback port and serves it in the background
+// (the lab's in-process engines); Close stops it.
+func Start(cfg Config) (*Server, error) {
+	s, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Listen("127.0.0.1:0"); err != nil {
+		return nil, err
+	}
+	go func() { _ = s.Serve() }()
+	return s, nil
+}
+
 // New builds a server from cfg (defaults applied, then validated).
 func New(cfg Config) (*Server, error) {
 	cfg.Defaults()

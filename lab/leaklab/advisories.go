@@ -125,14 +125,10 @@ var tagRE = regexp.MustCompile(`reqtag([0-9]+)x`)
 
 func (p AdvisoryParams) runAdvisory(bug, name string, ecfg enginesim.Config, budget int, row uint64) (AdvisoryRow, error) {
 	out := AdvisoryRow{Bug: bug, Variant: name, Requests: p.Requests, Bound: fingerprint.MaxQuoted(defaultCutMatches)}
-	eng, err := enginesim.New(ecfg)
+	eng, err := enginesim.Start(ecfg)
 	if err != nil {
 		return out, err
 	}
-	if err := eng.Listen("127.0.0.1:0"); err != nil {
-		return out, err
-	}
-	go func() { _ = eng.Serve() }()
 	defer eng.Close()
 	r := &advisoryRun{p: p, adminKey: "admin-advisories"}
 	var tenants strings.Builder
