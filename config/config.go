@@ -399,6 +399,13 @@ func (t *Tenant) Check(bad func(field, format string, args ...any)) {
 	}
 }
 
+// IsolationPolicy is policy.isolation.
+type IsolationPolicy struct {
+	// RefuseShared keeps tenants' traffic off a backend whose last salt verdict is shared
+	// (fail closed: 503 when no path is left). Off by default.
+	RefuseShared bool `yaml:"refuse_shared"`
+}
+
 // Policy is the admission policy.
 type Policy struct {
 	// Mode is enforce (default) or monitor (the token rule is logged, not enforced).
@@ -414,6 +421,8 @@ type Policy struct {
 	// SharePrefixCache stops the gateway from setting a per-tenant cache_salt, so tenants may
 	// share prefix-cache entries (faster, and a cross-tenant timing channel).
 	SharePrefixCache bool `yaml:"share_prefix_cache"`
+	// Isolation routes on the backends' salt verdicts (`kvgate audit`): policy.Isolation.
+	Isolation IsolationPolicy `yaml:"isolation"`
 	// OverflowStatus is the status of a prompt the engines cannot take (code
 	// context_length_exceeded): 413 (default) or 400, for clients that handle OpenAI's
 	// context_length_exceeded only as the 400 OpenAI itself answers.
@@ -954,6 +963,10 @@ func (c *Config) Validate() error {
 		bad("queue.max_queued", "must be between 1 and 1000000, got %d", c.Queue.MaxQueued)
 	}
 	oneOf("policy.mode", string(c.Policy.Mode), string(ModeEnforce), string(ModeMonitor))
+	if c.Policy.Isolation.RefuseShared && c.Policy.SharePrefixCache {
+		// Salts are what the verdict is about; without them every backend shares by design.
+		bad("policy.isolation.refuse_shared", "means nothing with policy.share_prefix_cache: true (no salts are set)")
+	}
 	if c.Policy.OverflowStatus != 413 && c.Policy.OverflowStatus != 400 {
 		bad("policy.overflow_status", "must be 413 or 400, got %d", c.Policy.OverflowStatus)
 	}

@@ -98,6 +98,8 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"same key twice", minimal + "  - {name: bob, key_sha256: \"" + key + "\"}\n", "", "same key"},
 		{"bad mode", minimal + "policy: {mode: lenient}\n", "", "policy.mode"},
 		{"bad overflow status", minimal + "policy: {overflow_status: 422}\n", "", "policy.overflow_status"},
+		{"refuse shared without salts", minimal + "policy: {share_prefix_cache: true, isolation: {refuse_shared: true}}\n", "", "policy.isolation.refuse_shared"},
+		{"isolation unknown key", minimal + "policy: {isolation: {refuse_unknown: true}}\n", "", "refuse_unknown"},
 		{"drift threshold below one", minimal + "policy: {count_drift: {threshold: -1}}\n", "", "policy.count_drift.threshold"},
 		{"drift window too short", minimal + "policy: {count_drift: {window: 10ms}}\n", "", "policy.count_drift.window"},
 		{"drift window too long", minimal + "policy: {count_drift: {window: 48h}}\n", "", "policy.count_drift.window"},

@@ -50,6 +50,23 @@ type Config struct {
 	// every text prompt. Default 256.
 	DriftTokens int
 
+	// NoCachedTokens leaves the cached-token figures out of every reply (meta_info.cached_tokens,
+	// usage.prompt_tokens_details): an engine without SGLang's --enable-cache-report.
+	NoCachedTokens bool
+	// SaltHeader honours an X-Cache-Salt request header, which overrides the body's salt
+	// (vllm#57609); without it the header is ignored, as engines without that change do.
+	SaltHeader bool
+
+	// ResidueTokens (bug batch-slot-residue) is how many of its last sampled tokens a request
+	// leaves in its batch slot for the next occupant's reply. Default 32.
+	ResidueTokens int
+	// ThinkBudget is the thinking_token_budget of requests that name none (0 = none): a
+	// deployment's default reasoning budget.
+	ThinkBudget int
+	// ReasoningEnd is the string forced at a thinking budget's end (vLLM's reasoning_end_str).
+	// Default "</think>".
+	ReasoningEnd string
+
 	// Fast answers the generation routes with a tiny fixed reply, without parsing the prompt,
 	// tokenizing or touching the KV pool: a backend that costs almost nothing, so a benchmark
 	// measures what sits in front of it (fast.go).
@@ -110,6 +127,12 @@ func (c *Config) Defaults() {
 	if c.FastEvents == 0 {
 		c.FastEvents = 8
 	}
+	if c.ResidueTokens == 0 {
+		c.ResidueTokens = 32
+	}
+	if c.ReasoningEnd == "" {
+		c.ReasoningEnd = "</think>"
+	}
 }
 
 // Validate refuses a configuration that cannot run, naming the field.
@@ -143,9 +166,14 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("tokenizer: %q is not cl100k, chunk4 or hf:DIR", c.Tokenizer)
 	}
 	switch c.Bug {
-	case kvmodel.BugNone, kvmodel.BugAdmitRejected, kvmodel.BugTemplateDrift:
+	case kvmodel.BugNone, kvmodel.BugAdmitRejected, kvmodel.BugTemplateDrift, kvmodel.BugSaltIgnored,
+		kvmodel.BugSaltDroppedTier2, kvmodel.BugBatchSlotResidue, kvmodel.BugForcedReasoningEnd:
 	default:
-		return fmt.Errorf("bug: %q is not none, admit-rejected or template-drift", c.Bug)
+		return fmt.Errorf("bug: %q is not none, admit-rejected, template-drift, salt-ignored, salt-dropped-tier2, "+
+			"batch-slot-residue or forced-reasoning-end", c.Bug)
+	}
+	if c.ResidueTokens < 0 || c.ThinkBudget < 0 {
+		return fmt.Errorf("residue-tokens and thinking-budget must not be negative")
 	}
 	if c.DriftTokens < 0 {
 		return fmt.Errorf("drift-tokens must not be negative")

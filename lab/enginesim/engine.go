@@ -24,6 +24,13 @@ type outcome struct {
 	pages        []int32
 	finish       string // "length", "stop" or "abort"
 	self         *kvmodel.Writer
+	cached       int // prompt tokens found in the prefix cache
+	// The batch slot it holds while its reply runs, and what the advisories' bugs need
+	// (advisories.go).
+	slot      int
+	prompt    string
+	budget    int
+	forcedOut bool // its reasoning-end string went to another request (forced-reasoning-end)
 }
 
 func (o *outcome) failed() bool { return o.status != 200 }
@@ -107,13 +114,19 @@ func (s *Server) run(ctx context.Context, it *wire.Item) *outcome {
 		}
 	}
 	self := &kvmodel.Writer{RID: it.RID, Tenant: it.Tenant}
+	var out *outcome
 	switch s.cfg.Mode {
 	case ModePrefill:
-		return s.runPrefill(ctx, it, self, p, stub)
+		out = s.runPrefill(ctx, it, self, p, stub)
 	case ModeDecode:
-		return s.runDecode(ctx, it, self, p)
+		out = s.runDecode(ctx, it, self, p)
+	default:
+		out = s.runCombined(ctx, it, self, p)
 	}
-	return s.runCombined(ctx, it, self, p)
+	if !out.failed() && !stub {
+		out.cached = s.prefix.admit(it.Salt, it.IDs)
+	}
+	return out
 }
 
 // driftPreamble puts the tokens of bug template-drift before a text prompt's: a preamble the
@@ -162,12 +175,20 @@ func (s *Server) writeAndGenerate(it *wire.Item, self *kvmodel.Writer, pages []i
 		v.Write(i, it.IDs[i], it.Texts[i])
 	}
 	out := s.generateLocked(v, p, o)
+	if !out.failed() {
+		out.self = self
+		budget := it.ThinkBudget
+		if budget == 0 {
+			budget = s.cfg.ThinkBudget
+		}
+		s.takeSlot(out, self, it.Texts[:p], budget)
+	}
 	s.mu.Unlock()
 	if out.failed() {
 		s.releasePages(pages)
 		return out
 	}
-	out.pages, out.promptTokens, out.self = pages, p, self
+	out.pages, out.promptTokens = pages, p
 	return out
 }
 

@@ -110,7 +110,7 @@ func (s *Server) parsePool(ctx *fasthttp.RequestCtx, path string, fail func(*out
 	var req wire.PoolReq
 	err := json.Unmarshal(ctx.PostBody(), &req)
 	if err == nil {
-		err = s.env.NoteSalt(req.CacheSalt, "cache_salt")
+		_, err = s.env.NoteSalt(req.CacheSalt, "cache_salt")
 	} else {
 		err = wire.Badf("invalid JSON body: %v", err)
 	}

@@ -66,11 +66,29 @@ type Server struct {
 
 	rooms *pdxfer.Store // prefill: rooms waiting for decode
 
+	prefix *prefixCache // what cache_salt partitions
+	slots  []slotState  // the batch's rows (advisories.go); guarded by mu
+	leaks  []Leak       // ground truth of the advisories' bugs; guarded by statsMu
+
 	pull *pdxfer.Client // decode: pulls rooms from prefill
 
 	srv, bootSrv *fasthttp.Server
 	ln, bootLn   net.Listener
 	closed       atomic.Bool
+}
+
+// Start builds a server from cfg on an ephemeral loopback port and serves it in the background
+// (the lab's in-process engines); Close stops it.
+func Start(cfg Config) (*Server, error) {
+	s, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Listen("127.0.0.1:0"); err != nil {
+		return nil, err
+	}
+	go func() { _ = s.Serve() }()
+	return s, nil
 }
 
 // New builds a server from cfg (defaults applied, then validated).
@@ -109,6 +127,7 @@ func New(cfg Config) (*Server, error) {
 		active:    map[string]context.CancelFunc{},
 		rooms:     pdxfer.NewStore(),
 		pull:      pdxfer.NewClient(cfg.TransferTimeout),
+		prefix:    newPrefixCache(cfg),
 	}
 	s.cond = sync.NewCond(&s.mu)
 	s.env = wire.Env{NewRID: s.newRID, NoteSalts: s.noteSalts}
