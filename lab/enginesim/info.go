@@ -137,6 +137,9 @@ type SimStats struct {
 	ForeignReplies int `json:"foreign_replies"`
 	// RequestIDs are the X-Request-Id headers of the last 256 generation requests, oldest first.
 	RequestIDs []string `json:"request_ids"`
+	// RIDs are the "rid" fields of the same requests' bodies as JSON ("" when absent), in the
+	// same order.
+	RIDs []string `json:"rids"`
 	// CacheSalts counts the distinct cache_salt values seen (and /generate's extra_key): the simulator
 	// has no prefix cache to partition, so this is what a test can check.
 	CacheSalts int `json:"cache_salts"`
@@ -164,6 +167,7 @@ func (s *Server) Stats() SimStats {
 	}
 	st.MaxPromptTokens, st.TokenizeRequests, st.ForeignReplies = s.maxPT, s.tokReqs, s.foreign
 	st.RequestIDs = append([]string{}, s.headerIDs...)
+	st.RIDs = append([]string{}, s.bodyRIDs...)
 	st.CacheSalts = len(s.salts)
 	s.statsMu.Unlock()
 	st.Pool.PagesTotal, st.Pool.PagesFree = l.totalPages, l.freePages
