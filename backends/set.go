@@ -423,7 +423,9 @@ func decodeCapacity(infoBody, modelsBody []byte) (*Capacity, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading server info: %w", err)
 	}
-	if c.PageSize, err = optInt(info, "page_size", 1, 0); err != nil {
+	// The scheduler reserves a page per request (policy.Path.PageSize): without the page size
+	// the schedulable edge is unknown, so the reading is.
+	if c.PageSize, err = needInt(info, "page_size", 1); err != nil {
 		return nil, fmt.Errorf("reading server info: %w", err)
 	}
 	if c.BootstrapPort, err = optInt(info, "disaggregation_bootstrap_port", 0, 0); err != nil || c.BootstrapPort > 65535 {
@@ -459,7 +461,16 @@ func decodeCapacity(infoBody, modelsBody []byte) (*Capacity, error) {
 			if n > 0 {
 				c.PoolTokens = min(c.PoolTokens, n)
 			}
+			page, err := optInt(st, "page_size", 1, 0)
+			if err != nil {
+				return nil, fmt.Errorf("reading server info: internal_states: %w", err)
+			}
+			c.PageSize = max(c.PageSize, page)
 		}
+	}
+	if c.PageSize >= c.PoolTokens {
+		// Not one request could be scheduled: no honest engine starts so.
+		return nil, fmt.Errorf("reading server info: page_size %d leaves no room in a pool of %d tokens", c.PageSize, c.PoolTokens)
 	}
 	var models struct {
 		Data []map[string]json.RawMessage `json:"data"`
@@ -780,7 +791,7 @@ func (s *Set) routes(now time.Time, keep func(*Backend) bool) ([]Route, error) {
 	for _, u := range unified {
 		c := u.Capacity()
 		routes = append(routes, Route{Path: policy.Path{Backends: u.names, MaxReqInputLen: c.MaxReqInputLen,
-			ContextLen: c.ContextLen, PoolTokens: c.PoolTokens}, Unified: u})
+			ContextLen: c.ContextLen, PoolTokens: c.PoolTokens, PageSize: c.PageSize}, Unified: u})
 	}
 	for _, p := range prefill {
 		for _, d := range decode {
@@ -791,7 +802,8 @@ func (s *Set) routes(now time.Time, keep func(*Backend) bool) ([]Route, error) {
 			routes = append(routes, Route{
 				Path: policy.Path{Backends: []string{p.Name, d.Name},
 					MaxReqInputLen: min(pc.MaxReqInputLen, dc.MaxReqInputLen), ContextLen: min(pc.ContextLen, dc.ContextLen),
-					PoolTokens: min(pc.PoolTokens, dc.PoolTokens)},
+					// The smaller pool with the larger page: never above either side's edge.
+					PoolTokens: min(pc.PoolTokens, dc.PoolTokens), PageSize: max(pc.PageSize, dc.PageSize)},
 				Prefill: p, Decode: d,
 			})
 		}

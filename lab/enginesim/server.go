@@ -28,7 +28,8 @@ const pageWait = 30 * time.Second
 type Server struct {
 	cfg     Config
 	tok     *kvmodel.CachedTokenizer
-	mril    int
+	mril    int      // rank 0's, as /server_info reports it
+	ranks   []dpRank // DP attention ranks (sched.go)
 	padID   uint32
 	padText string
 	created int64
@@ -70,6 +71,8 @@ type Server struct {
 
 	rooms *pdxfer.Store // prefill: rooms waiting for decode
 
+	nextRank atomic.Uint64 // the DP controller's round robin
+
 	pull *pdxfer.Client // decode: pulls rooms from prefill
 
 	srv, bootSrv *fasthttp.Server
@@ -98,6 +101,7 @@ func New(cfg Config) (*Server, error) {
 		cfg:     cfg,
 		tok:     tok,
 		mril:    kvmodel.MaxReqInputLen(cfg.PoolTokens, cfg.PageSize, cfg.ContextLength),
+		ranks:   newRanks(cfg),
 		padID:   ids[0],
 		padText: texts[0],
 		created: time.Now().Unix(),
