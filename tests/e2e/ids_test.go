@@ -14,11 +14,16 @@ import (
 const aliceKey = "sk-e2e-alice"
 
 func gatewayYAML(url, extra string) string {
-	return fmt.Sprintf(`backends: [{name: eng, url: %q, role: unified}]
+	return backendsYAML(fmt.Sprintf(`[{name: eng, url: %q, role: unified}]`, url), extra)
+}
+
+// backendsYAML is a gateway's configuration with the given backends list (YAML) and one tenant.
+func backendsYAML(backends, extra string) string {
+	return fmt.Sprintf(`backends: %s
 tenants:
   - {name: alice, key_sha256: %q}
 capacity: {poll_interval: 200ms}
-%s`, url, testkit.KeySHA256(aliceKey), extra)
+%s`, backends, testkit.KeySHA256(aliceKey), extra)
 }
 
 // post sends body to path with the tenant's key and the extra headers; it returns the status,

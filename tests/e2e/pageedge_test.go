@@ -18,22 +18,39 @@ import (
 // loopback gets token-id prompts of every size from the smallest rank's pool − 2 pages to the
 // largest's + 2 pages, one token apart, on /generate and /v1/completions: the gateway admits
 // exactly the prompts every rank can schedule (a 200 from the engine), refuses every other with
-// a 413 in the route's envelope, and no request reaches the engine that it cannot schedule.
+// a 413 in the route's envelope, and no request reaches the engine that it cannot schedule. A
+// prefill + decode pair (the prefill's pool the smaller) is swept the same way.
 func TestPageEdgeSweep(t *testing.T) {
-	const pool, ctxLen = 2048, 8192
 	for _, page := range []int{1, 16, 64} {
 		for _, dp := range []int{1, 2} {
-			t.Run(fmt.Sprintf("page%d_dp%d", page, dp), func(t *testing.T) {
-				sweepPageEdge(t, pool, ctxLen, page, dp)
-			})
+			t.Run(fmt.Sprintf("page%d_dp%d", page, dp), func(t *testing.T) { sweepPageEdge(t, page, dp, false) })
 		}
 	}
+	t.Run("pd_page64_dp2", func(t *testing.T) { sweepPageEdge(t, 64, 2, true) })
 }
 
-func sweepPageEdge(t *testing.T, pool, ctxLen, page, dp int) {
-	sim := procs.StartSim(t, "--pool-tokens", strconv.Itoa(pool), "--context-length", strconv.Itoa(ctxLen),
-		"--page-size", strconv.Itoa(page), "--dp-size", strconv.Itoa(dp), "--dp-pool-skew", "1", "--tokenizer", "chunk4")
-	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML(sim.URL, "")))
+func sweepPageEdge(t *testing.T, page, dp int, pd bool) {
+	const pool, ctxLen = 2048, 8192
+	start := func(mode string, pool int) *procs.Sim {
+		args := []string{"--mode", mode, "--pool-tokens", strconv.Itoa(pool), "--context-length", strconv.Itoa(ctxLen),
+			"--page-size", strconv.Itoa(page), "--dp-size", strconv.Itoa(dp), "--dp-pool-skew", "1", "--tokenizer", "chunk4"}
+		if mode == "prefill" {
+			args = append(args, "--bootstrap-port", "0")
+		}
+		return procs.StartSim(t, args...)
+	}
+	var sims []*procs.Sim // the engine that answers (unified, or decode) last
+	var backends string
+	if pd {
+		pre, dec := start("prefill", pool), start("decode", 2*pool)
+		sims = []*procs.Sim{pre, dec}
+		backends = fmt.Sprintf(`[{name: p, url: %q, role: prefill}, {name: d, url: %q, role: decode}]`, pre.URL, dec.URL)
+	} else {
+		sim := start("combined", pool)
+		sims = []*procs.Sim{sim}
+		backends = fmt.Sprintf(`[{name: eng, url: %q, role: unified}]`, sim.URL)
+	}
+	gw := testkit.StartGateway(t, testkit.ParseConfig(t, backendsYAML(backends, "")))
 	// What the engine can run: on every rank, P < its max_req_input_len and P + page < its pool.
 	limit, smallest := ctxLen, pool
 	for r := 0; r < dp; r++ {
@@ -80,15 +97,17 @@ func sweepPageEdge(t *testing.T, pool, ctxLen, page, dp int) {
 			}
 		}
 	}
-	st := sim.Stats(t)
-	if len(st.Rejected) != 0 {
-		t.Errorf("the engine refused or could never schedule admitted requests: %v", st.Rejected)
-	}
-	if served := st.Requests["/generate"] + st.Requests["/v1/completions"]; served != admitted {
-		t.Errorf("the engine served %d requests, the gateway admitted %d", served, admitted)
+	for _, sim := range sims {
+		st := sim.Stats(t)
+		if len(st.Rejected) != 0 {
+			t.Errorf("an engine refused or could never schedule admitted requests: %v", st.Rejected)
+		}
+		if served := st.Requests["/generate"] + st.Requests["/v1/completions"]; served != admitted {
+			t.Errorf("an engine served %d requests, the gateway admitted %d", served, admitted)
+		}
 	}
 	if admitted == 0 && page > 1 || refused == 0 {
 		t.Errorf("the sweep did not reach both sides of the edge: %d admitted, %d refused", admitted, refused)
 	}
-	t.Logf("page %d, %d DP ranks: up to %d tokens admitted (%d requests), %d refused", page, dp, limit, admitted, refused)
+	t.Logf("page %d, %d DP ranks, PD pair %v: up to %d tokens admitted (%d requests), %d refused", page, dp, pd, limit, admitted, refused)
 }
