@@ -56,16 +56,34 @@ var idRoutes = []struct{ path, body string }{
 
 // TestClientIDsNeverReachTheEngine (issue 39): a client's X-Request-Id, reused (CVE-2026-105755)
 // or one character long, and a client's body rid (a one-character rid: CVE-2026-112266) never
-// reach an engine as given. The engine, which records what it received (/sim/stats), sees the
-// gateway's own id in both the header and the body, a fresh one per request; the client keeps
-// seeing its own id in the reply; a body rid is refused with 400 naming it before any engine.
+// reach an engine as given, on a unified engine or on either leg of a prefill + decode pair. The
+// engines, which record what they received (/sim/stats), see the gateway's own id in both the
+// header and the body, a fresh one per request; the client keeps seeing its own id in the reply;
+// a body rid is refused with 400 naming it before any engine.
 func TestClientIDsNeverReachTheEngine(t *testing.T) {
-	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
-	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML(sim.URL, "")))
-	seen := map[string]bool{} // the engine-side ids so far: each must be new
+	t.Run("unified", func(t *testing.T) {
+		sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192")
+		checkClientIDs(t, gatewayYAML(sim.URL, ""), sim)
+	})
+	t.Run("pd", func(t *testing.T) {
+		pre := procs.StartSim(t, "--mode", "prefill", "--pool-tokens", "8192", "--context-length", "8192", "--bootstrap-port", "0")
+		dec := procs.StartSim(t, "--mode", "decode", "--pool-tokens", "8192", "--context-length", "8192")
+		checkClientIDs(t, backendsYAML(fmt.Sprintf(`[{name: p, url: %q, role: prefill}, {name: d, url: %q, role: decode}]`, pre.URL, dec.URL), ""), pre, dec)
+	})
+}
+
+func checkClientIDs(t *testing.T, cfg string, sims ...*procs.Sim) {
+	gw := testkit.StartGateway(t, testkit.ParseConfig(t, cfg))
+	seen := make([]map[string]bool, len(sims)) // per engine, the ids so far: each must be new
+	for i := range seen {
+		seen[i] = map[string]bool{}
+	}
 	for _, rt := range idRoutes {
 		for _, clientID := range []string{"reused-id", "reused-id", "a"} {
-			before := len(sim.Stats(t).RequestIDs)
+			before := make([]int, len(sims))
+			for i, sim := range sims {
+				before[i] = len(sim.Stats(t).RequestIDs)
+			}
 			status, echoed, body := post(t, gw.URL+rt.path, rt.body, map[string]string{"X-Request-Id": clientID})
 			if status != 200 {
 				t.Fatalf("%s: %d %.300s", rt.path, status, body)
@@ -73,22 +91,27 @@ func TestClientIDsNeverReachTheEngine(t *testing.T) {
 			if echoed != clientID {
 				t.Errorf("%s: the client sent X-Request-Id %q and got back %q", rt.path, clientID, echoed)
 			}
-			st := sim.Stats(t)
-			if len(st.RequestIDs) != before+1 || len(st.RIDs) != len(st.RequestIDs) {
-				t.Fatalf("%s: the engine recorded %d requests (%d rids), want %d", rt.path, len(st.RequestIDs), len(st.RIDs), before+1)
+			for i, sim := range sims {
+				st := sim.Stats(t)
+				if len(st.RequestIDs) != before[i]+1 || len(st.RIDs) != len(st.RequestIDs) {
+					t.Fatalf("%s: engine %d recorded %d requests (%d rids), want %d", rt.path, i, len(st.RequestIDs), len(st.RIDs), before[i]+1)
+				}
+				hdr, rid := st.RequestIDs[before[i]], st.RIDs[before[i]]
+				if hdr == clientID || !strings.HasPrefix(hdr, "kvg-") || seen[i][hdr] {
+					t.Errorf("%s: engine %d saw X-Request-Id %q for the client's %q (want a fresh gateway id)", rt.path, i, hdr, clientID)
+				}
+				if want := fmt.Sprintf("%q", hdr); rid != want {
+					t.Errorf("%s: engine %d saw rid %s, want the gateway's own %s", rt.path, i, rid, want)
+				}
+				seen[i][hdr] = true
 			}
-			hdr, rid := st.RequestIDs[before], st.RIDs[before]
-			if hdr == clientID || !strings.HasPrefix(hdr, "kvg-") || seen[hdr] {
-				t.Errorf("%s: the engine saw X-Request-Id %q for the client's %q (want a fresh gateway id)", rt.path, hdr, clientID)
-			}
-			if want := fmt.Sprintf("%q", hdr); rid != want {
-				t.Errorf("%s: the engine saw rid %s, want the gateway's own %s", rt.path, rid, want)
-			}
-			seen[hdr] = true
 		}
 	}
 	// A body rid is refused whatever its length, before any engine is asked.
-	before := sim.Stats(t).RequestIDs
+	before := make([]int, len(sims))
+	for i, sim := range sims {
+		before[i] = len(sim.Stats(t).RequestIDs)
+	}
 	for _, rt := range idRoutes {
 		for _, rid := range []string{`"a"`, `"` + strings.Repeat("x", 40) + `"`, `["a"]`} {
 			body := strings.TrimSuffix(rt.body, "}") + `,"rid":` + rid + `}`
@@ -98,7 +121,9 @@ func TestClientIDsNeverReachTheEngine(t *testing.T) {
 			}
 		}
 	}
-	if after := sim.Stats(t).RequestIDs; len(after) != len(before) {
-		t.Errorf("requests with a client rid reached the engine: %d → %d", len(before), len(after))
+	for i, sim := range sims {
+		if after := len(sim.Stats(t).RequestIDs); after != before[i] {
+			t.Errorf("requests with a client rid reached engine %d: %d → %d", i, before[i], after)
+		}
 	}
 }
