@@ -44,6 +44,16 @@ func TestDecodeCapacityValidates(t *testing.T) {
 			t.Errorf("%s: an inconsistent reading raises the pool alarm: %+v", c.name, got)
 		}
 	}
+	// num_reserved_decode_tokens: SGLang's default when absent, as given when an integer ≥ 0.
+	for _, c := range []struct {
+		info    string
+		reserve int
+	}{{info(""), 512}, {info(`,"num_reserved_decode_tokens":0`), 0}, {info(`,"num_reserved_decode_tokens":1024`), 1024}} {
+		got, err := decodeCapacity([]byte(c.info), []byte(models))
+		if err != nil || got.ReservedDecodeTokens != c.reserve {
+			t.Errorf("%s: reserve %v (%v), want %d", c.info, got, err, c.reserve)
+		}
+	}
 	// A rank's larger page binds (each rank's scheduler reserves its own page).
 	for _, c := range []struct {
 		info string
@@ -65,12 +75,16 @@ func TestDecodeCapacityValidates(t *testing.T) {
 		{"context_length", info(`,"context_length":X`), models},
 		{"token_capacity", info(`,"internal_states":[{"memory_usage":{"token_capacity":X}}]`), models},
 		{"a rank's page_size", info(`,"internal_states":[{"page_size":X}]`), models},
+		{"num_reserved_decode_tokens", info(`,"num_reserved_decode_tokens":X`), models},
 	}
 	for _, p := range places {
 		for _, w := range wrong {
-			optional := p.name == "context_length" || p.name == "token_capacity" || p.name == "second model's max_model_len" || p.name == "a rank's page_size"
+			optional := p.name == "context_length" || p.name == "token_capacity" || p.name == "second model's max_model_len" || p.name == "a rank's page_size" || p.name == "num_reserved_decode_tokens"
 			if w == "null" && optional {
 				continue // an optional field may be null
+			}
+			if (w == "0" || w == "-0") && p.name == "num_reserved_decode_tokens" {
+				continue // no tokens reserved is a setting
 			}
 			c, err := decodeCapacity([]byte(strings.Replace(p.info, "X", w, 1)), []byte(strings.Replace(p.models, "X", w, 1)))
 			if err == nil {

@@ -35,12 +35,15 @@ type Capacity struct {
 	MaxReqInputLen int `json:"max_req_input_len"`
 	// ReportedMaxReqInputLen is the engine's own number when it was larger than that (the
 	// reading was inconsistent); 0 otherwise.
-	ReportedMaxReqInputLen int    `json:"reported_max_req_input_len,omitempty"`
-	ContextLen             int    `json:"max_model_len"`
-	PageSize               int    `json:"page_size"`
-	Mode                   string `json:"disaggregation_mode"`
-	BootstrapPort          int    `json:"disaggregation_bootstrap_port"`
-	Model                  string `json:"model"`
+	ReportedMaxReqInputLen int `json:"reported_max_req_input_len,omitempty"`
+	ContextLen             int `json:"max_model_len"`
+	PageSize               int `json:"page_size"`
+	// ReservedDecodeTokens is num_reserved_decode_tokens: a decode server preallocates a request
+	// only while prompt + this fits its free pool. SGLang's default, 512, when not reported.
+	ReservedDecodeTokens int    `json:"num_reserved_decode_tokens"`
+	Mode                 string `json:"disaggregation_mode"`
+	BootstrapPort        int    `json:"disaggregation_bootstrap_port"`
+	Model                string `json:"model"`
 	// UsedTokens is the engine's num_used_tokens (summed over DP ranks) from /v1/loads; -1 unknown.
 	UsedTokens int       `json:"num_used_tokens"`
 	ReadAt     time.Time `json:"read_at"`
@@ -428,6 +431,9 @@ func decodeCapacity(infoBody, modelsBody []byte) (*Capacity, error) {
 	if c.PageSize, err = needInt(info, "page_size", 1); err != nil {
 		return nil, fmt.Errorf("reading server info: %w", err)
 	}
+	if c.ReservedDecodeTokens, err = optInt(info, "num_reserved_decode_tokens", 0, defaultReservedDecodeTokens); err != nil {
+		return nil, fmt.Errorf("reading server info: %w", err)
+	}
 	if c.BootstrapPort, err = optInt(info, "disaggregation_bootstrap_port", 0, 0); err != nil || c.BootstrapPort > 65535 {
 		return nil, fmt.Errorf("reading server info: disaggregation_bootstrap_port is not a port")
 	}
@@ -509,6 +515,9 @@ func decodeCapacity(infoBody, modelsBody []byte) (*Capacity, error) {
 	c.ReadAt = time.Now()
 	return c, nil
 }
+
+// defaultReservedDecodeTokens is SGLang's --num-reserved-decode-tokens default.
+const defaultReservedDecodeTokens = 512
 
 // DerivedMaxReqInputLen is SGLang's max_req_input_len for a pool and a context:
 // min(context − 1, pool − 1) − 5.
@@ -803,7 +812,8 @@ func (s *Set) routes(now time.Time, keep func(*Backend) bool) ([]Route, error) {
 				Path: policy.Path{Backends: []string{p.Name, d.Name},
 					MaxReqInputLen: min(pc.MaxReqInputLen, dc.MaxReqInputLen), ContextLen: min(pc.ContextLen, dc.ContextLen),
 					// The smaller pool with the larger page: never above either side's edge.
-					PoolTokens: min(pc.PoolTokens, dc.PoolTokens), PageSize: max(pc.PageSize, dc.PageSize)},
+					PoolTokens: min(pc.PoolTokens, dc.PoolTokens), PageSize: max(pc.PageSize, dc.PageSize),
+					DecodePool: dc.PoolTokens, DecodeReserve: dc.ReservedDecodeTokens},
 				Prefill: p, Decode: d,
 			})
 		}

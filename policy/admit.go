@@ -28,10 +28,21 @@ type Path struct {
 	// pool − ceil_page(P) − page − 1 and never below 0), so a prompt P with P + page ≥ pool
 	// passes the input check (P < max_req_input_len) and then waits forever (sglang#39271).
 	PageSize int
+	// DecodePool and DecodeReserve are a prefill + decode pair's decode server's pool (its
+	// smallest DP rank's) and num_reserved_decode_tokens: it preallocates a transferred request
+	// only while P + reserve fits its free pool (SGLang's DecodePreallocQueue), so past
+	// P + reserve > pool the request never runs. DecodePool 0: no decode server on the path.
+	DecodePool, DecodeReserve int
 }
 
 // schedulable is the largest prompt the engines' schedulers can ever run on p: P + page < pool.
-func (p Path) schedulable() int { return p.PoolTokens - max(p.PageSize, 1) - 1 }
+func (p Path) schedulable() int {
+	m := p.PoolTokens - max(p.PageSize, 1) - 1
+	if p.DecodePool > 0 {
+		m = min(m, p.DecodePool-max(p.DecodeReserve, 0))
+	}
+	return m
+}
 
 // MaxPrompt is the largest prompt P that the admission rule admits on p:
 // P < mril, P + page < pool, P < ctx, P + O < ctx, and P ≤ tenantMax when tenantMax > 0. It
@@ -47,7 +58,8 @@ func MaxPrompt(p Path, output, tenantMax int) int {
 // Admits is the admission rule written exactly as DESIGN.md states it; MaxPrompt must agree with
 // it at every boundary (tested).
 func Admits(p Path, prompt, output, tenantMax int) bool {
-	return prompt < p.MaxReqInputLen && prompt+max(p.PageSize, 1) < p.PoolTokens && prompt < p.ContextLen &&
+	return prompt < p.MaxReqInputLen && prompt+max(p.PageSize, 1) < p.PoolTokens &&
+		(p.DecodePool == 0 || prompt+max(p.DecodeReserve, 0) <= p.DecodePool) && prompt < p.ContextLen &&
 		prompt+output < p.ContextLen && (tenantMax == 0 || prompt <= tenantMax)
 }
 

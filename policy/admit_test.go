@@ -26,6 +26,10 @@ func TestMaxPromptAgreesWithTheRuleAtEveryBoundary(t *testing.T) {
 		{MaxReqInputLen: 2042, ContextLen: 8192, PoolTokens: 2048, PageSize: 16},
 		{MaxReqInputLen: 2042, ContextLen: 8192, PoolTokens: 2048, PageSize: 1},
 		{MaxReqInputLen: 4000, ContextLen: 8192, PoolTokens: 2048, PageSize: 4096},
+		// A pair's decode preallocates only while P + num_reserved_decode_tokens fits its pool.
+		{MaxReqInputLen: 2042, ContextLen: 8192, PoolTokens: 2048, PageSize: 16, DecodePool: 2048, DecodeReserve: 512},
+		{MaxReqInputLen: 4090, ContextLen: 8192, PoolTokens: 4096, PageSize: 16, DecodePool: 8192, DecodeReserve: 512},
+		{MaxReqInputLen: 4090, ContextLen: 8192, PoolTokens: 4096, PageSize: 1, DecodePool: 4096, DecodeReserve: 0},
 	}
 	for _, p := range paths {
 		for _, out := range []int{0, 1, 127, 128, 1000, p.ContextLen - 1, p.ContextLen, p.ContextLen + 5} {
@@ -33,7 +37,8 @@ func TestMaxPromptAgreesWithTheRuleAtEveryBoundary(t *testing.T) {
 				m := MaxPrompt(p, out, cap)
 				// Probe around every boundary: the limit itself and its neighbours.
 				for _, prompt := range []int{0, 1, m - 1, m, m + 1, p.MaxReqInputLen - 1, p.MaxReqInputLen, p.ContextLen - out - 1, p.ContextLen - out,
-					p.PoolTokens, p.PoolTokens + 1, p.PoolTokens - p.PageSize - 1, p.PoolTokens - p.PageSize, cap, cap + 1} {
+					p.PoolTokens, p.PoolTokens + 1, p.PoolTokens - p.PageSize - 1, p.PoolTokens - p.PageSize,
+					p.DecodePool - p.DecodeReserve, p.DecodePool - p.DecodeReserve + 1, cap, cap + 1} {
 					if prompt < 0 {
 						continue
 					}
@@ -265,5 +270,22 @@ func TestPageReservationBindsBelowMaxReqInputLen(t *testing.T) {
 	p.PageSize = 0 // unknown counts as the smallest page, never as none
 	if got := MaxPrompt(p, 0, 0); got != 190777 {
 		t.Fatalf("page 0: MaxPrompt = %d", got)
+	}
+}
+
+// A decode server preallocates a transferred request only while P + num_reserved_decode_tokens
+// fits its pool (SGLang's DecodePreallocQueue): a pair whose decode pool is the smaller one admits
+// up to decode pool − reserve, below both its max_req_input_len and the page edge.
+func TestDecodePreallocationBinds(t *testing.T) {
+	p := Path{MaxReqInputLen: 2042, ContextLen: 8192, PoolTokens: 2048, PageSize: 16, DecodePool: 2048, DecodeReserve: 512}
+	if got := MaxPrompt(p, 0, 0); got != 1536 {
+		t.Fatalf("MaxPrompt = %d, want 2048 − 512", got)
+	}
+	if !Admits(p, 1536, 0, 0) || Admits(p, 1537, 0, 0) {
+		t.Fatal("the decode's preallocation edge is P + reserve ≤ pool")
+	}
+	p.DecodePool = 0 // no decode server on the path (unified)
+	if got := MaxPrompt(p, 0, 0); got != 2031 {
+		t.Fatalf("without a decode server: MaxPrompt = %d, want the page edge 2031", got)
 	}
 }

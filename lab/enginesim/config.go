@@ -30,6 +30,9 @@ type Config struct {
 	// first (ranks profile their own memory). Default 1.
 	DPSize     int
 	DPPoolSkew int
+	// ReservedDecodeTokens is num_reserved_decode_tokens: a decode server preallocates a request
+	// only while prompt + this fits its pool. Default 512, SGLang's; -1 means 0.
+	ReservedDecodeTokens int
 	// BootstrapPort: prefill binds it (0 = ephemeral; -1 = unset, which
 	// means DefaultBootstrapPort); decode uses it when a request's
 	// bootstrap_port is null.
@@ -85,6 +88,12 @@ func (c *Config) Defaults() {
 	if c.DPSize == 0 {
 		c.DPSize = 1
 	}
+	switch c.ReservedDecodeTokens {
+	case 0:
+		c.ReservedDecodeTokens = 512
+	case -1:
+		c.ReservedDecodeTokens = 0
+	}
 	if c.BootstrapPort < 0 {
 		c.BootstrapPort = DefaultBootstrapPort
 	}
@@ -132,6 +141,9 @@ func (c *Config) Validate() error {
 	}
 	if c.PoolTokens < c.PageSize {
 		return fmt.Errorf("pool-tokens: %d holds no page of %d tokens", c.PoolTokens, c.PageSize)
+	}
+	if c.ReservedDecodeTokens < 0 {
+		return fmt.Errorf("num-reserved-decode-tokens: must not be negative, got %d", c.ReservedDecodeTokens)
 	}
 	if c.DPSize < 1 || c.DPSize > 64 {
 		return fmt.Errorf("dp-size: must be 1 to 64, got %d", c.DPSize)

@@ -54,7 +54,7 @@ func (s *Server) serverInfo(ctx *fasthttp.RequestCtx) {
 		"disaggregation_mode":             s.reportedMode(),
 		"disaggregation_transfer_backend": "sim",
 		"disaggregation_bootstrap_port":   s.BootstrapPort(),
-		"num_reserved_decode_tokens":      512,
+		"num_reserved_decode_tokens":      s.cfg.ReservedDecodeTokens,
 		"enable_metrics":                  true,
 		"status":                          "ready",
 		"max_total_num_tokens":            pool,

@@ -13,6 +13,7 @@ import (
 // prompt + clamped output + page_size < the rank's free pool (the output clamped to
 // pool − ceil_page(prompt) − page_size − 1, never below 0), so on an empty rank a prompt with
 // prompt + page_size ≥ pool is never scheduled: SGLang keeps it waiting forever (sglang#39271).
+// A decode server's edge is its preallocation's instead (prompt + num_reserved_decode_tokens).
 // The simulator answers it at once (503, reason "unschedulable" in /sim/stats) so that a test
 // sees it. The ranks share the simulator's one page allocator (sized to rank 0's pool); their
 // pool sizes decide what each can schedule and what /server_info and /v1/loads report.
@@ -36,7 +37,16 @@ func (s *Server) pickRank() dpRank {
 }
 
 // unschedulable says why rank r's scheduler could never run a prompt of p tokens ("" when it can).
+// A decode server runs no PrefillAdder for a transferred request: its DecodePreallocQueue takes
+// one only while prompt + num_reserved_decode_tokens fits the free pool.
 func (s *Server) unschedulable(r dpRank, p int) string {
+	if s.cfg.Mode == ModeDecode {
+		if p+s.cfg.ReservedDecodeTokens <= r.pool {
+			return ""
+		}
+		return fmt.Sprintf("The request (%d tokens) can never be preallocated: prompt + num_reserved_decode_tokens (%d) exceeds the KV pool "+
+			"of its DP rank (%d tokens). SGLang keeps it waiting forever; the simulator answers at once.", p, s.cfg.ReservedDecodeTokens, r.pool)
+	}
 	if p+s.cfg.PageSize < r.pool {
 		return ""
 	}

@@ -13,52 +13,78 @@ import (
 
 // TestPageEdgeSweep (issue 39): SGLang's scheduler reserves a page per request, so a prompt P
 // with P + page_size ≥ its DP rank's pool passes the engine's input check (P < max_req_input_len)
-// and is then never scheduled (sglang#39271). Against real simulator processes that model the
-// reservation and DP ranks with pools of their own (rank r has r pages fewer), a real gateway on
-// loopback gets token-id prompts of every size from the smallest rank's pool − 2 pages to the
-// largest's + 2 pages, one token apart, on /generate and /v1/completions: the gateway admits
-// exactly the prompts every rank can schedule (a 200 from the engine), refuses every other with
-// a 413 in the route's envelope, and no request reaches the engine that it cannot schedule. A
-// prefill + decode pair (the prefill's pool the smaller) is swept the same way.
+// and is then never scheduled (sglang#39271); a decode server preallocates a transferred request
+// only while P + num_reserved_decode_tokens fits its pool. Against real simulator processes that
+// model both and DP ranks with pools of their own (rank r has r pages fewer), a real gateway on
+// loopback gets token-id prompts of every size from the smallest edge's pool − 2 pages to the
+// pool + 2 pages, one token apart, on /generate and /v1/completions: the gateway admits exactly
+// the prompts every engine's every rank can run (a 200 from the engine), refuses every other with
+// a 413 in the route's envelope, and no request reaches an engine that cannot run it. Prefill +
+// decode pairs are swept the same way, with the prefill's pool the smaller and with the decode's.
 func TestPageEdgeSweep(t *testing.T) {
+	const pool = 2048
 	for _, page := range []int{1, 16, 64} {
 		for _, dp := range []int{1, 2} {
-			t.Run(fmt.Sprintf("page%d_dp%d", page, dp), func(t *testing.T) { sweepPageEdge(t, page, dp, false) })
+			t.Run(fmt.Sprintf("page%d_dp%d", page, dp), func(t *testing.T) {
+				sweepPageEdge(t, page, dp, []engine{{"combined", pool}})
+			})
 		}
 	}
-	t.Run("pd_page64_dp2", func(t *testing.T) { sweepPageEdge(t, 64, 2, true) })
+	t.Run("pd_page64_dp2_prefill_smaller", func(t *testing.T) {
+		sweepPageEdge(t, 64, 2, []engine{{"prefill", pool}, {"decode", 2 * pool}})
+	})
+	t.Run("pd_page16_dp2_decode_smaller", func(t *testing.T) {
+		sweepPageEdge(t, 16, 2, []engine{{"prefill", 2 * pool}, {"decode", pool}})
+	})
 }
 
-func sweepPageEdge(t *testing.T, page, dp int, pd bool) {
-	const pool, ctxLen = 2048, 8192
-	start := func(mode string, pool int) *procs.Sim {
-		args := []string{"--mode", mode, "--pool-tokens", strconv.Itoa(pool), "--context-length", strconv.Itoa(ctxLen),
+// engine is one simulator of a sweep: its mode and its rank 0's pool.
+type engine struct {
+	mode string
+	pool int
+}
+
+// edge is the largest prompt an engine of mode can ever run on a rank with pool (and its
+// max_req_input_len for the context): a decode server's preallocation (P + 512 ≤ pool), any
+// other's scheduler (P + page < pool).
+func edge(mode string, pool, page, ctxLen int) int {
+	run := pool - page - 1
+	if mode == "decode" {
+		run = pool - 512
+	}
+	return min(min(ctxLen-1, pool-1)-5-1, run)
+}
+
+func sweepPageEdge(t *testing.T, page, dp int, engines []engine) {
+	const ctxLen = 8192
+	var sims []*procs.Sim
+	var backends []string
+	limit, lo, hi := ctxLen, ctxLen, 0
+	for i, e := range engines {
+		args := []string{"--mode", e.mode, "--pool-tokens", strconv.Itoa(e.pool), "--context-length", strconv.Itoa(ctxLen),
 			"--page-size", strconv.Itoa(page), "--dp-size", strconv.Itoa(dp), "--dp-pool-skew", "1", "--tokenizer", "chunk4"}
-		if mode == "prefill" {
+		if e.mode == "prefill" {
 			args = append(args, "--bootstrap-port", "0")
 		}
-		return procs.StartSim(t, args...)
+		sim := procs.StartSim(t, args...)
+		sims = append(sims, sim)
+		role := map[string]string{"combined": "unified", "prefill": "prefill", "decode": "decode"}[e.mode]
+		backends = append(backends, fmt.Sprintf(`{name: e%d, url: %q, role: %s}`, i, sim.URL, role))
+		// What the engine can run: on every rank, P < its max_req_input_len and under its edge.
+		for r := 0; r < dp; r++ {
+			limit = min(limit, edge(e.mode, e.pool-r*page, page, ctxLen))
+		}
 	}
-	var sims []*procs.Sim // the engine that answers (unified, or decode) last
-	var backends string
-	if pd {
-		pre, dec := start("prefill", pool), start("decode", 2*pool)
-		sims = []*procs.Sim{pre, dec}
-		backends = fmt.Sprintf(`[{name: p, url: %q, role: prefill}, {name: d, url: %q, role: decode}]`, pre.URL, dec.URL)
-	} else {
-		sim := start("combined", pool)
-		sims = []*procs.Sim{sim}
-		backends = fmt.Sprintf(`[{name: eng, url: %q, role: unified}]`, sim.URL)
+	// The sweep: around the engine whose edge binds, from 2 pages under the lower of its edge and
+	// its smallest rank's pool to 2 pages over its largest rank's pool.
+	for _, e := range engines {
+		smallest := e.pool - (dp-1)*page
+		if edge(e.mode, smallest, page, ctxLen) != limit {
+			continue
+		}
+		lo, hi = min(lo, limit-2*page, smallest-2*page), max(hi, e.pool+2*page)
 	}
-	gw := testkit.StartGateway(t, testkit.ParseConfig(t, backendsYAML(backends, "")))
-	// What the engine can run: on every rank, P < its max_req_input_len and P + page < its pool.
-	limit, smallest := ctxLen, pool
-	for r := 0; r < dp; r++ {
-		rankPool := pool - r*page
-		mril := min(ctxLen-1, rankPool-1) - 5
-		limit = min(limit, mril-1, rankPool-page-1)
-		smallest = min(smallest, rankPool)
-	}
+	gw := testkit.StartGateway(t, testkit.ParseConfig(t, backendsYAML("["+strings.Join(backends, ", ")+"]", "")))
 	ids := func(n int) string {
 		var b strings.Builder
 		for i := 0; i < n; i++ {
@@ -70,7 +96,7 @@ func sweepPageEdge(t *testing.T, page, dp int, pd bool) {
 		return "[" + b.String() + "]"
 	}
 	admitted, refused := 0, 0
-	for p := smallest - 2*page; p <= pool+2*page; p++ {
+	for p := lo; p <= hi; p++ {
 		list := ids(p)
 		// Two routes, one after the other: an admitted size reaches consecutive DP ranks.
 		for _, rt := range []struct{ path, body string }{
@@ -109,5 +135,5 @@ func sweepPageEdge(t *testing.T, page, dp int, pd bool) {
 	if admitted == 0 && page > 1 || refused == 0 {
 		t.Errorf("the sweep did not reach both sides of the edge: %d admitted, %d refused", admitted, refused)
 	}
-	t.Logf("page %d, %d DP ranks, PD pair %v: up to %d tokens admitted (%d requests), %d refused", page, dp, pd, limit, admitted, refused)
+	t.Logf("page %d, %d DP ranks, %v: prompts %d to %d, up to %d admitted (%d requests), %d refused", page, dp, engines, lo, hi, limit, admitted, refused)
 }
