@@ -35,7 +35,8 @@ type Path struct {
 	DecodePool, DecodeReserve int
 }
 
-// schedulable is the largest prompt the engines' schedulers can ever run on p: P + page < pool.
+// schedulable is the largest prompt the engines' schedulers can ever run on p: P + page < pool
+// and, with a decode server, P + reserve ≤ its pool.
 func (p Path) schedulable() int {
 	m := p.PoolTokens - max(p.PageSize, 1) - 1
 	if p.DecodePool > 0 {
@@ -45,7 +46,8 @@ func (p Path) schedulable() int {
 }
 
 // MaxPrompt is the largest prompt P that the admission rule admits on p:
-// P < mril, P + page < pool, P < ctx, P + O < ctx, and P ≤ tenantMax when tenantMax > 0. It
+// P < mril, P + page < pool, P + reserve ≤ decode pool (a pair), P < ctx, P + O < ctx, and
+// P ≤ tenantMax when tenantMax > 0. It
 // may be negative (nothing fits, e.g. when the requested output alone fills the context).
 func MaxPrompt(p Path, output, tenantMax int) int {
 	m := min(p.MaxReqInputLen-1, p.schedulable(), p.ContextLen-1, p.ContextLen-1-output)
