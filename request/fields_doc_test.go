@@ -20,7 +20,13 @@ func fieldsDoc() string {
 	b.WriteString("`[]` marks an array of objects, `[type=x]` the objects whose `type` is `x` (`[type=]`: none\n")
 	b.WriteString("given). A row with no rows below it takes its value whole (a string, a number, or JSON such as a\n")
 	b.WriteString("tool's schema). `chat_template_kwargs` also accepts the switches the served model's own template\n")
-	b.WriteString("reads (`tokenizer.hf_dir`), never the refused names nor any `*_token` variable.\n")
+	b.WriteString("reads (`tokenizer.hf_dir`), never the refused names nor any `*_token` variable.\n\n")
+	b.WriteString("Thinking budgets (`thinking_token_budget`, `sampling_params.thinking_budget`, Anthropic's\n")
+	b.WriteString("`thinking.budget_tokens`) cap tokens inside the requested output (`max_tokens`,\n")
+	b.WriteString("`max_new_tokens`): they add nothing to the output admission reserves. A template's own\n")
+	b.WriteString("`chat_template_kwargs.thinking_budget` passes only where the served model's template reads it.\n")
+	b.WriteString("Client request ids never reach an engine: `rid` is refused, and the engine gets the gateway's\n")
+	b.WriteString("own id in `rid` and `X-Request-Id` while the client gets its `X-Request-Id` back.\n")
 	for k := Kind(0); k < Kinds; k++ {
 		fmt.Fprintf(&b, "\n## `%s`\n\n| field | verdict | why refused |\n|---|---|---|\n", k.Path())
 		for _, r := range FieldVerdicts(k) {

@@ -24,7 +24,15 @@ type Config struct {
 	Mode          string // combined | prefill | decode; default combined
 	PoolTokens    int    // KV pool size in tokens, rounded down to a page multiple; default 20480
 	ContextLength int    // the model's context length (max_model_len); default 32768
-	PageSize      int    // tokens per page; default 64
+	PageSize      int    // tokens per page; default 1, SGLang's own
+	// DPSize is the number of DP attention ranks (SGLang's --dp-size with --enable-dp-attention):
+	// each rank schedules in its own pool of PoolTokens, less DPPoolSkew pages per rank after the
+	// first (ranks profile their own memory). Default 1.
+	DPSize     int
+	DPPoolSkew int
+	// ReservedDecodeTokens is num_reserved_decode_tokens: a decode server preallocates a request
+	// only while prompt + this fits its pool. Default 512, SGLang's; -1 means 0.
+	ReservedDecodeTokens int
 	// BootstrapPort: prefill binds it (0 = ephemeral; -1 = unset, which
 	// means DefaultBootstrapPort); decode uses it when a request's
 	// bootstrap_port is null.
@@ -92,7 +100,16 @@ func (c *Config) Defaults() {
 		c.ContextLength = 32768
 	}
 	if c.PageSize == 0 {
-		c.PageSize = 64
+		c.PageSize = 1
+	}
+	if c.DPSize == 0 {
+		c.DPSize = 1
+	}
+	switch c.ReservedDecodeTokens {
+	case 0:
+		c.ReservedDecodeTokens = 512
+	case -1:
+		c.ReservedDecodeTokens = 0
 	}
 	if c.BootstrapPort < 0 {
 		c.BootstrapPort = DefaultBootstrapPort
@@ -147,6 +164,15 @@ func (c *Config) Validate() error {
 	}
 	if c.PoolTokens < c.PageSize {
 		return fmt.Errorf("pool-tokens: %d holds no page of %d tokens", c.PoolTokens, c.PageSize)
+	}
+	if c.ReservedDecodeTokens < 0 {
+		return fmt.Errorf("num-reserved-decode-tokens: must not be negative, got %d", c.ReservedDecodeTokens)
+	}
+	if c.DPSize < 1 || c.DPSize > 64 {
+		return fmt.Errorf("dp-size: must be 1 to 64, got %d", c.DPSize)
+	}
+	if c.DPPoolSkew < 0 || c.PoolTokens/c.PageSize-(c.DPSize-1)*c.DPPoolSkew < 2 {
+		return fmt.Errorf("dp-pool-skew: %d pages less per rank leaves rank %d fewer than 2 pages", c.DPPoolSkew, c.DPSize-1)
 	}
 	if c.ContextLength < 8 {
 		return fmt.Errorf("context-length: must be at least 8, got %d", c.ContextLength)

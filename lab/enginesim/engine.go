@@ -60,7 +60,7 @@ func writeAnthropicError(ctx *fasthttp.RequestCtx, o *outcome) {
 // checkLengths applies SGLang's three input checks in its order (the
 // tokenizer manager's context and total checks, then the scheduler's pool
 // check) and returns the failing reason and message.
-func (s *Server) checkLengths(p, o int, oGiven bool) (reason, msg string) {
+func (s *Server) checkLengths(p, o int, oGiven bool, mril int) (reason, msg string) {
 	ctxLen := s.cfg.ContextLength
 	if p >= ctxLen {
 		return "context", fmt.Sprintf("The input (%d tokens) is longer than the model's context length (%d tokens).", p, ctxLen)
@@ -70,9 +70,9 @@ func (s *Server) checkLengths(p, o int, oGiven bool) (reason, msg string) {
 			"You requested a total of %d tokens: %d tokens from the input messages and %d tokens for the completion. "+
 			"Please reduce the number of tokens in the input messages or the completion to fit within the limit.", ctxLen, p+o, p, o)
 	}
-	if p >= s.mril {
+	if p >= mril {
 		return "pool", fmt.Sprintf("Input length (%d tokens) exceeds the maximum allowed length (%d tokens). "+
-			"Use a shorter input or enable --allow-auto-truncate.", p, s.mril)
+			"Use a shorter input or enable --allow-auto-truncate.", p, mril)
 	}
 	return "", ""
 }
@@ -96,7 +96,7 @@ func (s *Server) run(ctx context.Context, it *wire.Item) *outcome {
 	if !it.MaxNewGiven && s.cfg.FillContext {
 		it.MaxNew = max(s.cfg.ContextLength-1-p, 0)
 	}
-	reason, msg := s.checkLengths(p, it.MaxNew, it.MaxNewGiven)
+	reason, msg, status := s.checkInput(p, it.MaxNew, it.MaxNewGiven)
 	stub := false
 	if reason != "" {
 		if reason == "pool" && s.cfg.Mode == ModePrefill && s.cfg.Bug == kvmodel.BugAdmitRejected && s.cfg.Fix != kvmodel.FixRejectAtAdmission {
@@ -108,9 +108,9 @@ func (s *Server) run(ctx context.Context, it *wire.Item) *outcome {
 		} else {
 			s.reject(reason)
 			if s.cfg.Mode == ModePrefill && it.Boot.Has {
-				s.rooms.Abort(it.Boot.Room, 400, msg)
+				s.rooms.Abort(it.Boot.Room, status, msg)
 			}
-			return errOutcome(400, msg)
+			return errOutcome(status, msg)
 		}
 	}
 	self := &kvmodel.Writer{RID: it.RID, Tenant: it.Tenant}

@@ -46,9 +46,9 @@ func (s *Server) prefillOnly(in poolInput) *outcome {
 		s.reject("empty")
 		return errOutcome(400, "The input is empty: at least one token is required.")
 	}
-	if reason, msg := s.checkLengths(p, 0, false); reason != "" {
+	if reason, msg, status := s.checkInput(p, 0, false); reason != "" {
 		s.reject(reason)
-		return errOutcome(400, msg)
+		return errOutcome(status, msg)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), pageWait)
 	defer cancel()
