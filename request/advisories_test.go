@@ -8,9 +8,9 @@ import (
 // TestAdvisoryFields: each field of the year's advisories (issue 39) has its own row, with the
 // verdict the engines' behaviour calls for. A refused field is a 400 naming it whose message says
 // what the engine would have done with it (a field with no row is refused too, but as unknown:
-// these tests fail without the rows). A thinking budget passes and adds nothing to the output the
-// rule reserves: thinking tokens are output tokens inside max_tokens (vLLM) and max_new_tokens
-// (SGLang).
+// these tests fail without the rows). vLLM's thinking_token_budget is refused (GHSA-fpch-3xrf-7q96);
+// SGLang's and Anthropic's thinking budgets pass and add nothing to the output the rule reserves:
+// thinking tokens are output tokens inside max_new_tokens and max_tokens.
 func TestAdvisoryFields(t *testing.T) {
 	refusals := []struct {
 		kind        Kind
@@ -28,6 +28,8 @@ func TestAdvisoryFields(t *testing.T) {
 		{Generate, `{"text":"hi","rid":"a"}`, "rid", "CVE-2026-112266"},
 		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"rid":"a"}`, "rid", "gateway's own"},
 		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"request_id":"r"}`, "request_id", "gateway's own"},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":100,"thinking_token_budget":5000}`, "thinking_token_budget", "GHSA-fpch-3xrf-7q96"},
+		{Completions, `{"model":"m","prompt":"hi","max_tokens":7,"thinking_token_budget":5000}`, "thinking_token_budget", "reasoning-end"},
 	}
 	for _, c := range refusals {
 		_, e := Parse(c.kind, []byte(c.body))
@@ -45,8 +47,6 @@ func TestAdvisoryFields(t *testing.T) {
 		body   string
 		output int
 	}{
-		{Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":100,"thinking_token_budget":5000}`, 100},
-		{Completions, `{"model":"m","prompt":"hi","max_tokens":7,"thinking_token_budget":5000}`, 7},
 		{Generate, `{"text":"hi","sampling_params":{"max_new_tokens":9,"thinking_budget":5000}}`, 9},
 		{Messages, `{"model":"m","max_tokens":2048,"thinking":{"type":"enabled","budget_tokens":1024},"messages":[{"role":"user","content":"hi"}]}`, 2048},
 	}

@@ -86,6 +86,7 @@ const (
 	reasonPromptLogprobs = "makes the engine compute log-probabilities over every prompt token, which crashes engines (CVE-2026-116180)"
 	reasonEmbeds         = "feeds the model embeddings instead of tokens: the gateway can neither count nor mark them"
 	reasonKwargs         = "passes arguments to the engine's processor, which change how many tokens the input expands to"
+	reasonThinkingBudget = "makes vLLM force its reasoning-end string into another concurrent request's output (GHSA-fpch-3xrf-7q96); SGLang's sampling_params.thinking_budget and Anthropic's thinking.budget_tokens are accepted"
 )
 
 // sharedRefused are refused on every route, whatever it reads.
@@ -103,6 +104,7 @@ var sharedRefused = func() []FieldRow {
 	rows = append(rows, refused(reasonPromptLogprobs, "prompt_logprobs")...)
 	rows = append(rows, refused(reasonEmbeds, "prompt_embeds", "input_embeds")...)
 	rows = append(rows, refused(reasonKwargs, "mm_processor_kwargs")...)
+	rows = append(rows, refused(reasonThinkingBudget, "thinking_token_budget")...)
 	for _, k := range []string{"chat_template", "documents", "tokenizer_kwargs"} {
 		rows = append(rows, FieldRow{Path: k, Verdict: Refused, Reason: reasonTemplate})
 	}
@@ -142,10 +144,7 @@ var openAISampling = rows(Inert, "model", "max_tokens", "temperature", "top_p", 
 	"stream_options", "stream_options.include_usage", "stream_options.continuous_usage_stats", "stop", "stop_token_ids",
 	"presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs", "user", "seed",
 	"regex", "ebnf", "json_schema", "ignore_eos", "skip_special_tokens", "no_stop_trim", "min_tokens", "lora_path",
-	"cache_salt",
-	// vLLM's cap on thinking tokens: they are output tokens inside max_tokens, so the budget
-	// neither changes the prompt nor adds to the output the rule reserves.
-	"thinking_token_budget")
+	"cache_salt")
 
 // chatParts are the content parts of a chat message (OpenAI's chat completions).
 var chatParts = func(prefix string) []FieldRow {
