@@ -276,6 +276,16 @@ func (ix *Index) Stats() Stats {
 	return Stats{Bytes: ix.used, Fingerprints: len(ix.entries), Prompts: len(ix.records) - ix.head, Evicted: ix.evicted}
 }
 
+// The Index as a Scanner's source: one read lock over a batch of lookups.
+func (ix *Index) hasher() *Hasher       { return ix.h }
+func (ix *Index) cutMatches() int       { return ix.cfg.CutMatches }
+func (ix *Index) rlock()                { ix.mu.RLock() }
+func (ix *Index) runlock()              { ix.mu.RUnlock() }
+func (ix *Index) name(id uint32) string { return ix.nameOf(id) }
+func (ix *Index) verdict(fp uint64, requester uint32, p *path) (verdict, uint32) {
+	return ix.lookup(fp, requester, p.mask)
+}
+
 // verdict of one fingerprint for one reply.
 type verdict uint8
 
