@@ -2,6 +2,7 @@ package fingerprint
 
 import (
 	"math/bits"
+	"unsafe"
 	"runtime"
 	"sync/atomic"
 )
@@ -27,7 +28,7 @@ const (
 	bucketWords  = 2 * bucketSlots
 	minBuckets   = 4
 	maxLoadNum   = 85 // a shard is rebuilt when more than 85% of its slots are taken
-	targetLoadNm = 55 // and rebuilt to hold its live entries at 55%
+	targetLoadNm = 50 // and rebuilt to hold its live entries at 55%
 )
 
 // meta layout: tenant (24 bits) | partition (16) | generation (24).
@@ -102,6 +103,8 @@ func (sh *shard) end()   { sh.seq.Add(1) }
 
 // rebuild copies the shard's live entries (alive says which) into a new array sized for them
 // at the target load, and swaps it in. Write lock held; readers go on reading the old array.
+// The new array is filled with plain stores: no reader sees it before the pointer's atomic
+// store publishes it.
 func (sh *shard) rebuild(alive func(meta uint64) bool) {
 	old := *sh.tab.Load()
 	live := 0
@@ -111,8 +114,7 @@ func (sh *shard) rebuild(alive func(meta uint64) bool) {
 		}
 	}
 	buckets := max(minBuckets, (live*100/targetLoadNm+bucketSlots-1)/bucketSlots)
-	tab := newSlots(buckets)
-	t := *tab
+	t := make([]uint64, buckets*bucketWords)
 	for i := 0; i < len(old); i += 2 {
 		fp, m := old[i].Load(), old[i+1].Load()
 		if fp == 0 || !alive(m) {
@@ -120,17 +122,17 @@ func (sh *shard) rebuild(alive func(meta uint64) bool) {
 		}
 		for b := home(fp, buckets); ; b = (b + 1) % buckets {
 			j := b * bucketWords
-			for ; j < (b+1)*bucketWords && t[j].Load() != 0; j += 2 {
+			for ; j < (b+1)*bucketWords && t[j] != 0; j += 2 {
 			}
 			if j < (b+1)*bucketWords {
-				t[j].Store(fp)
-				t[j+1].Store(m)
+				t[j], t[j+1] = fp, m
 				break
 			}
 		}
 	}
+	tab := unsafe.Slice((*atomic.Uint64)(unsafe.Pointer(unsafe.SliceData(t))), len(t))
 	sh.used = live
-	sh.tab.Store(tab)
+	sh.tab.Store(&tab)
 }
 
 // full says the shard must be rebuilt before one more slot is taken.
