@@ -2,9 +2,9 @@ package fingerprint
 
 import (
 	"math/bits"
-	"unsafe"
 	"runtime"
 	"sync/atomic"
+	"unsafe"
 )
 
 // The Domains' table: one open-addressing hash table keyed by fingerprint, whose entries are
