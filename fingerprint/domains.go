@@ -77,6 +77,10 @@ type DomainsConfig struct {
 	// CommonFingerprints bounds the markers of common text (fingerprints CommonTenants
 	// tenants sent), the detect window as their age bound too.
 	CommonFingerprints int64
+	// PublicText is the operator's public text (LoadPublicDir), common like the shipped set.
+	PublicText []string
+	// NoShippedPublicText leaves the shipped public text (PublicTexts) out.
+	NoShippedPublicText bool
 }
 
 // DefaultDomainsConfig: Config's verdict defaults, 2 pools, a 1 M-token pool until polled,
@@ -195,6 +199,12 @@ func NewDomains(h *Hasher, cfg DomainsConfig) *Domains {
 		{name: "(common text)", id: commonPart, budget: cfg.CommonFingerprints},
 	}
 	d.parts.Store(&parts)
+	if !cfg.NoShippedPublicText {
+		for _, t := range PublicTexts() {
+			d.AddPublic(t)
+		}
+	}
+	d.AddPublic(cfg.PublicText...)
 	return d
 }
 
@@ -445,9 +455,6 @@ func (d *Domains) insert(p *partition, fp uint64, tid uint32, t int64) bool {
 	if sh.full() {
 		sh.rebuild(d.liveness())
 	}
-	if p.pinned {
-		return d.insertPinned(sh, fp)
-	}
 	tab := *sh.tab.Load()
 	parts := *d.parts.Load()
 	buckets := len(tab) / bucketWords
@@ -585,7 +592,6 @@ func (d *Domains) insertPinned(sh *shard, fp uint64) bool {
 				set(tab, j, fp, packMeta(commonTenant, boilerplatePart, 0))
 				sh.end()
 				sh.used++
-				(*d.parts.Load())[boilerplatePart].total++
 				return true
 			}
 		}
