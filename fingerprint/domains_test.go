@@ -203,3 +203,63 @@ func TestParseKeying(t *testing.T) {
 		t.Fatal("Domain keys")
 	}
 }
+
+// Nothing silent: a reply scanned against a route with an incomplete partition is counted, the
+// reasons are counted per partition, and clearing them stops the count.
+func TestIncompletePartitionsAreCounted(t *testing.T) {
+	now := time.Unix(1e9, 0)
+	d := newTestDomains(DomainsConfig{})
+	keepIn(d, "a", []string{"e1"}, words(1, 100), now)
+	keepIn(d, "a", []string{"e2"}, words(2, 100), now)
+	d.SetIncomplete("e1", Bootstrapping|Gapped)
+	d.SetIncomplete("e3", Stale)
+	d.NewScanner("b", []string{"e2"}, nil)
+	d.NewScanner("b", []string{"p9", "e1"}, nil)
+	st := d.Stats(now)
+	if st.ScannedIncomplete != 1 || st.Bootstrapping != 1 || st.Gapped != 1 || st.Stale != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	d.SetIncomplete("e1", 0)
+	d.NewScanner("b", []string{"e1"}, nil)
+	if st := d.Stats(now); st.ScannedIncomplete != 1 || st.Bootstrapping != 0 {
+		t.Fatalf("after clearing: %+v", st)
+	}
+	if st.Public == 0 || st.TableBytes == 0 {
+		t.Fatalf("public text %d, table %d B", st.Public, st.TableBytes)
+	}
+}
+
+// Every kept fingerprint is found after the shards grew and were rebuilt many times (out of
+// order entries included), and none evicted is.
+func TestDomainsTableFindsEveryLiveEntry(t *testing.T) {
+	now := time.Unix(1e9, 0)
+	d := newTestDomains(DomainsConfig{NoShippedPublicText: true})
+	d.SetPool("big", 1<<22)
+	d.SetPool("small", 1<<10)
+	rng := rand.New(rand.NewPCG(9, 9))
+	var kept, churn []uint64
+	for i := 0; i < 200; i++ {
+		batch := make([]uint64, 1000)
+		for j := range batch {
+			batch[j] = rng.Uint64()
+		}
+		d.Apply(fmt.Sprintf("t%d", i%5), "big", batch, now)
+		kept = append(kept, batch...)
+		for j := range batch {
+			batch[j] = rng.Uint64()
+		}
+		d.Apply("churn", "small", batch, now) // fills and evicts all along: dead entries to reclaim
+		churn = append(churn, batch[:100]...)
+	}
+	p := &path{parts: []uint16{firstDomainPart, firstDomainPart + 1}}
+	for i, fp := range kept {
+		if vd, victim := d.verdict(fp, 0, p); vd != foreign || d.name(victim) != fmt.Sprintf("t%d", i/1000%5) {
+			t.Fatalf("fingerprint %d of %d: verdict %d victim %q", i, len(kept), vd, d.name(victim))
+		}
+	}
+	for i, fp := range churn[:len(churn)-2000] {
+		if vd, _ := d.verdict(fp, 0, p); vd != unknown {
+			t.Fatalf("evicted fingerprint %d still found (%d)", i, vd)
+		}
+	}
+}

@@ -115,17 +115,33 @@ func (sh *shard) rebuild(alive func(meta uint64) bool) {
 	}
 	buckets := max(minBuckets, (live*100/targetLoadNm+bucketSlots-1)/bucketSlots)
 	t := make([]uint64, buckets*bucketWords)
+	// The old array holds entries nearly in order of their home bucket, which is monotonic in
+	// the fingerprint whatever the size: those in order are laid down one after another, each
+	// at its home or right after the one before (so every bucket between them is full, as a
+	// lookup needs), with stores only; the few out of order are placed by probing after.
+	var late []uint64
+	next, lastHome := 0, 0 // slot indices
 	for i := 0; i < len(old); i += 2 {
 		fp, m := old[i].Load(), old[i+1].Load()
 		if fp == 0 || !alive(m) {
 			continue
 		}
+		h := home(fp, buckets) * bucketSlots
+		if p := max(h, next); h >= lastHome && p < buckets*bucketSlots {
+			t[2*p], t[2*p+1] = fp, m
+			next, lastHome = p+1, h
+			continue
+		}
+		late = append(late, fp, m)
+	}
+	for i := 0; i < len(late); i += 2 {
+		fp := late[i]
 		for b := home(fp, buckets); ; b = (b + 1) % buckets {
 			j := b * bucketWords
 			for ; j < (b+1)*bucketWords && t[j] != 0; j += 2 {
 			}
 			if j < (b+1)*bucketWords {
-				t[j], t[j+1] = fp, m
+				t[j], t[j+1] = fp, late[i+1]
 				break
 			}
 		}
