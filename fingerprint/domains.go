@@ -169,27 +169,22 @@ func (p *partition) alive(g uint32) bool {
 
 func (p *partition) publishSpan() { p.span.Store(uint64(p.oldest)<<32 | uint64(p.cur)) }
 
+// orDefault sets *v to def unless it is positive.
+func orDefault[T int | int64 | float64 | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
+}
+
 // NewDomains is an empty partitioned index; cfg's zero fields get DefaultDomainsConfig's.
 func NewDomains(h *Hasher, cfg DomainsConfig) *Domains {
 	def := DefaultDomainsConfig()
-	if cfg.TTL <= 0 {
-		cfg.TTL = def.TTL
-	}
-	if cfg.CutMatches <= 0 {
-		cfg.CutMatches = def.CutMatches
-	}
-	if cfg.CommonTenants <= 0 {
-		cfg.CommonTenants = def.CommonTenants
-	}
-	if cfg.PoolFactor <= 0 {
-		cfg.PoolFactor = def.PoolFactor
-	}
-	if cfg.DefaultPoolTokens <= 0 {
-		cfg.DefaultPoolTokens = def.DefaultPoolTokens
-	}
-	if cfg.CommonFingerprints <= 0 {
-		cfg.CommonFingerprints = def.CommonFingerprints
-	}
+	orDefault(&cfg.TTL, def.TTL)
+	orDefault(&cfg.CutMatches, def.CutMatches)
+	orDefault(&cfg.CommonTenants, def.CommonTenants)
+	orDefault(&cfg.PoolFactor, def.PoolFactor)
+	orDefault(&cfg.DefaultPoolTokens, def.DefaultPoolTokens)
+	orDefault(&cfg.CommonFingerprints, def.CommonFingerprints)
 	d := &Domains{h: h, cfg: cfg, partID: map[string]uint16{}, tenantID: map[string]uint32{}}
 	for i := range d.shards {
 		d.shards[i].tab.Store(newSlots(minBuckets))

@@ -86,18 +86,10 @@ type Index struct {
 // NewIndex is an empty index; cfg's zero fields get the defaults of DefaultConfig.
 func NewIndex(h *Hasher, cfg Config) *Index {
 	d := DefaultConfig()
-	if cfg.MaxBytes <= 0 {
-		cfg.MaxBytes = d.MaxBytes
-	}
-	if cfg.TTL <= 0 {
-		cfg.TTL = d.TTL
-	}
-	if cfg.CutMatches <= 0 {
-		cfg.CutMatches = d.CutMatches
-	}
-	if cfg.CommonTenants <= 0 {
-		cfg.CommonTenants = d.CommonTenants
-	}
+	orDefault(&cfg.MaxBytes, d.MaxBytes)
+	orDefault(&cfg.TTL, d.TTL)
+	orDefault(&cfg.CutMatches, d.CutMatches)
+	orDefault(&cfg.CommonTenants, d.CommonTenants)
 	return &Index{h: h, cfg: cfg, entries: map[uint64]entry{}, tenantID: map[string]uint32{}, backend: map[string]uint64{}}
 }
 

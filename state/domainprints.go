@@ -344,19 +344,15 @@ func entryPos(m redis.XMessage) (int64, int64) {
 }
 
 func decodeDomainRecord(m redis.XMessage) (DomainRecord, bool) {
-	t, _ := m.Values["t"].(string)
-	o, _ := m.Values["o"].(string)
-	a, _ := m.Values["a"].(string)
-	f, _ := m.Values["f"].(string)
-	if t == "" || len(f)%8 != 0 {
+	o, t, fps, ok := fields(m)
+	if !ok {
 		return DomainRecord{}, false
 	}
-	rec := DomainRecord{Origin: o, Tenant: t, FPs: make([]uint64, len(f)/8)}
-	if ms, err := strconv.ParseInt(a, 10, 64); err == nil {
-		rec.At = time.UnixMilli(ms)
-	}
-	for i := range rec.FPs {
-		rec.FPs[i] = binary.LittleEndian.Uint64([]byte(f[8*i : 8*i+8]))
+	rec := DomainRecord{Origin: o, Tenant: t, FPs: fps}
+	if a, _ := m.Values["a"].(string); a != "" {
+		if ms, err := strconv.ParseInt(a, 10, 64); err == nil {
+			rec.At = time.UnixMilli(ms)
+		}
 	}
 	return rec, true
 }

@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kvgate/kvgate/fingerprint"
+	"github.com/kvgate/kvgate/fingerprint/fptest"
 	"github.com/kvgate/kvgate/state"
 )
 
@@ -69,20 +69,6 @@ type sentPrompt struct {
 	tenant string
 	route  []string
 	text   string
-}
-
-func words(rng *rand.Rand, n int) string {
-	syll := []string{"ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "ze", "pa", "qu", "dro", "fen", "gil", "hor", "bex", "cyl", "wum"}
-	var b strings.Builder
-	for i := 0; i < n; i++ {
-		if i > 0 {
-			b.WriteByte(' ')
-		}
-		for j := 0; j < 1+rng.IntN(3); j++ {
-			b.WriteString(syll[rng.IntN(len(syll))])
-		}
-	}
-	return b.String()
 }
 
 func runTrace(t *testing.T, c redis.UniversalClient, prefix string, spec traceSpec) traceStats {
@@ -145,7 +131,7 @@ func runTrace(t *testing.T, c redis.UniversalClient, prefix string, spec traceSp
 	var sent []sentPrompt
 	docs := make([]string, spec.shared)
 	for i := range docs {
-		docs[i] = words(rng, 80+rng.IntN(120))
+		docs[i] = fptest.Words(rng, 80+rng.IntN(120))
 	}
 	now := time.Unix(1_800_000_000, 0)
 	send := func(p sentPrompt, at time.Time) {
@@ -194,23 +180,23 @@ func runTrace(t *testing.T, c redis.UniversalClient, prefix string, spec traceSp
 	for step := 0; step < spec.steps; step++ {
 		at := now.Add(time.Duration(step) * time.Minute)
 		for i := 0; i < spec.prompts; i++ {
-			text := words(rng, 40+rng.IntN(200))
+			text := fptest.Words(rng, 40+rng.IntN(200))
 			if spec.shared > 0 && rng.IntN(3) == 0 { // a shared document inside a question of its own
-				text = words(rng, 10) + " " + docs[rng.IntN(len(docs))] + " " + words(rng, 10)
+				text = fptest.Words(rng, 10) + " " + docs[rng.IntN(len(docs))] + " " + fptest.Words(rng, 10)
 			}
 			send(sentPrompt{tenant: tenant(), route: route(), text: text}, at)
 		}
 		if step == 0 {
 			for i, doc := range docs { // every shared document by 3 to 6 distinct tenants
 				for _, k := range rng.Perm(spec.tenants)[:3+rng.IntN(4)] {
-					send(sentPrompt{tenant: fmt.Sprintf("t%d", k), route: route(), text: words(rng, 5) + fmt.Sprint(i) + " " + doc}, at)
+					send(sentPrompt{tenant: fmt.Sprintf("t%d", k), route: route(), text: fptest.Words(rng, 5) + fmt.Sprint(i) + " " + doc}, at)
 				}
 			}
 		}
 		share()
 		for i := 0; i < spec.replies; i++ {
 			requester, rt, reply, leak := tenant(), route(), "", false
-			question := words(rng, 30)
+			question := fptest.Words(rng, 30)
 			v := sent[rng.IntN(len(sent))] // any age inside the trace: all of it is retained
 			chunk := func(s string) string {
 				start := rng.IntN(max(1, len(s)-200))
@@ -229,7 +215,7 @@ func runTrace(t *testing.T, c redis.UniversalClient, prefix string, spec traceSp
 			case x < spec.leakShare+0.14:
 				requester, rt, reply = v.tenant, overlapping(v.route), chunk(v.text)
 			default:
-				reply = words(rng, 40)
+				reply = fptest.Words(rng, 40)
 			}
 			_, own := h.Prompt(question)
 			rs := ref.NewScanner(requester, rt, own)
