@@ -158,5 +158,10 @@ func BenchmarkIngestSideBySide(b *testing.B) {
 			}
 			d.Apply(fmt.Sprintf("t%d", i%200), fmt.Sprintf("e%d", i%64), fps, now)
 		})
+		st, live := d.Stats(now), int64(0)
+		for _, p := range st.Partitions {
+			live += p.Fingerprints
+		}
+		b.ReportMetric(float64(st.TableBytes)/float64(live), "tableB/fingerprint") // dead entries included
 	})
 }
