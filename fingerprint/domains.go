@@ -3,6 +3,7 @@ package fingerprint
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -613,10 +614,19 @@ func (d *Domains) name(id uint32) string {
 func (d *Domains) verdict(fp uint64, requester uint32, p *path) (vd verdict, victim uint32) {
 	fp = key(fp)
 	parts := *d.parts.Load()
-	d.shards[fp&(shardCount-1)].read(func(tab []atomic.Uint64) {
-		vd, victim = d.judge(tab, parts, fp, requester, p)
-	})
-	return vd, victim
+	sh := &d.shards[fp&(shardCount-1)]
+	for spins := 0; ; spins++ { // the shard's seqlock (table.go), inline: no closure per lookup
+		s1 := sh.seq.Load()
+		if s1&1 == 0 {
+			vd, victim = d.judge(*sh.tab.Load(), parts, fp, requester, p)
+			if sh.seq.Load() == s1 {
+				return vd, victim
+			}
+		}
+		if spins > 64 {
+			runtime.Gosched()
+		}
+	}
 }
 
 func (d *Domains) judge(tab []atomic.Uint64, parts []*partition, fp uint64, requester uint32, p *path) (verdict, uint32) {

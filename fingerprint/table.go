@@ -2,7 +2,6 @@ package fingerprint
 
 import (
 	"math/bits"
-	"runtime"
 	"sync/atomic"
 	"unsafe"
 )
@@ -27,8 +26,8 @@ const (
 	bucketSlots  = 4
 	bucketWords  = 2 * bucketSlots
 	minBuckets   = 4
-	maxLoadNum   = 85 // a shard is rebuilt when more than 85% of its slots are taken
-	targetLoadNm = 50 // and rebuilt to hold its live entries at 55%
+	maxLoadNum   = 75 // a shard is rebuilt when more than 75% of its slots are taken
+	targetLoadNm = 60 // and rebuilt to hold its live entries at 60%
 )
 
 // meta layout: tenant (24 bits) | partition (16) | generation (24).
@@ -74,22 +73,6 @@ func newSlots(buckets int) *[]atomic.Uint64 {
 func home(fp uint64, buckets int) int {
 	hi, _ := bits.Mul64(fp, uint64(buckets))
 	return int(hi)
-}
-
-// read runs f over the shard's current array until no writer changed the shard meanwhile.
-func (sh *shard) read(f func(tab []atomic.Uint64)) {
-	for spins := 0; ; spins++ {
-		s1 := sh.seq.Load()
-		if s1&1 == 0 {
-			f(*sh.tab.Load())
-			if sh.seq.Load() == s1 {
-				return
-			}
-		}
-		if spins > 64 {
-			runtime.Gosched()
-		}
-	}
 }
 
 // set writes one slot; called with the write lock held, inside begin/end.
