@@ -149,6 +149,9 @@ func TestDomainsForgetPastTheWindow(t *testing.T) {
 	if cut, _ := leaks(d, "b", []string{"e1"}, text); !cut {
 		t.Fatal("forgotten inside the window")
 	}
+	if age := d.Stats(now.Add(59 * time.Minute)).Partitions[0].OldestAge; age != 59*time.Minute {
+		t.Fatalf("oldest retained age %v, want 59m", age)
+	}
 	d.Prune(now.Add(61 * time.Minute))
 	if cut, _ := leaks(d, "b", []string{"e1"}, text); cut {
 		t.Fatal("kept past the window")
