@@ -1319,6 +1319,7 @@ func setList(f reflect.Value, value string) error {
 // and benchmarks, which a test run hands down to the processes it starts.
 var NonConfigEnv = map[string]bool{
 	"KVGATE_BIN": true, "KVGATE_LAB_BIN": true, "KVGATE_TEST_REDIS": true, "KVGATE_PROPERTY_SEED": true,
+	"KVGATE_TEST_HOUR": true, "KVGATE_PROPERTY_HOUR": true,
 	"KVGATE_TOKENIZE_OFFLINE_CHILD": true, "KVGATE_DEMO_DEBUG": true,
 	"KVGATE_BENCH_ROLE": true, "KVGATE_BENCH_LISTEN": true, "KVGATE_BENCH_UPSTREAM": true,
 }

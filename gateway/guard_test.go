@@ -16,6 +16,7 @@ import (
 	"github.com/kvgate/kvgate/reply"
 	"github.com/kvgate/kvgate/request"
 	"github.com/kvgate/kvgate/tenants"
+	"github.com/kvgate/kvgate/tests/markerhour"
 )
 
 func guardGateway(t testing.TB) *Gateway {
@@ -29,6 +30,7 @@ server: {metrics_key_sha256: %q}
 	if err != nil {
 		t.Fatal(err)
 	}
+	markerhour.Pin(cfg)
 	set, _ := backends.New(cfg.Backends, backends.OptionsFrom(cfg), zap.NewNop())
 	g, err := New(cfg, set, nil, zap.NewNop())
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/lab/enginesim"
+	"github.com/kvgate/kvgate/tests/markerhour"
 )
 
 // inmemGateway is a gateway (tenant "alice", key "k", canaries on) whose one unified backend is
@@ -50,6 +51,7 @@ func gatewayFor(tb testing.TB, yaml string) (*Gateway, *backends.Set) {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	markerhour.Pin(cfg)
 	set, err := backends.New(cfg.Backends, backends.OptionsFrom(cfg), zap.NewNop())
 	if err != nil {
 		tb.Fatal(err)

@@ -2,14 +2,13 @@ package gateway_test
 
 import (
 	"testing"
-	"time"
 
-	"github.com/kvgate/kvgate/canary"
+	"github.com/kvgate/kvgate/tests/markerhour"
 )
 
-// markerFor is tenant's current marker under secret (default epoch length).
+// markerFor is tenant's marker under secret, the one gateways of these tests inject: that of the
+// pinned test hour (their configs come from testkit.ParseConfig, which pins it).
 func markerFor(t testing.TB, secret, tenant string) string {
 	t.Helper()
-	m, _ := canary.NewKeyring([]byte(secret), time.Hour, 24*time.Hour, []string{tenant}).Current(tenant, time.Now())
-	return m
+	return markerhour.Marker(secret, tenant)
 }

@@ -248,6 +248,14 @@ func leakPair(t *testing.T, seed string) (prefill, decode *procs.Sim) {
 // and the text that reached z.
 func leakTrial(t *testing.T, gws []*testkit.Gateway, zgw *testkit.Gateway, decode *procs.Sim, trial int, path string, stream bool) (r reply, leaked bool, text string, integrity bool) {
 	t.Helper()
+	return leakTrialOf(t, gws, zgw, decode, trial, path, stream, strings.Repeat("tell me more ", 1800))
+}
+
+// leakTrialOf is leakTrial with z's prompt: it must be over the prefill's max_req_input_len
+// (about 4,090 tokens) and, with its markers and 600 tokens of output, within the context
+// (16,384).
+func leakTrialOf(t *testing.T, gws []*testkit.Gateway, zgw *testkit.Gateway, decode *procs.Sim, trial int, path string, stream bool, zPrompt string) (r reply, leaked bool, text string, integrity bool) {
+	t.Helper()
 	for i := 0; i < 6; i++ {
 		tenant := fmt.Sprintf("t%d", (trial*6+i)%40)
 		body := fmt.Sprintf(`{"model":"sim","messages":[{"role":"system","content":"You answer questions about documents."},{"role":"user","content":%q}],"max_tokens":2}`,
@@ -257,7 +265,7 @@ func leakTrial(t *testing.T, gws []*testkit.Gateway, zgw *testkit.Gateway, decod
 		}
 	}
 	before := decode.Stats(t).ForeignReplies
-	r = post(t, zgw.URL, path, "sk-z", genBody(path, strings.Repeat("tell me more ", 1800), 600, stream))
+	r = post(t, zgw.URL, path, "sk-z", genBody(path, zPrompt, 600, stream))
 	leaked = decode.Stats(t).ForeignReplies > before
 	text, integrity = replyText(r, path)
 	return r, leaked, text, integrity
@@ -339,7 +347,10 @@ func TestPromptTextLeakAcrossFourReplicas(t *testing.T) {
 			for i := 0; i < 4; i++ {
 				gws = append(gws, testkit.StartGateway(t, testkit.ParseConfig(t, yaml)))
 			}
-			const trials = 20
+			// The rate is measured on a sample whose quotes move with the hour's markers: with
+			// 20 trials, one pinned hour in 48 caught 18 (KVGATE_TEST_HOUR=27), though the 48
+			// hours together caught 955 of 960 (issue 37). 40 keep one unlucky hour from failing.
+			const trials = 40
 			var leaks, caught, streamedBytes, streamed int
 			for trial := 0; trial < trials; trial++ {
 				zgw := gws[(trial*7+3)%4]
@@ -425,17 +436,26 @@ func noVictimTextInRedis(t *testing.T, prefix string, trials int) {
 }
 
 // Context around a marker hit is kept only when asked for (canary.incident_context), redacted.
+//
+// The leak must quote a marker (fingerprints are off). The simulator quotes runs of at least 16
+// tokens, from a word start to a word end, about 43 bytes of this prose; with every_bytes: 48
+// the prose between two markers is about as long, so every quote could fall between markers,
+// and did at some hours (issue 37: all five quotes at 18:00 UTC on 2026-12-04, from two warm-ups'
+// marked prompts, read as 200 bytes of unmarked prose). With every_bytes: 16 the stretches are
+// at most about 27 bytes, so a quote that starts after one marker runs into the next, whole
+// (no word ends inside a marker); only the last stretch of a prompt with its template tokens
+// could make a quote without one. z's prompt is shorter to fit its own markers in the context.
 func TestIncidentContextOnlyWhenAsked(t *testing.T) {
 	for _, optIn := range []bool{false, true} {
 		prefill, decode := leakPair(t, "3")
 		prefix := uniquePrefix(t)
-		extra := ", every_bytes: 48, fingerprints: {off: true}"
+		extra := ", every_bytes: 16, fingerprints: {off: true}"
 		if optIn {
 			extra += ", incident_context: true"
 		}
 		gw := testkit.StartGateway(t, testkit.ParseConfig(t, printsYAML(prefix, "monitor", 40, extra,
 			[3]string{"p0", prefill.URL, "prefill"}, [3]string{"d0", decode.URL, "decode"})))
-		r, leaked, _, integrity := leakTrial(t, []*testkit.Gateway{gw}, gw, decode, 0, "/v1/chat/completions", true)
+		r, leaked, _, integrity := leakTrialOf(t, []*testkit.Gateway{gw}, gw, decode, 0, "/v1/chat/completions", true, strings.Repeat("tell me more ", 700))
 		if !leaked || !integrity {
 			t.Fatalf("incident_context=%v: the marker leak was not reproduced and cut (leaked %v, cut %v)", optIn, leaked, integrity)
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/lab/enginesim"
 	"github.com/kvgate/kvgate/state"
+	"github.com/kvgate/kvgate/tests/markerhour"
 	"github.com/kvgate/kvgate/tests/redistest"
 )
 
@@ -132,6 +133,7 @@ state: {redis_url: "`+redistest.URL()+`", key_prefix: "`+prefix+`"}
 // not running: the caller starts g.Run when it needs the background work.
 func redisGateway(t *testing.T, cfg *config.Config, hooks ...redis.Hook) (*Gateway, *backends.Set) {
 	t.Helper()
+	markerhour.Pin(cfg)
 	st, err := state.Open(cfg, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)

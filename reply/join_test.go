@@ -9,11 +9,12 @@ import (
 
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/request"
+	"github.com/kvgate/kvgate/tests/markerhour"
 )
 
 func testScope(t *testing.T, kind request.Kind) (Scope, string) {
 	t.Helper()
-	kr := canary.NewKeyring([]byte("join test secret"), time.Hour, 24*time.Hour, []string{"alice", "bob"})
+	kr := markerhour.Keyring("join test secret", "alice", "bob") // the pinned hour's markers
 	victim, _ := kr.Current("bob", time.Now())
 	return Scope{Keyring: kr, Requester: "alice", Kind: kind}, victim
 }
@@ -125,7 +126,7 @@ func TestLogprobTupleIDsWithheld(t *testing.T) {
 // streamed, Responses output parts and items) reaches it without "KVG-" at every split of the
 // prefix and the first characters, and it is no leak: the joined prefix scanner strips it.
 func TestOwnMarkerAcrossJoinedValues(t *testing.T) {
-	kr := canary.NewKeyring([]byte("own across values"), time.Hour, 24*time.Hour, []string{"alice", "bob"})
+	kr := markerhour.Keyring("own across values", "alice", "bob")
 	own, _ := kr.Current("alice", time.Now())
 	rnd := rand.New(rand.NewSource(3))
 	for _, kind := range []request.Kind{request.Messages, request.Responses, request.Chat, request.Completions} {

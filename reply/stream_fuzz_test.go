@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/request"
+	"github.com/kvgate/kvgate/tests/markerhour"
 )
 
 // FuzzEventRelay drives the stream relay with arbitrary engine bytes, a foreign marker planted
@@ -20,7 +21,7 @@ func FuzzEventRelay(f *testing.F) {
 	f.Add([]byte("data: {\"a\":\"\"}\r\rdata: [DONE]\r\r"), uint16(11), uint8(3), uint8(1))
 	f.Add([]byte(": c\nid: 1\nevent: e\ndata: {\"text\":\"\",\ndata: \"x\":1}\n\n"), uint16(43), uint8(5), uint8(3))
 	f.Add([]byte("data: [\"\", \"\"]\n\n"), uint16(8), uint8(7), uint8(2))
-	kr := canary.NewKeyring([]byte("s"), time.Hour, 24*time.Hour, []string{"alice", "bob"})
+	kr := markerhour.Keyring("s", "alice", "bob") // the pinned hour's markers
 	victim, _ := kr.Current("bob", time.Now())
 	disguises := []func(string) string{
 		func(m string) string { return m },

@@ -79,6 +79,8 @@ func (r *Request) injectChat(marker string, every int, prefix bool) {
 		if every > 0 {
 			if s, ok := stringContent(c); ok {
 				c["content"] = mustJSON(canary.InjectEvery(s, marker, every))
+			} else if parts, ok := everyInParts(c["content"], marker, every); ok {
+				c["content"] = parts
 			}
 		}
 		if role := r.roles[i]; sys < 0 && (role == "system" || role == "developer") {
@@ -126,6 +128,22 @@ func appendJSONStrings(b *strings.Builder, raw json.RawMessage) {
 		}
 	}
 	walk(v)
+}
+
+// everyInParts repeats the marker through each text part of a parts content (InjectEvery on
+// each part's text; image parts are left as they are). false when content is not a parts array.
+func everyInParts(content json.RawMessage, marker string, every int) (json.RawMessage, bool) {
+	var parts []map[string]json.RawMessage
+	if len(content) == 0 || content[0] != '[' || json.Unmarshal(content, &parts) != nil {
+		return nil, false
+	}
+	for _, p := range parts {
+		var typ, text string
+		if json.Unmarshal(p["type"], &typ) == nil && typ == "text" && json.Unmarshal(p["text"], &text) == nil {
+			p["text"] = mustJSON(canary.InjectEvery(text, marker, every))
+		}
+	}
+	return mustJSON(parts), true
 }
 
 func stringContent(m map[string]json.RawMessage) (string, bool) {

@@ -72,3 +72,40 @@ func lines(s string) string {
 	slices.Sort(l)
 	return strings.Join(l, "\n")
 }
+
+// every_bytes repeats the marker through a chat message's text parts as through a string
+// content (issue 37: parts got the system marker only), and the texts to count and render carry
+// the repetitions the engine gets.
+func TestInjectEveryReachesChatTextParts(t *testing.T) {
+	const marker = "KVG-abcdefghijklmnopqrst"
+	text := strings.Repeat("word ", 40) // 200 bytes: three repetitions at 48
+	for _, c := range []struct {
+		content string
+		want    int
+	}{
+		{`"` + text + `"`, 3},
+		{`[{"type":"text","text":"` + text + `"}]`, 3},
+		{`[{"type":"text","text":"` + text + `"},{"type":"text","text":"short"},{"type":"text","text":"` + text + `"}]`, 6},
+	} {
+		content := c.content
+		r, e := Parse(Chat, []byte(`{"messages":[{"role":"user","content":`+content+`}]}`))
+		if e != nil {
+			t.Fatalf("%s: %+v", content, e)
+		}
+		if !r.Inject(marker, 48, false) {
+			t.Fatalf("%s: not injected", content)
+		}
+		var msgs []struct {
+			Content json.RawMessage `json:"content"`
+		}
+		if err := json.Unmarshal(r.Fields["messages"], &msgs); err != nil || len(msgs) != 2 {
+			t.Fatalf("%s: messages %s", content, r.Fields["messages"])
+		}
+		if n := strings.Count(string(msgs[1].Content), marker); n != c.want {
+			t.Errorf("%s: %d repetitions in the user content sent, want %d: %s", content, n, c.want, msgs[1].Content)
+		}
+		if n := strings.Count(r.contents[1], marker); n != c.want {
+			t.Errorf("%s: %d repetitions in the text counted, want %d: %q", content, n, c.want, r.contents[1])
+		}
+	}
+}

@@ -295,7 +295,8 @@ func (s *Server) runDecode(ctx context.Context, it *wire.Item, self *kvmodel.Wri
 	// writer left there.
 	out := s.writeAndGenerate(it, self, pages, n, p, o)
 	if !out.failed() && n < p {
-		s.logf("LEAK rid=%s read %d stale slots of %d; foreign requests: %s", it.RID, p-n, p, kvmodel.JoinRIDs(out.gen.Foreign))
+		s.logf("LEAK rid=%s read %d stale slots of %d; foreign requests: %s; quoted: %s", it.RID, p-n, p,
+			kvmodel.JoinRIDs(out.gen.Foreign), out.gen.Provenance(self))
 	}
 	return out
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/gateway"
 	"github.com/kvgate/kvgate/state"
+	"github.com/kvgate/kvgate/tests/markerhour"
 )
 
 // Gateway is an in-process gateway serving on an ephemeral loopback port.
@@ -36,13 +37,15 @@ func KeySHA256(key string) string {
 	return hex.EncodeToString(s[:])
 }
 
-// ParseConfig validates YAML with no environment overrides, failing the test on error.
+// ParseConfig validates YAML with no environment overrides, failing the test on error. The
+// canary markers are those of the pinned test hour (markerhour.Pin), not the wall clock's.
 func ParseConfig(t testing.TB, yaml string) *config.Config {
 	t.Helper()
 	cfg, err := config.Parse([]byte(yaml), nil)
 	if err != nil {
 		t.Fatalf("config: %v", err)
 	}
+	markerhour.Pin(cfg)
 	return cfg
 }
 

@@ -174,3 +174,53 @@ func TestModelOverStaleSlotsNamesWriters(t *testing.T) {
 		t.Errorf("stale text not quoted: %q", strings.Join(g.Texts, ""))
 	}
 }
+
+// A quote runs on across a page boundary into another request's page: the reply's sources say
+// which writer and which of its positions each stretch came from, so a reply that reads as one
+// request's unmarked prose can be traced to the pages it was joined from (issue 37).
+func TestModelSourcesTraceQuotesAcrossPages(t *testing.T) {
+	tok := chunk4{}
+	p, _ := NewPool(16*8, 16, AllocLIFO, 1, true)
+	a, b := &Writer{RID: "a"}, &Writer{RID: "b"}
+	write := func(w *Writer, text string) ([]int32, []string) {
+		pages, _ := p.Alloc(2, nil)
+		ids, texts := tok.Encode(text)
+		v := &SeqView{Pool: p, Pages: pages, Self: w}
+		for i := 0; i < 32; i++ {
+			v.Write(i, ids[i], texts[i])
+		}
+		return pages, texts
+	}
+	aPages, aTexts := write(a, strings.Repeat("aa ", 20))
+	bPages, bTexts := write(b, strings.Repeat("bb ", 20))
+	// The victim's context is a's second page, then b's first: stale, in an order neither wrote.
+	victimPages := []int32{aPages[1], bPages[0]}
+	extra, _ := p.Alloc(2, nil)
+	self := &Writer{RID: "victim"}
+	v := &SeqView{Pool: p, Pages: append(victimPages, extra...), Self: self}
+	g := v.Generate(32, 32, rand.New(rand.NewPCG(1, 2)), 0, " ")
+	if len(g.Sources) == 0 {
+		t.Fatalf("no sources for %q", strings.Join(g.Texts, ""))
+	}
+	texts := map[*Writer][]string{a: aTexts, b: bTexts, self: nil}
+	joined := false
+	for i, s := range g.Sources {
+		want, from := texts[s.W], s.From
+		if s.W == self {
+			want, from = g.Texts, s.From-32 // its own generated tokens, at positions from 32
+		}
+		got := strings.Join(g.Texts[s.At:s.At+s.N], "")
+		if wrote := strings.Join(want[from:from+s.N], ""); got != wrote {
+			t.Fatalf("source %d (%s@%d+%d) is %q, the writer wrote %q there", i, s.W.RID, s.From, s.N, got, wrote)
+		}
+		if i > 0 && g.Sources[i-1].W == a && s.W == b && s.From == 0 && g.Sources[i-1].At+g.Sources[i-1].N == s.At {
+			joined = true // one quote ran from a's page into b's
+		}
+	}
+	if !joined {
+		t.Errorf("no quote ran across the page boundary: %s", g.Provenance(self))
+	}
+	if prov := g.Provenance(self); !strings.Contains(prov, "a@") || !strings.Contains(prov, "b@0+") {
+		t.Errorf("provenance %q", prov)
+	}
+}

@@ -1,6 +1,7 @@
 package kvmodel
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"strings"
 )
@@ -24,7 +25,7 @@ func (v *SeqView) Slot(pos int) *Slot { return &v.Pool.Slots[v.Pool.SlotIndex(v.
 // Write stores token id and its text at sequence position pos as Self's.
 func (v *SeqView) Write(pos int, id uint32, text string) {
 	s := v.Slot(pos)
-	s.W, s.ID, s.Text = v.Self, id, text
+	s.W, s.ID, s.Text, s.Pos = v.Self, id, text, int32(pos)
 }
 
 func isSpaceByte(b byte) bool { return b == ' ' || b == '\n' || b == '\t' || b == '\r' }
@@ -36,6 +37,46 @@ type GenOut struct {
 	Foreign []*Writer // writers other than the request found in its context
 	Quoted  []*Writer // foreign writers whose slots were quoted
 	Unowned bool      // the context holds a slot the request did not write
+	// Sources are where the generated tokens came from, in order: stretches of one writer's
+	// consecutive positions. A quote runs across page boundaries, so one run can join
+	// stretches of several requests (the simulator's log shows them: see Provenance).
+	Sources []Source
+}
+
+// Source is a stretch of N generated tokens, IDs[At:At+N], copied from writer W's positions
+// [From, From+N).
+type Source struct {
+	W           *Writer
+	At, From, N int
+}
+
+// addSource notes that the next generated token came from slot s.
+func (g *GenOut) addSource(s *Slot) {
+	at := len(g.IDs)
+	if n := len(g.Sources); n > 0 {
+		last := &g.Sources[n-1]
+		if last.W == s.W && last.From+last.N == int(s.Pos) && last.At+last.N == at {
+			last.N++
+			return
+		}
+	}
+	g.Sources = append(g.Sources, Source{W: s.W, At: at, From: int(s.Pos), N: 1})
+}
+
+// Provenance lists the stretches quoted from writers other than self as "rid@from+n", in
+// reply order: which requests' prompts (and where in them) a leaking reply reads.
+func (g *GenOut) Provenance(self *Writer) string {
+	var b strings.Builder
+	for _, s := range g.Sources {
+		if s.W == self || s.W == nil {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%s@%d+%d", s.W.RID, s.From, s.N)
+	}
+	return b.String()
 }
 
 // ContextReport lists the foreign writers of positions [0, n) in first-seen
@@ -162,6 +203,7 @@ func (v *SeqView) Generate(promptLen, maxNew int, rng *rand.Rand, padID uint32, 
 				g.Quoted = append(g.Quoted, s.W)
 			}
 			id, text := s.ID, s.Text
+			g.addSource(s)
 			v.Write(promptLen+len(g.IDs), id, text)
 			g.IDs = append(g.IDs, id)
 			g.Texts = append(g.Texts, text)

@@ -32,6 +32,7 @@ type Slot struct {
 	W    *Writer // nil = never written (or cleared)
 	Text string
 	ID   uint32
+	Pos  int32 // the position in W's sequence: where a quote of a stale slot came from
 }
 
 // Pool is a paged KV pool: NumPages pages of PageSize token slots, handed
