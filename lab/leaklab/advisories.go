@@ -38,6 +38,9 @@ type AdvisoryParams struct {
 	Residues    []int         // the residue lengths (tokens) of batch-slot-residue's rows; default 4, 16, 32
 	TokenDelay  time.Duration // the engine's time per token (so requests overlap); default 2 ms
 	Seed        uint64
+	// Configure, when set, adjusts each gateway's configuration before it starts (tests pin the
+	// hour of its canary markers with it, so what a leak quotes does not change with the clock).
+	Configure func(*config.Config)
 }
 
 // DefaultAdvisoryParams are the defaults above.
@@ -146,6 +149,9 @@ capacity: {poll_interval: 200ms}
 	cfg, err := config.Parse([]byte(yaml), nil)
 	if err != nil {
 		return out, err
+	}
+	if p.Configure != nil {
+		p.Configure(cfg)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/lab/enginesim/kvmodel"
+	"github.com/kvgate/kvgate/tests/markerhour"
 )
 
 // The advisories against a real gateway (default settings, canaries on): whatever is detected,
@@ -15,6 +16,7 @@ import (
 func TestAdvisoriesAgainstTheGateway(t *testing.T) {
 	p := DefaultAdvisoryParams()
 	p.Requests, p.Residues = 60, []int{64}
+	p.Configure = markerhour.Pin
 	rep, err := p.RunAdvisories(nil)
 	if err != nil {
 		t.Fatal(err)
