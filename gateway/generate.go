@@ -109,7 +109,6 @@ func (g *Gateway) generate(ctx *fasthttp.RequestCtx, kind request.Kind) {
 	x.rid, x.engineRID = requestIDs(ctx)
 	defer x.recoverPanic(ctx)
 	x.startSpan(ctx)
-	ctx.Response.Header.Set("X-Request-Id", x.rid)
 	if e := x.admit(ctx); e != nil {
 		x.fail(ctx, e)
 		return
@@ -141,11 +140,9 @@ func (x *exchange) recoverPanic(ctx *fasthttp.RequestCtx) {
 	x.fail(ctx, apierr.Internal)
 }
 
-// fail answers with e and logs the exchange.
+// fail answers with e and ends the exchange.
 func (x *exchange) fail(ctx *fasthttp.RequestCtx, e *apierr.Error) {
-	writeError(ctx, e)
-	ctx.Response.Header.Set("X-Request-Id", x.rid)
-	x.status, x.errMsg = e.Status, e.Code
+	x.answer(ctx, e)
 	x.close()
 }
 
@@ -346,70 +343,6 @@ func readBody(ctx *fasthttp.RequestCtx, maxBytes int) ([]byte, *apierr.Error) {
 	return body, nil
 }
 
-// finish writes the access log line once.
-func (x *exchange) finish() {
-	if x.logged.Swap(true) {
-		return
-	}
-	x.settleLimits() // kvgate limits: settle the reservation from what the reply used
-	g := x.g
-	g.metrics.requestsC.get(x.kind.Path(), statusLabel(x.status), "").Inc()
-	if x.model == "" {
-		model := ""
-		if x.req != nil {
-			model = x.req.Model
-		}
-		x.model = g.metrics.models.label(model)
-	}
-	g.metrics.durationC.get(x.model, x.kind.Path(), "").Observe(time.Since(x.start).Seconds())
-	if x.usage != "" {
-		tenant := tenantAnonymous
-		if x.tenant != nil {
-			tenant = x.tenant.Name
-		}
-		g.metrics.tokensC.get(tenant, x.model, "input").Add(float64(x.promptTokens))
-		g.metrics.tokensC.get(tenant, x.model, "output").Add(float64(x.outputTokens))
-	}
-	if ce := g.access.Check(zap.InfoLevel, "request"); ce != nil {
-		tenant, model := "", ""
-		if x.tenant != nil {
-			tenant = x.tenant.Name
-		}
-		if x.req != nil {
-			model = x.req.Model
-		}
-		fp := accessFields.Get().(*[]zap.Field)
-		fields := (*fp)[:0]
-		fields = append(fields, zap.String("request_id", x.rid), zap.String("engine_rid", x.engineRID), zap.String("tenant", tenant),
-			zap.String("client_addr", x.client()), zap.String("method", x.method), zap.String("route", x.kind.Path()), zap.String("model", model),
-			zap.Int("tokens", x.decision.Tokens), zap.String("tier", string(x.decision.Tier)), zap.String("decision", x.reason),
-			zap.Int("limit", x.decision.Limit), zap.Int("status", x.status), zap.String("upstream", x.upstream),
-			zap.String("error", x.errMsg), zap.Duration("latency", time.Since(x.start)))
-		if x.usage != "" {
-			fields = append(fields, zap.Int64("prompt_tokens", x.promptTokens), zap.Int64("completion_tokens", x.outputTokens),
-				zap.String("usage", x.usage))
-		}
-		if d := x.firstByte.Load(); d > 0 {
-			fields = append(fields, zap.Duration("ttfb", time.Duration(d)))
-		}
-		if d := x.firstToken.Load(); d > 0 {
-			fields = append(fields, zap.Duration("ttft", time.Duration(d)))
-		}
-		if x.span != nil {
-			fields = append(fields, zap.String("trace_id", x.span.SpanContext().TraceID().String()))
-		}
-		ce.Write(fields...) // encoded before it returns: the cores keep no field
-		clear(fields)       // no request's strings kept alive by the pool
-		*fp = fields[:0]
-		accessFields.Put(fp)
-	}
-	x.endSpan()
-}
-
-// accessFields are the access log line's field slices (~1.4 KB each), reused: one per request
-// was the largest allocation of a small request's bookkeeping.
-var accessFields = sync.Pool{New: func() any { f := make([]zap.Field, 0, 22); return &f }}
-
 // unifiedRoutes keeps the routes served by one unified engine.
 func unifiedRoutes(routes []backends.Route) []backends.Route {
 	var out []backends.Route
@@ -419,19 +352,4 @@ func unifiedRoutes(routes []backends.Route) []backends.Route {
 		}
 	}
 	return out
-}
-
-// statusLabels are the metric labels of HTTP statuses, made once.
-var statusLabels = func() (l [600]string) {
-	for i := range l {
-		l[i] = strconv.Itoa(i)
-	}
-	return l
-}()
-
-func statusLabel(code int) string {
-	if code >= 0 && code < len(statusLabels) {
-		return statusLabels[code]
-	}
-	return strconv.Itoa(code)
 }

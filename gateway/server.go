@@ -363,21 +363,6 @@ func (g *Gateway) Drain(timeout time.Duration) DrainResult {
 	return res
 }
 
-// noteDrainCut records that x was ended by the drain deadline: it answers 503 shutting_down
-// (logged as such) and the drain's result names it. False while no drain is cutting.
-func (x *exchange) noteDrainCut() bool {
-	if !x.g.cutting.Load() {
-		return false
-	}
-	x.status, x.errMsg = 503, apierr.ShuttingDown().Code
-	x.g.cutMu.Lock()
-	x.g.cutIDs = append(x.g.cutIDs, x.rid)
-	x.g.cutMu.Unlock()
-	x.g.log.Warn("request cut at the drain deadline (server.drain_timeout)", zap.String("request_id", x.rid),
-		zap.String("route", x.kind.Path()), zap.String("upstream", x.upstream))
-	return true
-}
-
 // headerReceived runs as soon as a request's headers are parsed. For a declared body over the
 // limit it makes the body pre-read fail at once (a 1 ns read deadline, at most 1 byte), so the
 // error handler answers 413 without waiting for the body; the mark tells it why the read failed.
@@ -536,21 +521,17 @@ const readyPingTimeout = 250 * time.Millisecond
 // read, and while no route can take traffic (every request would get 503 no_backend); 200 with
 // "degraded" while shared state is unreachable (still serving from local state).
 func (g *Gateway) readyz(ctx *fasthttp.RequestCtx) {
-	ctx.SetContentType("application/json")
 	if g.draining.Load() {
-		ctx.SetStatusCode(503)
-		ctx.SetBodyString(`{"status":"draining"}`)
+		writeJSON(ctx, 503, []byte(`{"status":"draining"}`))
 		return
 	}
 	if !g.backends.Ready() {
-		ctx.SetStatusCode(503)
-		ctx.SetBodyString(`{"status":"starting","reason":"not every backend has been read yet"}`)
+		writeJSON(ctx, 503, []byte(`{"status":"starting","reason":"not every backend has been read yet"}`))
 		return
 	}
 	if why := g.backends.Unavailable(time.Now()); why != "" {
-		ctx.SetStatusCode(503)
 		body, _ := json.Marshal(map[string]string{"status": "unavailable", "reason": why})
-		ctx.SetBody(body)
+		writeJSON(ctx, 503, body)
 		return
 	}
 	pctx, cancel := context.WithTimeout(context.Background(), readyPingTimeout)
@@ -558,10 +539,10 @@ func (g *Gateway) readyz(ctx *fasthttp.RequestCtx) {
 	cancel()
 	if pingErr != nil || g.degraded() || g.limitsDegraded() { // kvgate limits: limits enforced per replica
 		// Still serving from local state: ready, but say so.
-		ctx.SetBody(g.degradedReadyBody(pingErr != nil))
+		writeJSON(ctx, 200, g.degradedReadyBody(pingErr != nil))
 		return
 	}
-	ctx.SetBodyString(`{"status":"ready"}`)
+	writeJSON(ctx, 200, []byte(`{"status":"ready"}`))
 }
 
 func routeError(err error) *apierr.Error {
@@ -569,14 +550,6 @@ func routeError(err error) *apierr.Error {
 		return apierr.CapacityUnknown()
 	}
 	return apierr.NoBackend()
-}
-
-// requestID keeps a sane client X-Request-Id or makes one.
-func requestID(ctx *fasthttp.RequestCtx) string {
-	if id := ctx.Request.Header.Peek("X-Request-Id"); len(id) > 0 && len(id) <= 128 && printable(id) {
-		return string(id)
-	}
-	return newID()
 }
 
 // idLen is the length of newID's ids: "kvg-" and 24 hex digits.
@@ -598,16 +571,20 @@ func putID(out []byte) {
 }
 
 // requestIDs are an exchange's client-facing id (the client's when sane) and the engines' rid,
-// always ours: the two fresh ones share one allocation.
+// always ours: the two fresh ones share one allocation. The reply carries the first as
+// X-Request-Id from here, whatever it turns out to be (the one place it is set).
 func requestIDs(ctx *fasthttp.RequestCtx) (rid, engineRID string) {
 	if id := ctx.Request.Header.Peek("X-Request-Id"); len(id) > 0 && len(id) <= 128 && printable(id) {
-		return string(id), newID()
+		rid, engineRID = string(id), newID()
+	} else {
+		var out [2 * idLen]byte
+		putID(out[:idLen])
+		putID(out[idLen:])
+		both := string(out[:])
+		rid, engineRID = both[:idLen], both[idLen:]
 	}
-	var out [2 * idLen]byte
-	putID(out[:idLen])
-	putID(out[idLen:])
-	both := string(out[:])
-	return both[:idLen], both[idLen:]
+	ctx.Response.Header.Set("X-Request-Id", rid)
+	return rid, engineRID
 }
 
 func printable(b []byte) bool {

@@ -38,8 +38,7 @@ const utilityTimeout = 10 * time.Second
 
 func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 	start := time.Now()
-	rid := requestID(ctx)
-	ctx.Response.Header.Set("X-Request-Id", rid)
+	rid, _ := requestIDs(ctx)
 	status, backend := 0, ""
 	client, method := ctx.RemoteAddr().String(), string(ctx.Method())
 	var tenant, model string
