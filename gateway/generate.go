@@ -46,9 +46,8 @@ type exchange struct {
 	// estimate is the raw tiktoken count when the estimate tier ran (to learn the ratio).
 	estimate int
 	route    *backends.Route
-	// maxContext is the largest context of the model's routes when admitted: what a request
-	// that names no output length may make the engine produce (reserveLimits).
-	maxContext int
+	// need is what the tenant's limits and the admission queue reserve (admission.Need).
+	need admission.Need
 	// servedModel is the configured model the request named ("" with one model: no backend
 	// names one); counter counts and calibrates for it.
 	servedModel string
@@ -185,10 +184,6 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 	if e := req.CountImages(models.imageRule(x.servedModel), models.remoteAtMax[x.servedModel]); e != nil {
 		return e
 	}
-	output := req.Output
-	if !req.OutputGiven {
-		output = g.pol().DefaultMaxTokens * max(req.N, 1)
-	}
 	routes, err := g.routesFor(x.servedModel)
 	if err != nil {
 		return routeError(err)
@@ -199,53 +194,25 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 				Message: fmt.Sprintf("No unified engine is available for %s (prefill-only routes do not run on prefill/decode pairs).", x.kind.Path())}
 		}
 	}
-	var pathBuf [4]policy.Path // the usual few routes: no allocation
-	paths := pathBuf[:0]
-	for i := range routes {
-		paths = append(paths, routes[i].Path)
-		x.maxContext = max(x.maxContext, routes[i].ContextLen)
+	pol := g.pol()
+	ans := x.counter.Decide(admission.Ask{Kind: x.kind, Prompts: req.Prompts, Output: req.Output, OutputGiven: req.OutputGiven, N: req.N,
+		Routes: routes, DefaultMaxTokens: pol.DefaultMaxTokens, TenantMaxPrompt: x.tenant.MaxPromptTokens,
+		FailClosed: g.drift.failClosed(x.servedModel), FailClosedModel: flagName(x.servedModel), FailClosedRetryAfter: failClosedRetryAfter,
+		Monitor: pol.Mode == config.ModeMonitor, OverflowStatus: pol.OverflowStatus})
+	x.decision, x.estimate, x.reason, x.route, x.need = ans.Decision, ans.Estimate, ans.Reason, ans.Route, ans.Need
+	g.metrics.admitSeconds.Observe(time.Since(x.start).Seconds())
+	if ans.Reason != admission.ReasonTenantMaxPromptBytes { // refused before any counting: no count to tell
+		ctx.Response.Header.Set("X-Kvgate-Tier", string(x.decision.Tier))
+		var nb [20]byte
+		ctx.Response.Header.SetBytesV("X-Kvgate-Tokens", strconv.AppendInt(nb[:0], int64(x.decision.Tokens), 10))
 	}
-	tenantMax := x.tenant.MaxPromptTokens
-	limit := policy.Limit(paths, output, tenantMax)
-	failClosed := g.drift.failClosed(x.servedModel) // count drift: exact counts only
-	res := x.counter.DecideWith(x.req.Prompts, routes, output, tenantMax, limit, failClosed)
-	pick, undecided := res.Pick, res.Undecided
-	x.decision, x.estimate = res.Decision, res.Estimate
-	dur := time.Since(x.start)
-	g.metrics.admitSeconds.Observe(dur.Seconds())
-	ctx.Response.Header.Set("X-Kvgate-Tier", string(x.decision.Tier))
-	var nb [20]byte
-	ctx.Response.Header.SetBytesV("X-Kvgate-Tokens", strconv.AppendInt(nb[:0], int64(x.decision.Tokens), 10))
-	if !x.decision.Admit {
-		x.reason = policy.Reason(paths, x.decision.Tokens, output, tenantMax)
-		if undecided {
-			x.reason = reasonCountUnavailable
-		}
-		if g.pol().Mode != config.ModeMonitor {
-			if undecided {
-				// Some path might admit it, but no sound count could say: not a 413 (the prompt
-				// may fit), and never an admit. Retryable.
-				g.metrics.decisionsC.get("unavailable", x.reason, string(x.decision.Tier)).Inc()
-				if failClosed {
-					return apierr.CountFailClosed(flagName(x.servedModel), failClosedRetryAfter)
-				}
-				return apierr.CountUnavailable()
-			}
-			g.metrics.decisionsC.get("refuse", x.reason, string(x.decision.Tier)).Inc()
-			return x.tooLong(routes, output, limit)
-		}
-		// monitor: log and count the refusal, then serve on the roomiest route.
-		g.metrics.decisionsC.get("monitor_pass", x.reason, string(x.decision.Tier)).Inc()
+	g.metrics.decisionsC.get(ans.Verdict, x.reason, string(x.decision.Tier)).Inc()
+	if ans.Verdict == admission.VerdictMonitorPass {
 		ctx.Response.Header.Set("X-Kvgate-Monitor", "would-refuse: "+x.reason)
 		g.log.Warn("monitor mode: forwarding a request the admission rule refuses",
-			zap.String("request_id", x.rid), zap.String("tenant", x.tenant.Name), zap.Int("tokens", x.decision.Tokens), zap.Int("limit", limit))
-		x.route = &routes[admission.Roomiest(routes, output, tenantMax)]
-		return nil
+			zap.String("request_id", x.rid), zap.String("tenant", x.tenant.Name), zap.Int("tokens", x.decision.Tokens), zap.Int("limit", x.decision.Limit))
 	}
-	x.reason = policy.ReasonOK
-	g.metrics.decisionsC.get("admit", x.reason, string(x.decision.Tier)).Inc()
-	x.route = &routes[pick]
-	return nil
+	return ans.Refusal
 }
 
 // client is the client's address, formatted when a log line or span needs it.
@@ -269,41 +236,6 @@ func methodName(m []byte) string {
 
 // tenantAnonymous is the tenant label of what no key identified.
 const tenantAnonymous = "anonymous"
-
-// reasonCountUnavailable: no path admitted, and some path could not be decided without an exact
-// count that was not available.
-const reasonCountUnavailable = "count_unavailable"
-
-// tooLong is the 413 (policy.overflow_status): OpenAI's wording on OpenAI routes, SGLang's on /generate.
-func (x *exchange) tooLong(routes []backends.Route, output, limit int) *apierr.Error {
-	ctxLen := 0
-	for _, r := range routes {
-		ctxLen = max(ctxLen, r.ContextLen)
-	}
-	limit = max(limit, 0)
-	n := x.decision.Tokens
-	e := &apierr.Error{Status: x.g.pol().OverflowStatus, Type: "invalid_request_error", Code: "context_length_exceeded"}
-	e.Param = x.kind.PromptParam()
-	if x.reason == policy.ReasonTenantMaxPrompt {
-		e.Message = fmt.Sprintf("Your prompt resulted in %d tokens, more than this API key's limit of %d prompt tokens. Please reduce the length of the prompt.", n, x.tenant.MaxPromptTokens)
-		return e
-	}
-	reserve := ""
-	if output > 0 {
-		reserve = fmt.Sprintf(", leaving room for the %d completion tokens requested", output)
-	}
-	switch x.kind {
-	case request.Generate, request.Encode, request.ClassifyNative:
-		e.Message = fmt.Sprintf("Input length (%d tokens) exceeds the maximum allowed length (%d tokens%s). Use a shorter input.", n, limit, reserve)
-	case request.Messages:
-		e.Message = fmt.Sprintf("prompt is too long: %d tokens > %d maximum (the engines' limit now%s)", n, limit, reserve)
-	case request.Completions, request.Responses, request.Embeddings, request.Rerank, request.Score, request.Classify:
-		e.Message = fmt.Sprintf("This model's maximum context length is %d tokens. However, your prompt resulted in %d tokens. Please reduce the length of the prompt. (The engines accept at most %d prompt tokens now%s.)", ctxLen, n, limit, reserve)
-	default:
-		e.Message = fmt.Sprintf("This model's maximum context length is %d tokens. However, your messages resulted in %d tokens. Please reduce the length of the messages. (The engines accept at most %d prompt tokens now%s.)", ctxLen, n, limit, reserve)
-	}
-	return e
-}
 
 // readBody reads the request body, refusing more than maxBytes with 413 (not fasthttp's 400).
 func readBody(ctx *fasthttp.RequestCtx, maxBytes int) ([]byte, *apierr.Error) {

@@ -103,35 +103,17 @@ type limitHold struct {
 	itl      prometheus.Observer // kvgate_inter_token_latency_seconds for the exchange's model
 }
 
-// reserveLimits is the 429 decision: after the 413 (a prompt that can never fit is a 413, not a
-// 429), before any backend. It reserves the prompt and the output the request may produce.
+// reserveLimits is the 429 decision: after the 413 decision (a prompt that can never fit is a
+// 413, not a 429), before any backend. It reserves the admission Need (admission.NeedOf: the
+// prompt and the output the request may produce).
 func (x *exchange) reserveLimits(ctx *fasthttp.RequestCtx) *apierr.Error {
-	g := x.g
-	items := int64(max(len(x.req.Prompts), 1))
-	prompt := int64(x.decision.Tokens) * items // the largest prompt's count bounds each one
-	output := int64(x.req.Output)
-	if !x.req.OutputGiven {
-		output = unnamedOutput(x.decision.Tokens, x.req.N, x.maxContext)
-	}
-	tokens := prompt + output*items
-	ticket, limit, e := g.reserve(&ctx.Response.Header, x.tenant, tokens)
+	ticket, limit, e := x.g.reserve(&ctx.Response.Header, x.tenant, x.need.Tokens())
 	if e != nil {
-		x.reason = "rate_limited_" + limit
+		e.Reason = "rate_limited_" + limit
 		return e
 	}
-	x.limit = &limitHold{ticket: ticket, prompt: prompt, output: output * items}
+	x.limit = &limitHold{ticket: ticket, prompt: x.need.Prompt, output: x.need.Output}
 	return nil
-}
-
-// unnamedOutput is the output to reserve for one item of a request that names no output length:
-// what the engine may then produce. SGLang generates until the context is full (its scheduler
-// caps max_new_tokens at the context less the prompt), so each of n sequences may make prompt
-// plus output reach ctx. n×ctx − prompt keeps prompt + output at n×ctx, a bound on what the
-// reply settles whatever our prompt count's error (issue 31: policy.default_max_tokens, 0 by
-// default, reserved nothing, and a tenant at tpm 3000 settled 13–27 times its limit in one burst).
-// policy.default_max_tokens stays the admission rule's O; it does not bound the engine.
-func unnamedOutput(prompt, n, ctx int) int64 {
-	return max(int64(max(n, 1))*int64(ctx)-int64(prompt), 0)
 }
 
 // reserve is the 429 decision for tokens of tenant t's limits, on any route: nil ticket and nil
