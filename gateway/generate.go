@@ -22,6 +22,7 @@ import (
 	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/internal/panics"
+	"github.com/kvgate/kvgate/leakwatch"
 	"github.com/kvgate/kvgate/policy"
 	"github.com/kvgate/kvgate/request"
 	"github.com/kvgate/kvgate/tenants"
@@ -52,19 +53,14 @@ type exchange struct {
 	// names one); counter counts and calibrates for it.
 	servedModel string
 	counter     *admission.Counter
-	// echoes are foreign markers the client's own prompt contained (or began).
-	echoes []string
-	fp     printsState // prompt fingerprints (fingerprints.go)
-	// idsUnread: a token-id prompt whose text no engine on the route could give back; short
-	// marker fragments in its reply may be the client's own, so they cut the reply but
-	// quarantine nothing (a whole marker still does; see shortFragment).
-	idsUnread bool
-	status    int
-	upstream  string
-	errMsg    string
-	logged    atomic.Bool
-	limit     *limitHold // kvgate limits: the tenant-limit reservation, settled in finish
-	queued    *queued    // the admission queue's KV reservation, released in close (queue.go)
+	// watch is the request's leak detection (package leakwatch), from its marker on.
+	watch    *leakwatch.Watch
+	status   int
+	upstream string
+	errMsg   string
+	logged   atomic.Bool
+	limit    *limitHold // kvgate limits: the tenant-limit reservation, settled in finish
+	queued   *queued    // the admission queue's KV reservation, released in close (queue.go)
 	// hideUsage: the engine was asked for a stream's usage that the client did not ask for;
 	// the usage-only chunk is read for settlement and not relayed.
 	hideUsage bool
@@ -121,8 +117,7 @@ func (g *Gateway) generate(ctx *fasthttp.RequestCtx, kind request.Kind) {
 		x.fail(ctx, e)
 		return
 	}
-	x.coverTokenIDs()
-	x.notePrompt()
+	x.watch.Forwarding(x.route, x.counter.Encoder)
 	g.forward(ctx, x)
 }
 
@@ -174,7 +169,7 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 	if req.StoredContext != "" && !g.pol().AllowStoredContext {
 		return request.StoredContextError(req.StoredContext)
 	}
-	x.inject() // before counting: the marker is part of the prompt
+	x.watch = g.watch.Begin(x.rid, x.engineRID, x.tenant, x.kind, req) // before counting: the marker is part of the prompt
 	req.Render()
 	if tpl := models.template(x.servedModel); tpl != nil {
 		if e := req.RenderTemplate(tpl); e != nil {

@@ -19,7 +19,6 @@ import (
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/reply"
 	"github.com/kvgate/kvgate/request"
-	"github.com/kvgate/kvgate/state"
 )
 
 // This file sends an admitted request along its route (one attempt per method, cleanup
@@ -112,7 +111,7 @@ func (x *exchange) close() {
 				b.AddInflight(-x.decision.Tokens)
 			}
 		}
-		x.printsDone()
+		x.watch.Done()
 		x.finish()
 		x.releaseQueue() // after finish: the charge is corrected from the settled usage
 	})
@@ -258,7 +257,7 @@ func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (
 		c := x.g.replies.NewCharge()
 		if !c.Reserve(config.ReplyCostFactor * int64(len(pf.Body))) {
 			x.overBudget(ctx, p)
-		} else if !x.writeEngineReply(ctx, pf.Status, pf.ContentType, pf.Body, p, c, x.newGuard()) {
+		} else if !x.writeEngineReply(ctx, pf.Status, pf.ContentType, pf.Body, p, c, x.watch.Guard()) {
 			x.cut(x.lastLeak, p, rids, d)
 		}
 		c.Done() // at most 1 MiB: given back at once (the body stream's Close is then a no-op)
@@ -291,7 +290,7 @@ func (g *Gateway) countUpstream(b *backends.Backend, l *backends.Leg, err error)
 // the PD peer's backend, aborted too if the reply is cut or the client goes away mid-stream.
 func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *backends.Leg, other *backends.Backend) {
 	code := l.Status()
-	gd := x.newGuard() // one scanner state for the reply's headers and body
+	gd := x.watch.Guard() // one scanner state for the reply's headers and body
 	if h := x.scanHeaders(l, gd); h != nil {
 		// A marker in a header is a leak like one in the body, though no header is passed on.
 		defer x.closeLeg(l)
@@ -451,12 +450,6 @@ func (x *exchange) writeEngineReply(ctx *fasthttp.RequestCtx, code int, contentT
 	return true
 }
 
-// newGuard is the reply scanner for this exchange (nil when canaries are off).
-func (x *exchange) newGuard() *reply.Guard {
-	return reply.NewGuard(reply.Scope{Keyring: x.g.keyring, Requester: x.tenant.Name, Echoes: x.echoes, Kind: x.kind,
-		EngineRID: x.engineRID, OnEcho: func(h canary.Hit) { x.g.recordIncident(x, state.KindEcho, h) }, Text: x.textDetector()})
-}
-
 // overBudget answers a reply that does not fit in upstream.max_buffered_bytes: 503 with
 // Retry-After in the route's envelope. The caller aborts the engine's request.
 func (x *exchange) overBudget(ctx *fasthttp.RequestCtx, b *backends.Backend) {
@@ -470,7 +463,7 @@ func (x *exchange) overBudget(ctx *fasthttp.RequestCtx, b *backends.Backend) {
 // of the request on the engines.
 func (x *exchange) cut(h *canary.Hit, b *backends.Backend, rids []string, other *backends.Backend) {
 	x.ended(0, apierr.UpstreamIntegrity().Code)
-	x.g.recordIncident(x, state.KindLeak, *h)
+	x.watch.Leak(*h)
 	abort(b, rids, other)
 }
 

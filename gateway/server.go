@@ -30,10 +30,9 @@ import (
 	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/backends"
-	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
-	"github.com/kvgate/kvgate/fingerprint"
 	"github.com/kvgate/kvgate/internal/panics"
+	"github.com/kvgate/kvgate/leakwatch"
 	"github.com/kvgate/kvgate/reply"
 	"github.com/kvgate/kvgate/request"
 	"github.com/kvgate/kvgate/state"
@@ -66,31 +65,13 @@ type Gateway struct {
 	cutMu   sync.Mutex
 	cutIDs  []string // request ids of requests cut at the drain deadline
 
-	// Canaries and shared state. keyring is nil when canaries are disabled.
-	keyring    *canary.Keyring
-	state      *state.State
-	bg         sync.WaitGroup // incident writes in flight
-	bgMu       sync.Mutex     // guards bgClosed and bg.Add against Shutdown's Wait
-	bgClosed   bool
-	quarantine *state.Quarantines
-	// localEvidence is this replica's own record of prompt-text matches: it decides while the
-	// shared one (state.Evidence) is away.
-	localEvidence state.TextEvidence
-	drift         *driftMonitor // count drift and fail-closed models (drift.go)
-	// prints: prompt fingerprints of this replica (fingerprints.go); nil when off.
-	prints         *fingerprint.Index
-	printsWeak     prometheus.Counter
-	printsUnshared prometheus.Counter
-	printsOut      chan state.PrintsRecord // to the shared stream (nil: replica-local)
-	replicaID      string
-	printsQueueMu  sync.Mutex // numbers records in the order they enter printsOut
-	printsQueued   uint64     // records queued so far (the last one's number)
-	printsMu       sync.Mutex
-	printsLast     string        // id of the last shared record applied
-	printsSettled  uint64        // records numbered up to this one were published (or failed)
-	printsTick     chan struct{} // closed (and replaced) when printsSettled moves
-	printsDown     atomic.Bool   // the last publish failed: replies do not wait for Redis
-	printsWaitLate prometheus.Counter
+	// Shared state, and the leak detection of this replica (package leakwatch).
+	state    *state.State
+	bg       sync.WaitGroup // incident writes in flight
+	bgMu     sync.Mutex     // guards bgClosed and bg.Add against Shutdown's Wait
+	bgClosed bool
+	watch    *leakwatch.Watcher
+	drift    *driftMonitor // count drift and fail-closed models (drift.go)
 
 	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/quota.go)
 	// queues: the admission queue at the free KV (gateway/queue.go); nil unless queue.enabled.
@@ -119,22 +100,7 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	}
 	g := &Gateway{cfg: cfg, log: log.Named("gateway"), access: log.Named("access"), backends: set}
 	g.state = st
-	g.quarantine = state.NewQuarantines(st.Quarantine, set.SetQuarantine)
-	g.localEvidence = state.NewMemoryTextEvidence()
-	if st.Evidence == nil {
-		st.Evidence = g.localEvidence
-	}
-	if cfg.Canary.Enabled {
-		names := make([]string, len(cfg.Tenants))
-		for i, t := range cfg.Tenants {
-			names[i] = t.Name
-		}
-		g.keyring = canary.NewKeyring([]byte(cfg.Canary.Secret), cfg.Canary.Epoch, cfg.Canary.DetectWindow, names)
-	}
 	g.tenants = tenants.NewDirectory(tenants.FromConfig(cfg.Tenants), st.Tenants, g.log)
-	if g.keyring != nil {
-		g.tenants.OnAdd = g.keyring.AddTenant // run-time tenants' markers are injected and detected like any
-	}
 	var adminKey []byte
 	if cfg.AdminKeySHA256 != "" {
 		adminKey, _ = hex.DecodeString(strings.ToLower(cfg.AdminKeySHA256)) // validated by config
@@ -146,6 +112,13 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 		return nil, err
 	}
 	g.models.Store(models)
+	names := make([]string, len(cfg.Tenants))
+	for i, t := range cfg.Tenants {
+		names[i] = t.Name
+	}
+	g.watch = leakwatch.New(leakwatch.Options{Canary: cfg.Canary, ExactTimeout: cfg.Tokenizer.ExactTimeout, Tenants: names, State: st,
+		Quarantine: set.SetQuarantine, Registry: g.metrics.reg, Log: g.log, Background: g.goBackground})
+	g.tenants.OnAdd = g.watch.AddTenant // run-time tenants' markers are injected and detected like any
 	g.policy.Store(&cfg.Policy)
 	g.count = models.counter(models.fallback)
 	failClosed := st.FailClosed
@@ -162,7 +135,7 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 		g.log.Warn("admin or metrics key: client address locked out after repeated wrong keys", zap.String("client_addr", addr.String()),
 			zap.Int("failures", failures), zap.Duration("lockout", cfg.Server.AuthThrottle.Lockout))
 	}
-	g.admin = &admin.API{Key: adminKey, Backends: set, Incidents: st.Incidents, Quarantines: g.quarantine, Tenants: g.tenants, QuarantineTTL: cfg.Canary.QuarantineTTL,
+	g.admin = &admin.API{Key: adminKey, Backends: set, Incidents: st.Incidents, Quarantines: g.watch.Quarantines(), Tenants: g.tenants, QuarantineTTL: cfg.Canary.QuarantineTTL,
 		Store: st.Tenants, Log: g.log, Bearer: bearer, ReadBody: readBody, Metrics: g.metrics.reg, Throttle: throttle,
 		FailClosed: g.drift.flags, FailClosedModels: g.drift.FailClosed}
 	if cfg.Server.MetricsKeySHA256 != "" {
@@ -177,7 +150,6 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	g.metrics.reg.MustRegister(g.metrics.repliesOverBudget, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_buffered_reply_bytes",
 		Help: "Bytes charged to upstream.max_buffered_bytes now (replies in flight, and finished ones until a collection ran)."},
 		func() float64 { return float64(g.replies.InUse()) }))
-	g.initPrints()
 	g.metricsH = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(g.metrics.reg, promhttp.HandlerOpts{}))
 	prev := set.OnCapacityChange
 	set.OnCapacityChange = func(b *backends.Backend, old, cur *backends.Capacity) {
@@ -250,7 +222,7 @@ func (g *Gateway) Run(ctx context.Context) {
 		go panics.Loop(ctx, g.log, "state_sync", time.Second, g.state.Run)
 	}
 	go panics.Loop(ctx, g.log, "limits_sync", time.Second, g.lim.run) // tenant sync, limiter recovery, heartbeat
-	g.runPrints(ctx)
+	g.watch.Run(ctx)
 	panics.Loop(ctx, g.log, "quarantine_sync", time.Second, g.syncLoop)
 }
 
@@ -260,12 +232,9 @@ func (g *Gateway) syncLoop(ctx context.Context) {
 	defer t.Stop()
 	for {
 		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		g.quarantine.Sync(sctx)
+		g.watch.Sync(sctx, time.Now())
 		g.drift.flags.Sync(sctx)
 		cancel()
-		if g.keyring != nil {
-			g.keyring.Refresh(time.Now())
-		}
 		select {
 		case <-ctx.Done():
 			return
@@ -308,7 +277,7 @@ func (g *Gateway) waitBackground() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	g.lim.limiter.Flush(ctx)
-	g.flushPrints(ctx)
+	g.watch.Flush(ctx)
 }
 
 // StartDrain is a drain's first phase (server.drain_delay): /readyz answers 503 draining so that

@@ -123,7 +123,6 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 		fail(fromUpstream(err))
 		return
 	}
-	x := &exchange{g: g, tenant: t, rid: rid}
 	// The reply is already read (bounded by backends' maxCallReply); what normalising it costs is
 	// charged to upstream.max_buffered_bytes like any whole reply.
 	c := g.replies.NewCharge()
@@ -131,7 +130,7 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 	var out []byte
 	var v any
 	if c.Reserve(config.ReplyCostFactor * int64(len(resp.Body))) {
-		out, v, _, err = reply.Body(x.newGuard(), resp.ContentType, resp.Body, c)
+		out, v, _, err = reply.Body(g.watch.Begin(rid, "", t, 0, nil).Guard(), resp.ContentType, resp.Body, c)
 	} else {
 		err = reply.ErrBudget
 	}
