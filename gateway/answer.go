@@ -111,12 +111,9 @@ func (x *exchange) noteDrainCut() bool {
 	return true
 }
 
-// finish writes the access log line once.
+// finish writes the access log line and the request's metrics, and ends its span (end's last
+// step).
 func (x *exchange) finish() {
-	if x.logged.Swap(true) {
-		return
-	}
-	x.settleLimits() // kvgate limits: settle the reservation from what the reply used
 	g := x.g
 	g.metrics.requestsC.get(x.kind.Path(), statusLabel(x.status), "").Inc()
 	if x.model == "" {

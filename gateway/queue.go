@@ -132,7 +132,7 @@ func (x *exchange) enqueue(ctx *fasthttp.RequestCtx) *apierr.Error {
 }
 
 // releaseQueue frees the request's KV reservation, corrects its tenant's charge to what the
-// reply used, and lets the next waiting requests go. Called once, from close.
+// reply used (settled before it, in end), and lets the next waiting requests go.
 func (x *exchange) releaseQueue() {
 	w := x.queued
 	if w == nil {

@@ -94,7 +94,6 @@ type limitHold struct {
 	ticket   *limits.Ticket // nil: the tenant has no limits
 	prompt   int64          // reserved prompt tokens (our count, every item)
 	output   int64          // reserved output tokens (every item)
-	once     sync.Once
 	mu       sync.Mutex
 	produced bool                // a 2xx reply body or event arrived
 	streamed bool                // it arrived as events
@@ -250,56 +249,55 @@ func (x *exchange) noteTextLocked(h *limitHold) {
 	h.lastText = now
 }
 
-// settleLimits ends the exchange's hold, once. A reply that produced nothing (engine error,
-// transport failure) releases the whole reservation. Otherwise prompt and output are charged as
-// the engine reported them (every dialect, see backends/usage.go); a count it did not report,
-// or reported beyond what the path's context allows, is replaced by ours: the prompt we
+// settleLimits ends the exchange's hold (from end, once). A reply that produced nothing (engine
+// error, transport failure) releases the whole reservation. Otherwise prompt and output are
+// charged as the engine reported them (every dialect, see backends/usage.go); a count it did not
+// report, or reported beyond what the path's context allows, is replaced by ours: the prompt we
 // reserved, and for the output, a token per streamed event that carried text (a stream cut
 // early is charged what it produced) or the output reserved for a whole reply. A PD request is
-// admitted and settled once, whatever its retries did.
-func (x *exchange) settleLimits() {
+// admitted and settled once, whatever its retries did. It returns the engine's prompt count and
+// admission's bound for drift (ok: the engine reported one).
+func (x *exchange) settleLimits() (engine, admitted int64, ok bool) {
 	h := x.limit
 	if h == nil {
-		return
+		return 0, 0, false
 	}
-	h.once.Do(func() {
-		h.mu.Lock()
-		var used int64
-		if h.produced {
-			p, pk, o, ok := h.tally.Totals()
-			if bound := x.usageBound(); bound > 0 && p+o > bound {
-				pk, ok = false, false // more than the engine could have computed: not believed
-			}
-			switch { // for the access log: whose counts were charged
-			case pk && ok:
-				x.usage = "engine"
-			case pk || ok:
-				x.usage = "partial"
+	h.mu.Lock()
+	var used int64
+	if h.produced {
+		p, pk, o, ook := h.tally.Totals()
+		if bound := x.usageBound(); bound > 0 && p+o > bound {
+			pk, ook = false, false // more than the engine could have computed: not believed
+		}
+		switch { // for the access log: whose counts were charged
+		case pk && ook:
+			x.usage = "engine"
+		case pk || ook:
+			x.usage = "partial"
+		default:
+			x.usage = "gateway"
+		}
+		if pk {
+			engine, admitted, ok = p, h.prompt, true
+		} else {
+			p = h.prompt
+		}
+		if !ook {
+			switch {
+			case h.streamed:
+				o = h.tally.TextEvents
+			case h.ticket != nil:
+				o = h.ticket.Reserved() - h.prompt
 			default:
-				x.usage = "gateway"
-			}
-			if !pk {
-				p = h.prompt
-			}
-			if !ok {
-				switch {
-				case h.streamed:
-					o = h.tally.TextEvents
-				case h.ticket != nil:
-					o = h.ticket.Reserved() - h.prompt
-				default:
-					o = h.output
-				}
-			}
-			used = p + o
-			x.promptTokens, x.outputTokens = p, o
-			if pk {
-				defer x.g.drift.observe(x, p, h.prompt) // the engine's count against admission's bound
+				o = h.output
 			}
 		}
-		h.mu.Unlock()
-		x.g.settle(x.tenant, h.ticket, used)
-	})
+		used = p + o
+		x.promptTokens, x.outputTokens = p, o
+	}
+	h.mu.Unlock()
+	x.g.settle(x.tenant, h.ticket, used)
+	return engine, admitted, ok
 }
 
 // usageBound is the most a reply can truthfully report: every item's prompt and every choice's

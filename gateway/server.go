@@ -41,46 +41,63 @@ import (
 	"github.com/kvgate/kvgate/tokenize"
 )
 
-// Gateway is one replica.
+// Gateway is one replica: the server and its edge, the stages' own state (limits, queue,
+// drift, leak watch), and what Reload swaps.
 type Gateway struct {
 	cfg      *config.Config
 	log      *zap.Logger
-	access   *zap.Logger
 	backends *backends.Set
+	live                        // what Reload swaps (models.go, reload.go)
+	tenants  *tenants.Directory // config tenants plus run-time ones (package tenants)
+	operator                    // /admin/ and /metrics
+	observe                     // metrics, access log, tracing
+	server   *fasthttp.Server
+	edge                        // drain, cut and background bookkeeping, oversized marks
+	state    *state.State       // what replicas share
+	watch    *leakwatch.Watcher // leak detection (package leakwatch)
+	drift    *driftMonitor      // count drift and fail-closed models (drift.go)
+	lim      *limitsState       // tenant limits and run-time tenants (quota.go)
+	// queues: the admission queue at the free KV (queue.go); nil unless queue.enabled.
+	queues  *queues
+	replies *reply.Budget // upstream.max_buffered_bytes
+}
+
+// live is what a reload swaps while requests run.
+type live struct {
 	count    *admission.Counter            // the default model's counting and calibration (package admission)
 	models   atomic.Pointer[modelTable]    // routing by model, a Counter per model (models.go); swapped by Reload
 	policy   atomic.Pointer[config.Policy] // policy.*, swapped by Reload
 	reloadMu sync.Mutex                    // one Reload at a time
-	tenants  *tenants.Directory
-	admin    *admin.API // /admin/ (package admin)
+}
+
+// operator is the operator's side: the admin API and the scrape endpoint.
+type operator struct {
+	admin *admin.API // /admin/ (package admin)
 	// metricsKey is the SHA-256 of the scrape key (server.metrics_key_sha256); nil: none.
 	metricsKey []byte
-	metrics    *metrics
-	server     *fasthttp.Server
 	metricsH   fasthttp.RequestHandler
-	draining   atomic.Bool
+}
+
+// observe is what the gateway reports: metrics, the access log, traces.
+type observe struct {
+	metrics *metrics
+	access  *zap.Logger
+	tracing *telemetry.Tracing // nil: tracing off (tracing.go)
+	tracer  trace.Tracer
+}
+
+// edge is the server's own bookkeeping around requests.
+type edge struct {
+	draining atomic.Bool
 	// cutting is set at the end of a drain, just before every engine reply is cut: a request
 	// whose engine call then fails was cut by us, not failed by its engine.
 	cutting atomic.Bool
 	cutMu   sync.Mutex
 	cutIDs  []string // request ids of requests cut at the drain deadline
 
-	// Shared state, and the leak detection of this replica (package leakwatch).
-	state    *state.State
 	bg       sync.WaitGroup // incident writes in flight
 	bgMu     sync.Mutex     // guards bgClosed and bg.Add against Shutdown's Wait
 	bgClosed bool
-	watch    *leakwatch.Watcher
-	drift    *driftMonitor // count drift and fail-closed models (drift.go)
-
-	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/quota.go)
-	// queues: the admission queue at the free KV (gateway/queue.go); nil unless queue.enabled.
-	queues *queues
-
-	replies *reply.Budget // upstream.max_buffered_bytes (budget.go)
-
-	tracing *telemetry.Tracing // nil: tracing off (tracing.go)
-	tracer  trace.Tracer
 
 	// oversized marks requests (by their header, which lives as long as the connection's
 	// RequestCtx) whose declared Content-Length is over max_body_bytes; nOversized counts the
@@ -98,7 +115,8 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 			return nil, err
 		}
 	}
-	g := &Gateway{cfg: cfg, log: log.Named("gateway"), access: log.Named("access"), backends: set}
+	g := &Gateway{cfg: cfg, log: log.Named("gateway"), backends: set}
+	g.access = log.Named("access")
 	g.state = st
 	g.tenants = tenants.NewDirectory(tenants.FromConfig(cfg.Tenants), st.Tenants, g.log)
 	var adminKey []byte

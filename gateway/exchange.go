@@ -28,97 +28,136 @@ import (
 	"github.com/kvgate/kvgate/tenants"
 )
 
-// exchange is one client request on its way through the pipeline; the access log line is
-// written from it once the reply is complete (for streams, when the stream closes).
+// exchange is one client request on its way through the chain (run), ended once (end). Each
+// stage writes only its own fields; the groups below say whose they are.
 type exchange struct {
-	g      *Gateway
-	tenant *tenants.Tenant
-	req    *request.Request
+	g     *Gateway
+	kind  request.Kind
+	start time.Time
 	// rid is the client-facing request id (X-Request-Id, the client's if sane); engineRID is the
 	// rid the engines see, always ours.
 	rid       string
 	engineRID string
-	// lastLeak is the hit that made a non-streaming reply a 502.
-	lastLeak *canary.Hit
-	start    time.Time
-	kind     request.Kind
-	decision policy.Decision
-	reason   string
-	// estimate is the raw tiktoken count when the estimate tier ran (to learn the ratio).
-	estimate int
-	route    *backends.Route
-	// need is what the tenant's limits and the admission queue reserve (admission.Need).
-	need admission.Need
+	tenant    *tenants.Tenant  // authenticate
+	req       *request.Request // parse
+	route     *backends.Route  // admit: the path chosen
+	admitted                   // admit: the rest of the admission answer
+	watch     *leakwatch.Watch // the request's leak detection (package leakwatch), from its marker on
+	limit     *limitHold       // reserve: the tenant-limit reservation and what the reply used (quota.go)
+	queued    *queued          // wait: the admission queue's KV reservation (queue.go)
+	relaying                   // forward and relay: the leg, the in-flight hold
+	outcome                    // what the access line says
+	ending    sync.Once        // end runs once
+	oh        overheadClock    // kvgate overhead (overhead.go)
+	spans                      // tracing (tracing.go)
+}
+
+// admitted is admission's answer as the exchange keeps it.
+type admitted struct {
 	// servedModel is the configured model the request named ("" with one model: no backend
 	// names one); counter counts and calibrates for it.
 	servedModel string
 	counter     *admission.Counter
-	// watch is the request's leak detection (package leakwatch), from its marker on.
-	watch    *leakwatch.Watch
-	status   int
-	upstream string
-	errMsg   string
-	logged   atomic.Bool
-	limit    *limitHold // kvgate limits: the tenant-limit reservation, settled in finish
-	queued   *queued    // the admission queue's KV reservation, released in close (queue.go)
-	// hideUsage: the engine was asked for a stream's usage that the client did not ask for;
-	// the usage-only chunk is read for settlement and not relayed.
-	hideUsage bool
-	// holding: the route's in-flight accounting is held until close (closeOnce).
-	holding   bool
-	closeOnce sync.Once
+	decision    policy.Decision
+	reason      string // the access line's decision (a refusal's, once refused)
+	// estimate is the raw tiktoken count when the estimate tier ran (to learn the ratio).
+	estimate int
+	// need is what the tenant's limits and the admission queue reserve (admission.Need).
+	need admission.Need
+}
 
-	oh overheadClock // kvgate overhead (overhead.go)
-
+// relaying is the forward's and the relay's.
+type relaying struct {
 	// A unified attempt's leg and rid live in the exchange (attemptUnified): the relay owns the
 	// leg as it would a sent one, and releases it once.
 	leg    backends.Leg
 	ridOne [1]string
+	// hideUsage: the engine was asked for a stream's usage that the client did not ask for;
+	// the usage-only chunk is read for settlement and not relayed.
+	hideUsage bool
+	// holding: the route's in-flight accounting is held until end.
+	holding bool
+	// lastLeak is the hit that made a non-streaming reply a 502.
+	lastLeak *canary.Hit
+}
 
-	// For the access log: the client's address and the method, read when the request arrived
-	// (fasthttp reuses its RequestCtx); the times from start to the first bytes of a streamed
-	// reply handed to the client and to its first event carrying generated text (ns, 0: none);
-	// the tokens settled (usage: "" when nothing was produced).
+// outcome is what the access line and the metrics say of the exchange: the client's address and
+// the method, read when the request arrived (fasthttp reuses its RequestCtx); status and error
+// code (written by answer.go only); the times from start to the first bytes of a streamed reply
+// handed to the client and to its first event carrying generated text (ns, 0: none); the tokens
+// settled (usage: "" when nothing was produced).
+type outcome struct {
 	clientAddr   net.Addr // the connection's own (fasthttp keeps it for the connection's life)
 	method       string
+	status       int
+	errMsg       string
+	upstream     string
 	firstByte    atomic.Int64
 	firstToken   atomic.Int64
 	usage        string
 	promptTokens int64
 	outputTokens int64
 	// model is the metrics' model label (modelLabels): the route's advertised model, set when
-	// the request is forwarded; at finish, the request's own when it names an advertised one.
+	// the request is forwarded; at the end, the request's own when it names an advertised one.
 	model string
+}
 
-	// Tracing (tracing.go): nil while tracing is off. relayLeg is the span of the engine leg
-	// whose reply is relayed; it ends with the exchange's.
+// spans are the exchange's tracing (tracing.go): nil while tracing is off. relayLeg is the span
+// of the engine leg whose reply is relayed; it ends with the exchange's.
+type spans struct {
 	traceCtx context.Context
 	span     trace.Span
 	relayLeg trace.Span
 }
 
-// generate is the pipeline for the three generation routes, top to bottom:
-// auth → read body → parse and sanitize → render → count and decide → pick a route → forward.
+// generate serves the generation routes: one exchange, its chain run, and its one end (a
+// streamed reply ends in the relay's Close instead, when the client has it all).
 func (g *Gateway) generate(ctx *fasthttp.RequestCtx, kind request.Kind) {
-	x := &exchange{g: g, start: time.Now(), kind: kind, clientAddr: ctx.RemoteAddr(), method: methodName(ctx.Method())}
+	x := &exchange{g: g, start: time.Now(), kind: kind}
+	x.clientAddr, x.method = ctx.RemoteAddr(), methodName(ctx.Method())
 	x.rid, x.engineRID = requestIDs(ctx)
 	defer x.recoverPanic(ctx)
 	x.startSpan(ctx)
-	if e := x.admit(ctx); e != nil {
+	if e := x.run(ctx); e != nil {
 		x.fail(ctx, e)
-		return
+	}
+}
+
+// run is the chain, top to bottom: authenticate, parse and admit (admit), reserve the tenant's
+// limits, wait for free KV, then forward (which ends the exchange through the relay). Each stage
+// reads what earlier ones left, writes only its own fields, and returns nil or the client's
+// error. The limits and the queue both reserve the admission Need and read nothing of each
+// other: putting the queue first is a swap of the two calls.
+func (x *exchange) run(ctx *fasthttp.RequestCtx) *apierr.Error {
+	if e := x.admit(ctx); e != nil {
+		return e
 	}
 	x.spanAdmitted()
-	if e := x.reserveLimits(ctx); e != nil { // kvgate limits: 429 after the 413 decision, before any backend
-		x.fail(ctx, e)
-		return
+	if e := x.reserveLimits(ctx); e != nil { // 429 after the 413 decision, before any backend (quota.go)
+		return e
 	}
-	if e := x.enqueue(ctx); e != nil { // the admission queue: waits for free KV (gateway/queue.go)
-		x.fail(ctx, e)
-		return
+	if e := x.enqueue(ctx); e != nil { // waits for free KV (queue.go)
+		return e
 	}
 	x.watch.Forwarding(x.route, x.counter.Encoder)
-	g.forward(ctx, x)
+	x.g.forward(ctx, x)
+	return nil
+}
+
+// end ends the exchange, once, on every way out, in this order: the route's in-flight hold is
+// released, the tenant's limits settled from what the reply used, the engine's prompt count held
+// against admission's (drift), the queue's KV released and its charge corrected from the settled
+// usage, the leak watch closed, and the access line written.
+func (x *exchange) end() {
+	x.ending.Do(func() {
+		x.release()
+		if engine, admitted, ok := x.settleLimits(); ok {
+			x.g.drift.observe(x, engine, admitted)
+		}
+		x.releaseQueue()
+		x.watch.Done()
+		x.finish()
+	})
 }
 
 // recoverPanic, deferred by generate, ends an exchange that panicked as a 500 in its route's
@@ -137,7 +176,7 @@ func (x *exchange) recoverPanic(ctx *fasthttp.RequestCtx) {
 // fail answers with e and ends the exchange.
 func (x *exchange) fail(ctx *fasthttp.RequestCtx, e *apierr.Error) {
 	x.answer(ctx, e)
-	x.close()
+	x.end()
 }
 
 // admit runs everything up to the decision. A nil result means forward along x.route.

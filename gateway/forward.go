@@ -102,19 +102,13 @@ func (x *exchange) hold() {
 	x.holding = true
 }
 
-// close ends the exchange once: the in-flight accounting is released and the access log line
-// (with the limits' settlement) is written. Every path out of forward ends here.
-func (x *exchange) close() {
-	x.closeOnce.Do(func() {
-		if x.holding {
-			for _, b := range x.route.All() {
-				b.AddInflight(-x.decision.Tokens)
-			}
+// release gives back the in-flight hold (end's first step).
+func (x *exchange) release() {
+	if x.holding {
+		for _, b := range x.route.All() {
+			b.AddInflight(-x.decision.Tokens)
 		}
-		x.watch.Done()
-		x.finish()
-		x.releaseQueue() // after finish: the charge is corrected from the settled usage
-	})
+	}
 }
 
 // forward sends the admitted request along x.route and relays the reply: one attempt on a
@@ -261,7 +255,7 @@ func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (
 			x.cut(x.lastLeak, p, rids, d)
 		}
 		c.Done() // at most 1 MiB: given back at once (the body stream's Close is then a no-op)
-		x.close()
+		x.end()
 		return true
 	}
 	handed = true
@@ -361,10 +355,10 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *backends.Leg, other *backe
 	}
 }
 
-// closeLeg releases a leg the relay owns and closes the exchange.
+// closeLeg releases a leg the relay owns and ends the exchange.
 func (x *exchange) closeLeg(l *backends.Leg) {
 	l.Release()
-	x.close()
+	x.end()
 }
 
 // scanHeaders looks for foreign markers in every header of an engine's reply (names and
