@@ -40,6 +40,8 @@ func TestDecideAnswers(t *testing.T) {
 			status: 413, reason: policy.ReasonTenantMaxPrompt, verdict: admission.VerdictRefuse, counted: true},
 		{name: "413 on the tenant's max_prompt_bytes, before any counting", ask: admission.Ask{Kind: request.Messages, Prompts: []request.Prompt{{Text: text, Templated: true}}, N: 1, TenantMaxPromptBytes: 1000, PromptBytes: len(text), OverflowStatus: 413},
 			status: 413, reason: admission.ReasonTenantMaxPromptBytes, verdict: admission.VerdictRefuse},
+		{name: "max_prompt_bytes comes before the engines' limit: one byte over, nothing counted", ask: admission.Ask{Kind: request.Chat, Prompts: []request.Prompt{{Text: over, Templated: true}}, N: 1, TenantMaxPromptBytes: len(over) - 1, PromptBytes: len(over), OverflowStatus: 413},
+			status: 413, reason: admission.ReasonTenantMaxPromptBytes, verdict: admission.VerdictRefuse},
 		{name: "max_prompt_bytes that holds the prompt changes nothing", ask: admission.Ask{Kind: request.Chat, Prompts: []request.Prompt{{Text: text, Templated: true}}, Output: 1, OutputGiven: true, N: 1, TenantMaxPromptBytes: len(text), PromptBytes: len(text)},
 			reason: policy.ReasonOK, verdict: admission.VerdictAdmit, route: "big", need: admission.Need{Prompt: int64(n), Output: 1}, counted: true},
 		{name: "monitor mode serves the roomiest path", ask: admission.Ask{Kind: request.Chat, Prompts: []request.Prompt{{Text: over, Templated: true}}, Output: 5, OutputGiven: true, N: 1, Monitor: true},

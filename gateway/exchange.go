@@ -195,6 +195,10 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 		return e
 	}
 	x.req = req
+	sent := 0 // the prompt's bytes as sent, before the marker goes in (Begin) and the template
+	if x.tenant.MaxPromptBytes > 0 {
+		sent = promptBytes(req)
+	}
 	models := g.modelTab() // one table for the whole decision, whatever a reload does meanwhile
 	if x.servedModel, e = models.resolve(x.kind, req.Model, modelHasField(x.kind)); e != nil {
 		return e
@@ -231,6 +235,7 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 	pol := g.pol()
 	ans := x.counter.Decide(admission.Ask{Kind: x.kind, Prompts: req.Prompts, Output: req.Output, OutputGiven: req.OutputGiven, N: req.N,
 		Routes: routes, DefaultMaxTokens: pol.DefaultMaxTokens, TenantMaxPrompt: x.tenant.MaxPromptTokens,
+		TenantMaxPromptBytes: x.tenant.MaxPromptBytes, PromptBytes: sent,
 		FailClosed: g.drift.failClosed(x.servedModel), FailClosedModel: flagName(x.servedModel), FailClosedRetryAfter: failClosedRetryAfter,
 		Monitor: pol.Mode == config.ModeMonitor, OverflowStatus: pol.OverflowStatus})
 	x.decision, x.estimate, x.reason, x.route, x.need = ans.Decision, ans.Estimate, ans.Reason, ans.Route, ans.Need
@@ -247,6 +252,24 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 			zap.String("request_id", x.rid), zap.String("tenant", x.tenant.Name), zap.Int("tokens", x.decision.Tokens), zap.Int("limit", x.decision.Limit))
 	}
 	return ans.Refusal
+}
+
+// promptFields are the body fields that carry a route's prompt (tools are rendered into it).
+var promptFields = [request.Kinds][]string{
+	request.Chat: {"messages", "tools"}, request.Completions: {"prompt", "suffix"}, request.Generate: {"text", "input_ids"},
+	request.Responses: {"instructions", "input", "tools"}, request.Messages: {"system", "messages", "tools"},
+	request.Embeddings: {"input"}, request.Rerank: {"query", "documents"}, request.Score: {"query", "items"},
+	request.Classify: {"input"}, request.Encode: {"text", "input_ids"}, request.ClassifyNative: {"text", "input_ids"},
+}
+
+// promptBytes is what max_prompt_bytes holds against: the JSON of the prompt's fields as the
+// client sent them (every prompt of a batch together), before template and marker.
+func promptBytes(req *request.Request) int {
+	n := 0
+	for _, f := range promptFields[req.Kind] {
+		n += len(req.Fields[f])
+	}
+	return n
 }
 
 // client is the client's address, formatted when a log line or span needs it.
