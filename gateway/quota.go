@@ -21,6 +21,7 @@ import (
 	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/limits"
+	"github.com/kvgate/kvgate/request"
 	"github.com/kvgate/kvgate/state"
 	"github.com/kvgate/kvgate/tenants"
 )
@@ -104,9 +105,15 @@ type limitHold struct {
 
 // reserveLimits is the 429 decision: after the 413 decision (a prompt that can never fit is a
 // 413, not a 429), before any backend. It reserves the admission Need (admission.NeedOf: the
-// prompt and the output the request may produce).
+// prompt and the output the request may produce). The output of a request that names none is
+// owable (limits: owing): the request passes when its prompt fits the tenant's tpm room, is
+// charged the whole Need, and the settlement's refund repays what the reply did not use.
 func (x *exchange) reserveLimits(ctx *fasthttp.RequestCtx) *apierr.Error {
-	ticket, limit, e := x.g.reserve(&ctx.Response.Header, x.tenant, x.need.Tokens())
+	var owable int64
+	if !x.req.OutputGiven {
+		owable = x.need.Output
+	}
+	ticket, limit, e := x.g.reserveOwing(&ctx.Response.Header, x.tenant, x.need.Tokens(), owable, outputParam(x.kind))
 	if e != nil {
 		e.Reason = "rate_limited_" + limit
 		return e
@@ -115,15 +122,23 @@ func (x *exchange) reserveLimits(ctx *fasthttp.RequestCtx) *apierr.Error {
 	return nil
 }
 
-// reserve is the 429 decision for tokens of tenant t's limits, on any route: nil ticket and nil
-// error when t has no limits; on a refusal, the limit that refused and the client's 429. Either
-// way the reply gets OpenAI's x-ratelimit-* headers for the tenant's rpm and tpm (setHeadroom).
+// reserve is the 429 decision for tokens of tenant t's limits, all of which must fit (utility
+// routes): reserveOwing with nothing owable.
 func (g *Gateway) reserve(h *fasthttp.ResponseHeader, t *tenants.Tenant, tokens int64) (*limits.Ticket, string, *apierr.Error) {
+	return g.reserveOwing(h, t, tokens, 0, "")
+}
+
+// reserveOwing is the 429 decision for tokens of tenant t's limits, of which owable may be owed
+// (limits.Limiter.AdmitOwing), on any route: nil ticket and nil error when t has no limits; on a
+// refusal, the limit that refused and the client's 429 (named: the request's output field, for
+// the message of one that can never pass). Either way the reply gets OpenAI's x-ratelimit-*
+// headers for the tenant's rpm and tpm (setHeadroom).
+func (g *Gateway) reserveOwing(h *fasthttp.ResponseHeader, t *tenants.Tenant, tokens, owable int64, named string) (*limits.Ticket, string, *apierr.Error) {
 	lim := t.Limits()
 	if g.lim == nil || lim.None() {
 		return nil, "", nil
 	}
-	ticket, v := g.lim.limiter.Admit(t.Name, lim, tokens)
+	ticket, v := g.lim.limiter.AdmitOwing(t.Name, lim, tokens, owable)
 	decided := lim
 	if ticket != nil {
 		decided = ticket.Rates()
@@ -131,10 +146,21 @@ func (g *Gateway) reserve(h *fasthttp.ResponseHeader, t *tenants.Tenant, tokens 
 	setHeadroom(h, limits.HeadroomAfter(decided, v))
 	if !v.Allowed {
 		g.lim.ratelimited.WithLabelValues(t.Name, v.Limit).Inc()
-		return nil, v.Limit, rateLimited(v, lim, tokens)
+		return nil, v.Limit, rateLimited(v, lim, tokens, owable, named)
 	}
 	g.lim.reserved.WithLabelValues(t.Name).Add(float64(ticket.Reserved()))
 	return ticket, "", nil
+}
+
+// outputParam names the field that bounds a route's output, for a 429 that says what to lower.
+func outputParam(k request.Kind) string {
+	switch k {
+	case request.Generate:
+		return "sampling_params.max_new_tokens"
+	case request.Responses:
+		return "max_output_tokens"
+	}
+	return "max_tokens"
 }
 
 // setHeadroom writes OpenAI's rate-limit headers, for clients that pace themselves by them:
@@ -164,15 +190,26 @@ func (g *Gateway) settle(t *tenants.Tenant, ticket *limits.Ticket, used int64) {
 	g.lim.settled.WithLabelValues(t.Name).Add(float64(used))
 }
 
-func rateLimited(v limits.Verdict, lim limits.Rates, tokens int64) *apierr.Error {
+// rateLimited is the client's 429 for verdict v on lim, for a request of tokens of which owable
+// could be owed. One that can never pass (v.Never) has no Retry-After and says what to change:
+// the output (named) or the prompt, or the limit.
+func rateLimited(v limits.Verdict, lim limits.Rates, tokens, owable int64, named string) *apierr.Error {
 	e := &apierr.Error{Status: 429, Type: "requests", Code: "rate_limit_exceeded", RetryAfter: max(int((v.RetryAfter+time.Second-1)/time.Second), 1)}
 	switch v.Limit {
 	case limits.TPM:
 		e.Type = "tokens"
-		if v.Never {
-			e.Message = fmt.Sprintf("Request too large: it needs %d tokens (prompt and requested output), more than this API key's limit of %d tokens per minute. Reduce the prompt or max_tokens.", tokens, lim.TPM)
-		} else {
-			e.Message = fmt.Sprintf("Rate limit reached for tokens per minute: limit %d, this request needs %d. Please try again in %ds.", lim.TPM, tokens, e.RetryAfter)
+		switch {
+		case v.Never && owable > 0:
+			e.RetryAfter = 0 // no wait makes it pass
+			e.Message = fmt.Sprintf("Request too large: its prompt alone is %d tokens, more than this API key's limit of %d tokens per minute, so it can never pass. Shorten it or raise tpm.", tokens-owable, lim.TPM)
+		case v.Never:
+			if named == "" {
+				named = "the output"
+			}
+			e.RetryAfter = 0
+			e.Message = fmt.Sprintf("Request too large: it needs %d tokens (prompt and %s), more than this API key's limit of %d tokens per minute, so it can never pass. Lower %s or the prompt, or raise tpm.", tokens, named, lim.TPM, named)
+		default:
+			e.Message = fmt.Sprintf("Rate limit reached for tokens per minute: limit %d, this request needs %d. Please try again in %ds.", lim.TPM, tokens-owable, e.RetryAfter)
 		}
 	case limits.Concurrent:
 		e.Message = fmt.Sprintf("Too many requests in flight for this API key: limit %d concurrent requests. Please try again when one has finished.", lim.MaxConcurrent)
