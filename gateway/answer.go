@@ -16,27 +16,22 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/apierr"
+	"github.com/kvgate/kvgate/apierr/respond"
 	"github.com/kvgate/kvgate/request"
 )
 
 // anthropicPath: errors on these routes use Anthropic's envelope.
 func anthropicPath(path []byte) bool { return bytes.HasPrefix(path, []byte("/v1/messages")) }
 
-// writeError is the one place an error becomes a response: OpenAI's envelope, or Anthropic's on
-// Anthropic's routes. Before an exchange exists (framing, routing) it is called directly;
-// an exchange answers through answer, which also records the outcome.
+// writeError answers with e before an exchange exists (framing, routing, utility routes):
+// respond.Error, the one writer, in Anthropic's envelope on Anthropic's routes and OpenAI's
+// elsewhere. An exchange answers through answer, which also records the outcome.
 func writeError(ctx *fasthttp.RequestCtx, e *apierr.Error) {
-	ctx.Response.ResetBody()
-	ctx.SetStatusCode(e.Status)
-	ctx.SetContentType("application/json")
-	if e.RetryAfter > 0 {
-		ctx.Response.Header.Set("Retry-After", strconv.Itoa(e.RetryAfter))
-	}
 	env := apierr.OpenAI
 	if anthropicPath(ctx.Path()) {
 		env = apierr.Anthropic
 	}
-	ctx.SetBody(e.Body(env))
+	respond.Error(ctx, e, env)
 }
 
 // envelopeOf is the error shape of a route kind's clients.
@@ -65,7 +60,7 @@ func errorEvent(kind request.Kind, e *apierr.Error) []byte { return e.Event(enve
 // answer replies with e and records it for the access line (status, the logged code and, for a
 // refusal, the decision). The request id is on the reply already (open).
 func (x *exchange) answer(ctx *fasthttp.RequestCtx, e *apierr.Error) {
-	writeError(ctx, e)
+	respond.Error(ctx, e, envelopeOf(x.kind))
 	x.ended(e.Status, e.Logged())
 	if e.Reason != "" {
 		x.reason = e.Reason
