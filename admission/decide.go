@@ -33,19 +33,15 @@ type Result struct {
 	Estimate int
 }
 
-// Decide decides the request path by path, least loaded first, and picks the first path that
-// admits it (so the least-loaded admitting one). Counts are per path
+// DecidePaths decides the request path by path, least loaded first, and picks the first path
+// that admits it (so the least-loaded admitting one). Counts are per path
 // because engines may tokenize differently: an estimate may admit only where calibration trusts
 // it, and an exact count comes from the engines of the path being decided. When no path admits,
-// x.decision is the roomiest path's refusal (with Limit = the overall limit) and -1 is returned;
-// undecided then says whether some path refused only for want of a sound count.
-func (g *Counter) Decide(prompts []request.Prompt, routes []backends.Route, output, tenantMax, limit int) Result {
-	return g.DecideWith(prompts, routes, output, tenantMax, limit, false)
-}
-
-// DecideWith is Decide; failClosed admits only token-id prompts (policy.Request.FailClosed): the
-// model's admission is fail-closed after count drift.
-func (g *Counter) DecideWith(prompts []request.Prompt, routes []backends.Route, output, tenantMax, limit int, failClosed bool) Result {
+// the decision is the roomiest path's refusal (with Limit = the overall limit) and Pick is -1;
+// Undecided then says whether some path refused only for want of a sound count. failClosed
+// admits only token-id prompts (policy.Request.FailClosed): the model's admission is fail-closed
+// after count drift.
+func (g *Counter) DecidePaths(prompts []request.Prompt, routes []backends.Route, output, tenantMax, limit int, failClosed bool) Result {
 	loads := make([]int64, len(routes))
 	for i := range routes {
 		loads[i] = routes[i].Load()

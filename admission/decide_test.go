@@ -65,7 +65,7 @@ func TestDecidePicksAPathThatHoldsThePrompt(t *testing.T) {
 		t.Fatalf("the prompt counts %d tokens: the test needs one between the two pools", want)
 	}
 	limit := policy.Limit([]policy.Path{routes[0].Path, routes[1].Path}, 0, 0)
-	res := g.Decide([]request.Prompt{{Text: text, Templated: true}}, routes, 0, 0, limit)
+	res := g.DecidePaths([]request.Prompt{{Text: text, Templated: true}}, routes, 0, 0, limit, false)
 	if res.Pick != 1 || !res.Decision.Admit || res.Undecided {
 		t.Fatalf("want the big path admitted, got %+v", res)
 	}
@@ -82,7 +82,7 @@ func TestDecideRefusesWhatNoPathHolds(t *testing.T) {
 	routes := []backends.Route{unified("small", 1000, 8192), unified("big", 6000, 8192)}
 	limit := policy.Limit([]policy.Path{routes[0].Path, routes[1].Path}, 0, 0)
 	big := prose(8000)
-	res := g.Decide([]request.Prompt{{Text: big, Templated: true}}, routes, 0, 0, limit)
+	res := g.DecidePaths([]request.Prompt{{Text: big, Templated: true}}, routes, 0, 0, limit, false)
 	if res.Pick != -1 || res.Decision.Admit || res.Undecided {
 		t.Fatalf("want a refusal (413), got %+v", res)
 	}
@@ -91,7 +91,7 @@ func TestDecideRefusesWhatNoPathHolds(t *testing.T) {
 	}
 	// A batch is admitted only when every prompt fits one path; the refusal is the largest's.
 	small := prose(100)
-	res = g.Decide([]request.Prompt{{Text: small, Templated: true}, {Text: big, Templated: true}}, routes, 0, 0, limit)
+	res = g.DecidePaths([]request.Prompt{{Text: small, Templated: true}, {Text: big, Templated: true}}, routes, 0, 0, limit, false)
 	if res.Pick != -1 || res.Decision.Admit {
 		t.Fatalf("a batch with one prompt over every pool was admitted: %+v", res)
 	}
@@ -101,12 +101,12 @@ func TestDecideRefusesWhatNoPathHolds(t *testing.T) {
 	// Output reserved counts against the context: a prompt that fits the pool but not beside
 	// its output is refused.
 	fits := prose(2000)
-	res = g.Decide([]request.Prompt{{Text: fits, Templated: true}}, routes[1:], 7000, 0, policy.Limit([]policy.Path{routes[1].Path}, 7000, 0))
+	res = g.DecidePaths([]request.Prompt{{Text: fits, Templated: true}}, routes[1:], 7000, 0, policy.Limit([]policy.Path{routes[1].Path}, 7000, 0), false)
 	if res.Pick != -1 {
 		t.Fatalf("prompt plus 7,000 output tokens over an 8,192 context was admitted: %+v", res)
 	}
 	// A tenant's own cap refuses too.
-	res = g.Decide([]request.Prompt{{Text: fits, Templated: true}}, routes, 0, 100, policy.Limit([]policy.Path{routes[0].Path, routes[1].Path}, 0, 100))
+	res = g.DecidePaths([]request.Prompt{{Text: fits, Templated: true}}, routes, 0, 100, policy.Limit([]policy.Path{routes[0].Path, routes[1].Path}, 0, 100), false)
 	if res.Pick != -1 {
 		t.Fatalf("a prompt over the tenant's 100-token cap was admitted: %+v", res)
 	}
@@ -119,12 +119,12 @@ func TestDecideWithoutASoundCountIsUndecided(t *testing.T) {
 	g := admission.New(admission.Options{Encoder: encoder(t), Ratio: tokenize.NewSafetyRatio(1.1, 2)})
 	routes := []backends.Route{unified("a", 4096, 8192)}
 	limit := policy.Limit([]policy.Path{routes[0].Path}, 0, 0)
-	res := g.Decide([]request.Prompt{{Text: "hello there"}}, routes, 0, 0, limit)
+	res := g.DecidePaths([]request.Prompt{{Text: "hello there"}}, routes, 0, 0, limit, false)
 	if res.Pick != 0 || res.Decision.Tier != policy.TierBound {
 		t.Fatalf("a tiny prompt is admitted by its byte bound: %+v", res)
 	}
 	near := prose(3500) // more bytes than the limit, fewer estimated tokens
-	res = g.Decide([]request.Prompt{{Text: near}}, routes, 0, 0, limit)
+	res = g.DecidePaths([]request.Prompt{{Text: near}}, routes, 0, 0, limit, false)
 	if res.Pick != -1 || !res.Undecided {
 		t.Fatalf("a gray-zone prompt on an uncalibrated engine without an exact counter: want undecided, got %+v", res)
 	}
@@ -141,14 +141,14 @@ func TestOutputOverThePoolIsAdmittedOverTheContextRefused(t *testing.T) {
 	backends.SetCapacityForTest(routes[0].Unified, &backends.Capacity{PoolTokens: 20000, ContextLen: 32768})
 	prompt := []request.Prompt{{Text: prose(15), Templated: true}}
 	paths := []policy.Path{routes[0].Path}
-	res := g.Decide(prompt, routes, 30000, 0, policy.Limit(paths, 30000, 0))
+	res := g.DecidePaths(prompt, routes, 30000, 0, policy.Limit(paths, 30000, 0), false)
 	if res.Pick != 0 || !res.Decision.Admit {
 		t.Fatalf("prompt + 30,000 output tokens over a 20,000-token pool, under a 32,768 context: want admitted, got %+v", res)
 	}
 	if need, pool := routes[0].KVNeed(res.Decision.Tokens, 30000); need != 20000 || pool != 20000 {
 		t.Fatalf("its KV need is %d of %d, want the whole pool (20,000 of 20,000)", need, pool)
 	}
-	res = g.Decide(prompt, routes, 32768, 0, policy.Limit(paths, 32768, 0))
+	res = g.DecidePaths(prompt, routes, 32768, 0, policy.Limit(paths, 32768, 0), false)
 	if res.Pick != -1 || res.Decision.Admit {
 		t.Fatalf("prompt + 32,768 output tokens over a 32,768 context: want refused (413), got %+v", res)
 	}

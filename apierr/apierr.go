@@ -21,9 +21,31 @@ type Error struct {
 	Param      string
 	Message    string
 	RetryAfter int // seconds; 0 omits the header
+	// Reason is the admission decision the access line records for a refusal (such as
+	// "rate_limited_tpm" or "queue_full"); "" leaves the decision as it stood. Never sent.
+	Reason string `json:"-"`
+	// LogCode is what the access line records in place of Code ("": Code), where the log says
+	// more than the client is told (such as "upstream_unreadable" behind a 502 upstream_error).
+	// Never sent.
+	LogCode string `json:"-"`
 }
 
 func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// Logged is the code the access line records: LogCode, else Code.
+func (e *Error) Logged() string {
+	if e.LogCode != "" {
+		return e.LogCode
+	}
+	return e.Code
+}
+
+// LoggedAs is a copy of e that the access line records as code (the client still reads e's).
+func (e *Error) LoggedAs(code string) *Error {
+	c := *e
+	c.LogCode = code
+	return &c
+}
 
 // Envelope is the error shape a route's clients read.
 type Envelope int

@@ -73,3 +73,19 @@ func TestEnvelopesAndEvents(t *testing.T) {
 		t.Fatal("internal error and client-gone statuses")
 	}
 }
+
+// What the access line records (the decision, a more precise code) never reaches the client.
+func TestLogOnlyFieldsAreNeverSent(t *testing.T) {
+	e := UpstreamFailed("The engine's reply could not be used.").LoggedAs("upstream_unreadable")
+	e.Reason = "rate_limited_tpm"
+	for env := range []Envelope{OpenAI, Anthropic, Responses} {
+		for _, b := range [][]byte{e.Body(Envelope(env)), e.Event(Envelope(env))} {
+			if s := string(b); strings.Contains(s, "upstream_unreadable") || strings.Contains(s, "rate_limited") {
+				t.Fatalf("envelope %d carries a log-only field: %s", env, s)
+			}
+		}
+	}
+	if e.Logged() != "upstream_unreadable" || e.Code != "upstream_error" || UpstreamFailed("x").Logged() != "upstream_error" {
+		t.Fatalf("logged %q, code %q", e.Logged(), e.Code)
+	}
+}

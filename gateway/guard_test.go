@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/reply"
 	"github.com/kvgate/kvgate/request"
@@ -46,11 +47,11 @@ func chatChunk(content string) []byte {
 
 func TestGuardStreams(t *testing.T) {
 	g := guardGateway(t)
-	bobMarker, _ := g.keyring.Current("bob", time.Now())
-	aliceMarker, _ := g.keyring.Current("alice", time.Now())
+	bobMarker := markerOf(g, "bob")
+	aliceMarker := markerOf(g, "alice")
 	alice := &tenants.Tenant{Tenant: config.Tenant{Name: "alice"}}
 	newX := func(kind request.Kind) *exchange {
-		return &exchange{g: g, tenant: alice, kind: kind, rid: "r", route: &backends.Route{}}
+		return watched(&exchange{g: g, tenant: alice, kind: kind, rid: "r", route: &backends.Route{}})
 	}
 
 	t.Run("ordinary events pass with the same content", func(t *testing.T) {
@@ -179,16 +180,12 @@ func TestGuardStreams(t *testing.T) {
 // A stolen marker put in a tool definition is the requester's own text: an echo, not a leak.
 func TestEchoSetCoversToolDefinitions(t *testing.T) {
 	g := guardGateway(t)
-	bobMarker, _ := g.keyring.Current("bob", time.Now())
+	bobMarker := markerOf(g, "bob")
 	req, e := request.Parse(request.Chat, []byte(`{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","description":"`+bobMarker+`"}}]}`))
 	if e != nil {
 		t.Fatal(e)
 	}
-	x := &exchange{g: g, tenant: &tenants.Tenant{Tenant: config.Tenant{Name: "alice"}}, kind: request.Chat, req: req, rid: "r", route: &backends.Route{}}
-	x.inject()
-	if len(x.echoes) != 1 || x.echoes[0] != bobMarker {
-		t.Fatalf("echo set %v should hold bob's marker", x.echoes)
-	}
+	x := watched(&exchange{g: g, tenant: &tenants.Tenant{Tenant: config.Tenant{Name: "alice"}}, kind: request.Chat, req: req, rid: "r", route: &backends.Route{}})
 	if out, ok := bodyOf(x, []byte(`{"choices":[{"message":{"content":"the tool says `+bobMarker+`"}}]}`)); !ok || bytes.Contains(out, []byte("KVG-")) {
 		t.Fatalf("an echo must be stripped, not cut: ok=%v %s", ok, out)
 	}
@@ -196,10 +193,10 @@ func TestEchoSetCoversToolDefinitions(t *testing.T) {
 
 func TestGuardKeepsLogprobTokensAndEscapedEchoes(t *testing.T) {
 	g := guardGateway(t)
-	bobMarker, _ := g.keyring.Current("bob", time.Now())
+	bobMarker := markerOf(g, "bob")
 	alice := &tenants.Tenant{Tenant: config.Tenant{Name: "alice"}}
 	// Clean logprob tokens are never reshaped, even ones ending in a possible marker start.
-	x := &exchange{g: g, tenant: alice, kind: request.Chat, rid: "r", route: &backends.Route{}}
+	x := watched(&exchange{g: g, tenant: alice, kind: request.Chat, rid: "r", route: &backends.Route{}})
 	gd := streamOf(x)
 	ev := []byte(`data: {"choices":[{"index":0,"delta":{"content":"OK then"},"logprobs":{"content":[{"token":"OK","top_logprobs":[{"token":"OK"},{"token":"Okay"}]},{"token":" then"}]}}]}` + "\n\n")
 	if out, ok := gd.event(ev); !ok || !sameEvent(out, ev) {
@@ -224,10 +221,9 @@ func TestGuardKeepsLogprobTokensAndEscapedEchoes(t *testing.T) {
 	if e != nil {
 		t.Fatalf("empty unknown message fields must be accepted: %v", e)
 	}
-	x = &exchange{g: g, tenant: alice, kind: request.Chat, req: req, rid: "r", route: &backends.Route{}}
-	x.inject()
-	if len(x.echoes) != 1 || x.echoes[0] != bobMarker {
-		t.Fatalf("escaped marker not in the echo set: %v", x.echoes)
+	x = watched(&exchange{g: g, tenant: alice, kind: request.Chat, req: req, rid: "r", route: &backends.Route{}})
+	if out, ok := bodyOf(x, []byte(`{"choices":[{"message":{"content":"the tool says `+bobMarker+`"}}]}`)); !ok || bytes.Contains(out, []byte("KVG-")) {
+		t.Fatalf("an escaped stolen marker must be an echo (stripped), not cut: ok=%v %s", ok, out)
 	}
 	if _, e := request.Parse(request.Chat, []byte(`{"messages":[{"role":"user","content":"hi","documents":["text"]}]}`)); e == nil || e.Param != "messages[0].documents" {
 		t.Fatalf("a non-empty unknown message field must be refused: %+v", e)
@@ -254,8 +250,7 @@ func TestInjectionSkips(t *testing.T) {
 		if e != nil {
 			t.Fatal(e)
 		}
-		x := &exchange{g: g, tenant: c.tn, kind: c.kind, req: req, rid: "r"}
-		x.inject()
+		watched(&exchange{g: g, tenant: c.tn, kind: c.kind, req: req, rid: "r"})
 		req.Render()
 		fields, _ := json.Marshal(req.Fields)
 		got := strings.Contains(string(fields), "KVG-") || (len(req.Prompts) > 0 && strings.Contains(req.Prompts[0].Text, "KVG-"))
@@ -286,4 +281,19 @@ func sameEvent(a, b []byte) bool {
 	va, _, ea := reply.DecodeStrict(bytes.TrimSpace(bytes.TrimPrefix(a, []byte("data:"))))
 	vb, _, eb := reply.DecodeStrict(bytes.TrimSpace(bytes.TrimPrefix(b, []byte("data:"))))
 	return ea == nil && eb == nil && string(reply.CanonicalJSON(va)) == string(reply.CanonicalJSON(vb))
+}
+
+// markerOf is tenant's current marker under g's canary settings (the keyring's public rule).
+func markerOf(g *Gateway, tenant string) string {
+	c := g.cfg.Canary
+	m, _ := canary.NewKeyring([]byte(c.Secret), c.Epoch, c.DetectWindow, []string{tenant}).Current(tenant, time.Now())
+	return m
+}
+
+// watched opens x's leak watch as admit does (the marker injected into x.req, when it has one),
+// and tells it the route as forward does.
+func watched(x *exchange) *exchange {
+	x.watch = x.g.watch.Begin(x.rid, x.engineRID, x.tenant, x.kind, x.req)
+	x.watch.Forwarding(x.route, nil)
+	return x
 }

@@ -39,13 +39,7 @@ type metrics struct {
 	calibrations *prometheus.CounterVec
 	ratio        prometheus.GaugeFunc
 
-	canaryInjected prometheus.Counter
-	canarySkipped  *prometheus.CounterVec
-	incidents      *prometheus.CounterVec
-	// textQuarantinesRefused: corroborated prompt-text matches whose requester had triggered
-	// its share of quarantines in the window (canary.fingerprints.quarantines_per_requester)
-	textQuarantinesRefused prometheus.Counter
-	degraded               prometheus.GaugeFunc
+	degraded prometheus.GaugeFunc
 
 	// upstream.max_buffered_bytes (budget.go): replies refused because it was spent
 	repliesOverBudget prometheus.Counter
@@ -85,12 +79,6 @@ func newMetrics(set *backends.Set, ratio func() float64, degraded func() bool) *
 		Help: "Attempts to calibrate an engine's tokenizer against its /tokenize, by result (ok, failed: estimates for its paths stay refuse-only and it is retried)."}, []string{"backend", "result"})
 	m.ratio = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_tokenizer_safety_ratio",
 		Help: "Current safety ratio applied to tiktoken estimates."}, ratio)
-	m.canaryInjected = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_canary_injected_total",
-		Help: "Requests that carried the tenant's canary marker."})
-	m.canarySkipped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_canary_skipped_total",
-		Help: "Requests without a marker, by reason (input_ids, opt_out)."}, []string{"reason"})
-	m.incidents = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_canary_incidents_total",
-		Help: "Leaks seen in replies: leak (a foreign marker or another tenant's prompt text: cut or flagged, quarantined as its evidence says) or echo (a marker the requester's own prompt had). A rising echo rate is an alarm too."}, []string{"kind"})
 	m.degraded = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_state_degraded",
 		Help: "1 while the shared store (Redis) is unreachable and incident writes queue in memory."}, func() float64 { return b01(degraded()) })
 	m.ttft = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvgate_time_to_first_token_seconds",
@@ -119,9 +107,7 @@ func newMetrics(set *backends.Set, ratio func() float64, degraded func() bool) *
 	m.overheadAfter = m.overhead.WithLabelValues(phaseAfterHeaders)
 	m.overheadStream = m.overhead.WithLabelValues(phaseStreamRead)
 	m.reg.MustRegister(m.overhead)
-	m.textQuarantinesRefused = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_text_quarantines_refused_total",
-		Help: "Corroborated prompt-text matches that quarantined nothing because their requester had already triggered canary.fingerprints.quarantines_per_requester quarantines in the corroboration window."})
-	m.reg.MustRegister(m.canaryInjected, m.canarySkipped, m.incidents, m.degraded, panics.Total, m.textQuarantinesRefused)
+	m.reg.MustRegister(m.degraded, panics.Total)
 	m.reg.MustRegister(m.decisions, m.admitSeconds, m.upstream, m.requests, m.capChanges, m.exactCalls, m.calibrations, m.ratio,
 		&backendCollector{set: set}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -200,7 +200,7 @@ func (g *Gateway) listModels(ctx *fasthttp.RequestCtx, id string, one bool) {
 				}
 			}
 		}
-		limit := max(policy.Limit(paths, g.pol().DefaultMaxTokens, t.MaxPromptTokens), 0)
+		limit := max(policy.Limit(paths, admission.RuleOutput(0, false, 1, g.pol().DefaultMaxTokens), t.MaxPromptTokens), 0)
 		m := map[string]any{"id": served, "object": "model", "owned_by": "kvgate", "root": served, "max_model_len": limit}
 		if aliases := g.modelTab().aliases[name]; len(aliases) > 0 {
 			m["aliases"] = aliases

@@ -91,16 +91,17 @@ func (x *exchange) enqueue(ctx *fasthttp.RequestCtx) *apierr.Error {
 		return nil
 	}
 	weight := x.tenant.Weight
-	w := &queued{q: qs.of(x.servedModel), prompt: int(x.limit.prompt), output: int(x.limit.output), route: x.route}
-	w.ticket = &fairqueue.Ticket{Tenant: x.tenant.Name, Tokens: x.limit.prompt + x.limit.output, Weight: weight, Value: w}
+	// The ticket is the admission Need, as the limits reserve it: the queue reads nothing the
+	// limits wrote, so either may go first.
+	w := &queued{q: qs.of(x.servedModel), prompt: int(x.need.Prompt), output: int(x.need.Output), route: x.route}
+	w.ticket = &fairqueue.Ticket{Tenant: x.tenant.Name, Tokens: x.need.Tokens(), Weight: weight, Value: w}
 	model := x.servedModel
 	if model == "" {
 		model = x.g.metrics.models.label(routeModel(x.route))
 	}
 	start := time.Now()
 	if err := w.q.Submit(w.ticket, reserveRoute); err != nil {
-		x.reason = "queue_full"
-		return &apierr.Error{Status: 503, Type: "server_error", Code: "queue_full", RetryAfter: 2,
+		return &apierr.Error{Status: 503, Type: "server_error", Code: "queue_full", RetryAfter: 2, Reason: "queue_full",
 			Message: "The admission queue for this model is full (queue.max_queued); retry later."}
 	}
 	if !w.ticket.Dispatched() {
@@ -116,14 +117,12 @@ func (x *exchange) enqueue(ctx *fasthttp.RequestCtx) *apierr.Error {
 		qs.wait.WithLabelValues(model, x.tenant.Name).Observe(waited.Seconds())
 		switch {
 		case errors.Is(err, fairqueue.ErrTimeout):
-			x.reason = "queue_timeout"
-			return &apierr.Error{Status: 429, Type: "rate_limit_error", Code: "queue_timeout",
+			return &apierr.Error{Status: 429, Type: "rate_limit_error", Code: "queue_timeout", Reason: "queue_timeout",
 				RetryAfter: max(1, int(qs.conf.Timeout/time.Second)/2),
 				Message:    "The model's free KV did not hold this request within queue.timeout; retry later."}
 		case errors.Is(err, fairqueue.ErrGone):
-			x.reason = "client_gone"
 			ctx.SetConnectionClose()
-			return &apierr.Error{Status: 499, Type: "invalid_request_error", Code: "client_gone", Message: "The client left while queued."}
+			return &apierr.Error{Status: 499, Type: "invalid_request_error", Code: "client_gone", Reason: "client_gone", Message: "The client left while queued."}
 		}
 		var nb [20]byte
 		ctx.Response.Header.SetBytesV("X-Kvgate-Queue-Ms", strconv.AppendInt(nb[:0], waited.Milliseconds(), 10))
@@ -133,7 +132,7 @@ func (x *exchange) enqueue(ctx *fasthttp.RequestCtx) *apierr.Error {
 }
 
 // releaseQueue frees the request's KV reservation, corrects its tenant's charge to what the
-// reply used, and lets the next waiting requests go. Called once, from close.
+// reply used (settled before it, in end), and lets the next waiting requests go.
 func (x *exchange) releaseQueue() {
 	w := x.queued
 	if w == nil {

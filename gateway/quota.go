@@ -21,6 +21,7 @@ import (
 	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/limits"
+	"github.com/kvgate/kvgate/request"
 	"github.com/kvgate/kvgate/state"
 	"github.com/kvgate/kvgate/tenants"
 )
@@ -94,7 +95,6 @@ type limitHold struct {
 	ticket   *limits.Ticket // nil: the tenant has no limits
 	prompt   int64          // reserved prompt tokens (our count, every item)
 	output   int64          // reserved output tokens (every item)
-	once     sync.Once
 	mu       sync.Mutex
 	produced bool                // a 2xx reply body or event arrived
 	streamed bool                // it arrived as events
@@ -103,46 +103,42 @@ type limitHold struct {
 	itl      prometheus.Observer // kvgate_inter_token_latency_seconds for the exchange's model
 }
 
-// reserveLimits is the 429 decision: after the 413 (a prompt that can never fit is a 413, not a
-// 429), before any backend. It reserves the prompt and the output the request may produce.
+// reserveLimits is the 429 decision: after the 413 decision (a prompt that can never fit is a
+// 413, not a 429), before any backend. It reserves the admission Need (admission.NeedOf: the
+// prompt and the output the request may produce). The output of a request that names none is
+// owable (limits: owing): the request passes when its prompt fits the tenant's tpm room, is
+// charged the whole Need, and the settlement's refund repays what the reply did not use.
 func (x *exchange) reserveLimits(ctx *fasthttp.RequestCtx) *apierr.Error {
-	g := x.g
-	items := int64(max(len(x.req.Prompts), 1))
-	prompt := int64(x.decision.Tokens) * items // the largest prompt's count bounds each one
-	output := int64(x.req.Output)
+	var owable int64
 	if !x.req.OutputGiven {
-		output = unnamedOutput(x.decision.Tokens, x.req.N, x.maxContext)
+		owable = x.need.Output
 	}
-	tokens := prompt + output*items
-	ticket, limit, e := g.reserve(&ctx.Response.Header, x.tenant, tokens)
+	ticket, limit, e := x.g.reserveOwing(&ctx.Response.Header, x.tenant, x.need.Tokens(), owable, outputParam(x.kind))
 	if e != nil {
-		x.reason = "rate_limited_" + limit
+		e.Reason = "rate_limited_" + limit
 		return e
 	}
-	x.limit = &limitHold{ticket: ticket, prompt: prompt, output: output * items}
+	x.limit = &limitHold{ticket: ticket, prompt: x.need.Prompt, output: x.need.Output}
 	return nil
 }
 
-// unnamedOutput is the output to reserve for one item of a request that names no output length:
-// what the engine may then produce. SGLang generates until the context is full (its scheduler
-// caps max_new_tokens at the context less the prompt), so each of n sequences may make prompt
-// plus output reach ctx. n×ctx − prompt keeps prompt + output at n×ctx, a bound on what the
-// reply settles whatever our prompt count's error (issue 31: policy.default_max_tokens, 0 by
-// default, reserved nothing, and a tenant at tpm 3000 settled 13–27 times its limit in one burst).
-// policy.default_max_tokens stays the admission rule's O; it does not bound the engine.
-func unnamedOutput(prompt, n, ctx int) int64 {
-	return max(int64(max(n, 1))*int64(ctx)-int64(prompt), 0)
+// reserve is the 429 decision for tokens of tenant t's limits, all of which must fit (utility
+// routes): reserveOwing with nothing owable.
+func (g *Gateway) reserve(h *fasthttp.ResponseHeader, t *tenants.Tenant, tokens int64) (*limits.Ticket, string, *apierr.Error) {
+	return g.reserveOwing(h, t, tokens, 0, "")
 }
 
-// reserve is the 429 decision for tokens of tenant t's limits, on any route: nil ticket and nil
-// error when t has no limits; on a refusal, the limit that refused and the client's 429. Either
-// way the reply gets OpenAI's x-ratelimit-* headers for the tenant's rpm and tpm (setHeadroom).
-func (g *Gateway) reserve(h *fasthttp.ResponseHeader, t *tenants.Tenant, tokens int64) (*limits.Ticket, string, *apierr.Error) {
+// reserveOwing is the 429 decision for tokens of tenant t's limits, of which owable may be owed
+// (limits.Limiter.AdmitOwing), on any route: nil ticket and nil error when t has no limits; on a
+// refusal, the limit that refused and the client's 429 (named: the request's output field, for
+// the message of one that can never pass). Either way the reply gets OpenAI's x-ratelimit-*
+// headers for the tenant's rpm and tpm (setHeadroom).
+func (g *Gateway) reserveOwing(h *fasthttp.ResponseHeader, t *tenants.Tenant, tokens, owable int64, named string) (*limits.Ticket, string, *apierr.Error) {
 	lim := t.Limits()
 	if g.lim == nil || lim.None() {
 		return nil, "", nil
 	}
-	ticket, v := g.lim.limiter.Admit(t.Name, lim, tokens)
+	ticket, v := g.lim.limiter.AdmitOwing(t.Name, lim, tokens, owable)
 	decided := lim
 	if ticket != nil {
 		decided = ticket.Rates()
@@ -150,10 +146,21 @@ func (g *Gateway) reserve(h *fasthttp.ResponseHeader, t *tenants.Tenant, tokens 
 	setHeadroom(h, limits.HeadroomAfter(decided, v))
 	if !v.Allowed {
 		g.lim.ratelimited.WithLabelValues(t.Name, v.Limit).Inc()
-		return nil, v.Limit, rateLimited(v, lim, tokens)
+		return nil, v.Limit, rateLimited(v, lim, tokens, owable, named)
 	}
 	g.lim.reserved.WithLabelValues(t.Name).Add(float64(ticket.Reserved()))
 	return ticket, "", nil
+}
+
+// outputParam names the field that bounds a route's output, for a 429 that says what to lower.
+func outputParam(k request.Kind) string {
+	switch k {
+	case request.Generate:
+		return "sampling_params.max_new_tokens"
+	case request.Responses:
+		return "max_output_tokens"
+	}
+	return "max_tokens"
 }
 
 // setHeadroom writes OpenAI's rate-limit headers, for clients that pace themselves by them:
@@ -183,15 +190,26 @@ func (g *Gateway) settle(t *tenants.Tenant, ticket *limits.Ticket, used int64) {
 	g.lim.settled.WithLabelValues(t.Name).Add(float64(used))
 }
 
-func rateLimited(v limits.Verdict, lim limits.Rates, tokens int64) *apierr.Error {
+// rateLimited is the client's 429 for verdict v on lim, for a request of tokens of which owable
+// could be owed. One that can never pass (v.Never) has no Retry-After and says what to change:
+// the output (named) or the prompt, or the limit.
+func rateLimited(v limits.Verdict, lim limits.Rates, tokens, owable int64, named string) *apierr.Error {
 	e := &apierr.Error{Status: 429, Type: "requests", Code: "rate_limit_exceeded", RetryAfter: max(int((v.RetryAfter+time.Second-1)/time.Second), 1)}
 	switch v.Limit {
 	case limits.TPM:
 		e.Type = "tokens"
-		if v.Never {
-			e.Message = fmt.Sprintf("Request too large: it needs %d tokens (prompt and requested output), more than this API key's limit of %d tokens per minute. Reduce the prompt or max_tokens.", tokens, lim.TPM)
-		} else {
-			e.Message = fmt.Sprintf("Rate limit reached for tokens per minute: limit %d, this request needs %d. Please try again in %ds.", lim.TPM, tokens, e.RetryAfter)
+		switch {
+		case v.Never && owable > 0:
+			e.RetryAfter = 0 // no wait makes it pass
+			e.Message = fmt.Sprintf("Request too large: its prompt alone is %d tokens, more than this API key's limit of %d tokens per minute, so it can never pass. Shorten it or raise tpm.", tokens-owable, lim.TPM)
+		case v.Never:
+			if named == "" {
+				named = "the output"
+			}
+			e.RetryAfter = 0
+			e.Message = fmt.Sprintf("Request too large: it needs %d tokens (prompt and %s), more than this API key's limit of %d tokens per minute, so it can never pass. Lower %s or the prompt, or raise tpm.", tokens, named, lim.TPM, named)
+		default:
+			e.Message = fmt.Sprintf("Rate limit reached for tokens per minute: limit %d, this request needs %d. Please try again in %ds.", lim.TPM, tokens-owable, e.RetryAfter)
 		}
 	case limits.Concurrent:
 		e.Message = fmt.Sprintf("Too many requests in flight for this API key: limit %d concurrent requests. Please try again when one has finished.", lim.MaxConcurrent)
@@ -268,56 +286,55 @@ func (x *exchange) noteTextLocked(h *limitHold) {
 	h.lastText = now
 }
 
-// settleLimits ends the exchange's hold, once. A reply that produced nothing (engine error,
-// transport failure) releases the whole reservation. Otherwise prompt and output are charged as
-// the engine reported them (every dialect, see backends/usage.go); a count it did not report,
-// or reported beyond what the path's context allows, is replaced by ours: the prompt we
+// settleLimits ends the exchange's hold (from end, once). A reply that produced nothing (engine
+// error, transport failure) releases the whole reservation. Otherwise prompt and output are
+// charged as the engine reported them (every dialect, see backends/usage.go); a count it did not
+// report, or reported beyond what the path's context allows, is replaced by ours: the prompt we
 // reserved, and for the output, a token per streamed event that carried text (a stream cut
 // early is charged what it produced) or the output reserved for a whole reply. A PD request is
-// admitted and settled once, whatever its retries did.
-func (x *exchange) settleLimits() {
+// admitted and settled once, whatever its retries did. It returns the engine's prompt count and
+// admission's bound for drift (ok: the engine reported one).
+func (x *exchange) settleLimits() (engine, admitted int64, ok bool) {
 	h := x.limit
 	if h == nil {
-		return
+		return 0, 0, false
 	}
-	h.once.Do(func() {
-		h.mu.Lock()
-		var used int64
-		if h.produced {
-			p, pk, o, ok := h.tally.Totals()
-			if bound := x.usageBound(); bound > 0 && p+o > bound {
-				pk, ok = false, false // more than the engine could have computed: not believed
-			}
-			switch { // for the access log: whose counts were charged
-			case pk && ok:
-				x.usage = "engine"
-			case pk || ok:
-				x.usage = "partial"
+	h.mu.Lock()
+	var used int64
+	if h.produced {
+		p, pk, o, ook := h.tally.Totals()
+		if bound := x.usageBound(); bound > 0 && p+o > bound {
+			pk, ook = false, false // more than the engine could have computed: not believed
+		}
+		switch { // for the access log: whose counts were charged
+		case pk && ook:
+			x.usage = "engine"
+		case pk || ook:
+			x.usage = "partial"
+		default:
+			x.usage = "gateway"
+		}
+		if pk {
+			engine, admitted, ok = p, h.prompt, true
+		} else {
+			p = h.prompt
+		}
+		if !ook {
+			switch {
+			case h.streamed:
+				o = h.tally.TextEvents
+			case h.ticket != nil:
+				o = h.ticket.Reserved() - h.prompt
 			default:
-				x.usage = "gateway"
-			}
-			if !pk {
-				p = h.prompt
-			}
-			if !ok {
-				switch {
-				case h.streamed:
-					o = h.tally.TextEvents
-				case h.ticket != nil:
-					o = h.ticket.Reserved() - h.prompt
-				default:
-					o = h.output
-				}
-			}
-			used = p + o
-			x.promptTokens, x.outputTokens = p, o
-			if pk {
-				defer x.g.drift.observe(x, p, h.prompt) // the engine's count against admission's bound
+				o = h.output
 			}
 		}
-		h.mu.Unlock()
-		x.g.settle(x.tenant, h.ticket, used)
-	})
+		used = p + o
+		x.promptTokens, x.outputTokens = p, o
+	}
+	h.mu.Unlock()
+	x.g.settle(x.tenant, h.ticket, used)
+	return engine, admitted, ok
 }
 
 // usageBound is the most a reply can truthfully report: every item's prompt and every choice's

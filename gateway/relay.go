@@ -24,7 +24,7 @@ func (x *exchange) newEventRelay(gd *reply.Guard, onLeak func()) *reply.Stream {
 		OnPassed: x.notePassed, // events passed on undecoded carry no usage
 		OnLeak:   onLeak,
 		OnFail: func(code string, err error) {
-			x.errMsg = code
+			x.ended(0, code)
 			x.g.log.Warn("engine stream ended by the gateway", zap.String("request_id", x.rid), zap.String("upstream", x.upstream),
 				zap.String("error_code", code), zap.Error(err))
 		},
@@ -80,7 +80,7 @@ func (r *relayReader) Read(p []byte) (n int, err error) {
 		// panic here ends this stream with an error event and leaves every other one alone.
 		if v := recover(); v != nil {
 			panics.Note(r.x.g.log, "stream", v)
-			r.x.status, r.x.errMsg = 500, apierr.Internal.Code
+			r.x.ended(500, apierr.Internal.Code)
 			r.eof, r.clean = true, false
 			tail := errorEvent(r.x.kind, apierr.Internal)
 			n = copy(p, tail)
@@ -136,14 +136,11 @@ func (r *relayReader) Close() error {
 	defer panics.Recover(r.x.g.log, "stream_close")
 	r.once.Do(func() {
 		if !r.clean {
-			r.l.B.AbortAll(r.l.Rids)
-			if r.other != nil {
-				r.other.AbortAll(r.l.Rids)
-			}
+			abort(r.l.B, r.l.Rids, r.other)
 			if r.x.errMsg == "" {
 				// The client left mid-stream: logged as nginx's 499 (the status line it
 				// got said 200, but the reply it read is not complete).
-				r.x.errMsg, r.x.status = "client_gone", apierr.ClientGone
+				r.x.ended(apierr.ClientGone, "client_gone")
 			}
 		}
 		r.x.closeLeg(r.l)

@@ -18,7 +18,7 @@ var (
 
 func benchExchange(b *testing.B) *exchange {
 	g := guardGateway(b)
-	return &exchange{g: g, tenant: &tenants.Tenant{Tenant: config.Tenant{Name: "alice"}}, kind: request.Chat, rid: "r", route: &backends.Route{}}
+	return watched(&exchange{g: g, tenant: &tenants.Tenant{Tenant: config.Tenant{Name: "alice"}}, kind: request.Chat, rid: "r", route: &backends.Route{}})
 }
 
 // A whole non-streaming reply through the normaliser and the scanner (per reply).
@@ -28,7 +28,7 @@ func BenchmarkNormaliseBody(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		c := x.g.replies.NewCharge()
-		if _, _, _, err := reply.BodyUsage(x.newGuard(), nil, benchReply, c); err != nil { // as writeEngineReply
+		if _, _, _, err := reply.BodyUsage(x.watch.Guard(), nil, benchReply, c); err != nil { // as writeEngineReply
 			b.Fatal(err)
 		}
 		c.Done()

@@ -12,7 +12,7 @@ type testStream struct {
 	leak *canary.Hit
 }
 
-func streamOf(x *exchange) *testStream { return &testStream{e: x.newEventRelay(x.newGuard(), nil)} }
+func streamOf(x *exchange) *testStream { return &testStream{e: x.newEventRelay(x.watch.Guard(), nil)} }
 
 // event writes raw upstream bytes and returns what the client gets for them, and false once the
 // stream was ended (a leak or a refused event).
@@ -38,6 +38,6 @@ func (s *testStream) take() ([]byte, bool) {
 func bodyOf(x *exchange, raw []byte) ([]byte, bool) {
 	c := x.g.replies.NewCharge()
 	defer c.Done()
-	out, _, _, err := reply.Body(x.newGuard(), nil, raw, c)
+	out, _, _, err := reply.Body(x.watch.Guard(), nil, raw, c)
 	return out, err == nil
 }

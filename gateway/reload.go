@@ -28,10 +28,8 @@ func (g *Gateway) Reload(cfg *config.Config) error {
 		return fmt.Errorf("backends: %w", err)
 	}
 	base := tenants.FromConfig(cfg.Tenants)
-	if g.keyring != nil {
-		for _, t := range base {
-			g.keyring.AddTenant(t.Name) // a new config tenant's markers are injected and detected at once
-		}
+	for _, t := range base {
+		g.watch.AddTenant(t.Name) // a new config tenant's markers are injected and detected at once
 	}
 	g.tenants.SetBase(base)
 	g.models.Store(models)

@@ -61,7 +61,7 @@ func BenchmarkRequest(b *testing.B) {
 // tenant's canaries on, re-serialise): allocs/op is allocations per event.
 func BenchmarkRelayEvent(b *testing.B) {
 	g := inmemGateway(b, enginesim.Config{})
-	x := &exchange{g: g, tenant: &g.tenants.Config()[0], rid: "bench", start: time.Now(), kind: request.Chat}
+	x := watched(&exchange{g: g, tenant: &g.tenants.Config()[0], rid: "bench", start: time.Now(), kind: request.Chat})
 	ev := []byte("data: " + `{"id":"fast","object":"chat.completion.chunk","created":0,"model":"sim","choices":[{"index":0,"delta":{"content":" hello"},"logprobs":null,"finish_reason":null,"matched_stop":null}]}` + "\n\n")
 	s := streamOf(x)
 	b.SetBytes(int64(len(ev)))

@@ -30,10 +30,9 @@ import (
 	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/backends"
-	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/config"
-	"github.com/kvgate/kvgate/fingerprint"
 	"github.com/kvgate/kvgate/internal/panics"
+	"github.com/kvgate/kvgate/leakwatch"
 	"github.com/kvgate/kvgate/reply"
 	"github.com/kvgate/kvgate/request"
 	"github.com/kvgate/kvgate/state"
@@ -42,64 +41,63 @@ import (
 	"github.com/kvgate/kvgate/tokenize"
 )
 
-// Gateway is one replica.
+// Gateway is one replica: the server and its edge, the stages' own state (limits, queue,
+// drift, leak watch), and what Reload swaps.
 type Gateway struct {
 	cfg      *config.Config
 	log      *zap.Logger
-	access   *zap.Logger
 	backends *backends.Set
+	live                        // what Reload swaps (models.go, reload.go)
+	tenants  *tenants.Directory // config tenants plus run-time ones (package tenants)
+	operator                    // /admin/ and /metrics
+	observe                     // metrics, access log, tracing
+	server   *fasthttp.Server
+	edge                        // drain, cut and background bookkeeping, oversized marks
+	state    *state.State       // what replicas share
+	watch    *leakwatch.Watcher // leak detection (package leakwatch)
+	drift    *driftMonitor      // count drift and fail-closed models (drift.go)
+	lim      *limitsState       // tenant limits and run-time tenants (quota.go)
+	// queues: the admission queue at the free KV (queue.go); nil unless queue.enabled.
+	queues  *queues
+	replies *reply.Budget // upstream.max_buffered_bytes
+}
+
+// live is what a reload swaps while requests run.
+type live struct {
 	count    *admission.Counter            // the default model's counting and calibration (package admission)
 	models   atomic.Pointer[modelTable]    // routing by model, a Counter per model (models.go); swapped by Reload
 	policy   atomic.Pointer[config.Policy] // policy.*, swapped by Reload
 	reloadMu sync.Mutex                    // one Reload at a time
-	tenants  *tenants.Directory
-	admin    *admin.API // /admin/ (package admin)
+}
+
+// operator is the operator's side: the admin API and the scrape endpoint.
+type operator struct {
+	admin *admin.API // /admin/ (package admin)
 	// metricsKey is the SHA-256 of the scrape key (server.metrics_key_sha256); nil: none.
 	metricsKey []byte
-	metrics    *metrics
-	server     *fasthttp.Server
 	metricsH   fasthttp.RequestHandler
-	draining   atomic.Bool
+}
+
+// observe is what the gateway reports: metrics, the access log, traces.
+type observe struct {
+	metrics *metrics
+	access  *zap.Logger
+	tracing *telemetry.Tracing // nil: tracing off (tracing.go)
+	tracer  trace.Tracer
+}
+
+// edge is the server's own bookkeeping around requests.
+type edge struct {
+	draining atomic.Bool
 	// cutting is set at the end of a drain, just before every engine reply is cut: a request
 	// whose engine call then fails was cut by us, not failed by its engine.
 	cutting atomic.Bool
 	cutMu   sync.Mutex
 	cutIDs  []string // request ids of requests cut at the drain deadline
 
-	// Canaries and shared state. keyring is nil when canaries are disabled.
-	keyring    *canary.Keyring
-	state      *state.State
-	bg         sync.WaitGroup // incident writes in flight
-	bgMu       sync.Mutex     // guards bgClosed and bg.Add against Shutdown's Wait
-	bgClosed   bool
-	quarantine *state.Quarantines
-	// localEvidence is this replica's own record of prompt-text matches: it decides while the
-	// shared one (state.Evidence) is away.
-	localEvidence state.TextEvidence
-	drift         *driftMonitor // count drift and fail-closed models (drift.go)
-	// prints: prompt fingerprints of this replica (fingerprints.go); nil when off.
-	prints         *fingerprint.Index
-	printsWeak     prometheus.Counter
-	printsUnshared prometheus.Counter
-	printsOut      chan state.PrintsRecord // to the shared stream (nil: replica-local)
-	replicaID      string
-	printsQueueMu  sync.Mutex // numbers records in the order they enter printsOut
-	printsQueued   uint64     // records queued so far (the last one's number)
-	printsMu       sync.Mutex
-	printsLast     string        // id of the last shared record applied
-	printsSettled  uint64        // records numbered up to this one were published (or failed)
-	printsTick     chan struct{} // closed (and replaced) when printsSettled moves
-	printsDown     atomic.Bool   // the last publish failed: replies do not wait for Redis
-	printsWaitLate prometheus.Counter
-
-	lim *limitsState // kvgate limits: tenant limits and run-time tenants (gateway/quota.go)
-	// queues: the admission queue at the free KV (gateway/queue.go); nil unless queue.enabled.
-	queues *queues
-
-	replies *reply.Budget // upstream.max_buffered_bytes (budget.go)
-
-	tracing *telemetry.Tracing // nil: tracing off (tracing.go)
-	tracer  trace.Tracer
+	bg       sync.WaitGroup // incident writes in flight
+	bgMu     sync.Mutex     // guards bgClosed and bg.Add against Shutdown's Wait
+	bgClosed bool
 
 	// oversized marks requests (by their header, which lives as long as the connection's
 	// RequestCtx) whose declared Content-Length is over max_body_bytes; nOversized counts the
@@ -117,24 +115,10 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 			return nil, err
 		}
 	}
-	g := &Gateway{cfg: cfg, log: log.Named("gateway"), access: log.Named("access"), backends: set}
+	g := &Gateway{cfg: cfg, log: log.Named("gateway"), backends: set}
+	g.access = log.Named("access")
 	g.state = st
-	g.quarantine = state.NewQuarantines(st.Quarantine, set.SetQuarantine)
-	g.localEvidence = state.NewMemoryTextEvidence()
-	if st.Evidence == nil {
-		st.Evidence = g.localEvidence
-	}
-	if cfg.Canary.Enabled {
-		names := make([]string, len(cfg.Tenants))
-		for i, t := range cfg.Tenants {
-			names[i] = t.Name
-		}
-		g.keyring = canary.NewKeyring([]byte(cfg.Canary.Secret), cfg.Canary.Epoch, cfg.Canary.DetectWindow, names)
-	}
 	g.tenants = tenants.NewDirectory(tenants.FromConfig(cfg.Tenants), st.Tenants, g.log)
-	if g.keyring != nil {
-		g.tenants.OnAdd = g.keyring.AddTenant // run-time tenants' markers are injected and detected like any
-	}
 	var adminKey []byte
 	if cfg.AdminKeySHA256 != "" {
 		adminKey, _ = hex.DecodeString(strings.ToLower(cfg.AdminKeySHA256)) // validated by config
@@ -146,6 +130,13 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 		return nil, err
 	}
 	g.models.Store(models)
+	names := make([]string, len(cfg.Tenants))
+	for i, t := range cfg.Tenants {
+		names[i] = t.Name
+	}
+	g.watch = leakwatch.New(leakwatch.Options{Canary: cfg.Canary, ExactTimeout: cfg.Tokenizer.ExactTimeout, Tenants: names, State: st,
+		Quarantine: set.SetQuarantine, Registry: g.metrics.reg, Log: g.log, Background: g.goBackground})
+	g.tenants.OnAdd = g.watch.AddTenant // run-time tenants' markers are injected and detected like any
 	g.policy.Store(&cfg.Policy)
 	g.count = models.counter(models.fallback)
 	failClosed := st.FailClosed
@@ -162,7 +153,7 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 		g.log.Warn("admin or metrics key: client address locked out after repeated wrong keys", zap.String("client_addr", addr.String()),
 			zap.Int("failures", failures), zap.Duration("lockout", cfg.Server.AuthThrottle.Lockout))
 	}
-	g.admin = &admin.API{Key: adminKey, Backends: set, Incidents: st.Incidents, Quarantines: g.quarantine, Tenants: g.tenants, QuarantineTTL: cfg.Canary.QuarantineTTL,
+	g.admin = &admin.API{Key: adminKey, Backends: set, Incidents: st.Incidents, Quarantines: g.watch.Quarantines(), Tenants: g.tenants, QuarantineTTL: cfg.Canary.QuarantineTTL,
 		Store: st.Tenants, Log: g.log, Bearer: bearer, ReadBody: readBody, Metrics: g.metrics.reg, Throttle: throttle,
 		FailClosed: g.drift.flags, FailClosedModels: g.drift.FailClosed}
 	if cfg.Server.MetricsKeySHA256 != "" {
@@ -177,7 +168,6 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 	g.metrics.reg.MustRegister(g.metrics.repliesOverBudget, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_buffered_reply_bytes",
 		Help: "Bytes charged to upstream.max_buffered_bytes now (replies in flight, and finished ones until a collection ran)."},
 		func() float64 { return float64(g.replies.InUse()) }))
-	g.initPrints()
 	g.metricsH = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(g.metrics.reg, promhttp.HandlerOpts{}))
 	prev := set.OnCapacityChange
 	set.OnCapacityChange = func(b *backends.Backend, old, cur *backends.Capacity) {
@@ -250,7 +240,7 @@ func (g *Gateway) Run(ctx context.Context) {
 		go panics.Loop(ctx, g.log, "state_sync", time.Second, g.state.Run)
 	}
 	go panics.Loop(ctx, g.log, "limits_sync", time.Second, g.lim.run) // tenant sync, limiter recovery, heartbeat
-	g.runPrints(ctx)
+	g.watch.Run(ctx)
 	panics.Loop(ctx, g.log, "quarantine_sync", time.Second, g.syncLoop)
 }
 
@@ -260,12 +250,9 @@ func (g *Gateway) syncLoop(ctx context.Context) {
 	defer t.Stop()
 	for {
 		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		g.quarantine.Sync(sctx)
+		g.watch.Sync(sctx, time.Now())
 		g.drift.flags.Sync(sctx)
 		cancel()
-		if g.keyring != nil {
-			g.keyring.Refresh(time.Now())
-		}
 		select {
 		case <-ctx.Done():
 			return
@@ -308,7 +295,7 @@ func (g *Gateway) waitBackground() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	g.lim.limiter.Flush(ctx)
-	g.flushPrints(ctx)
+	g.watch.Flush(ctx)
 }
 
 // StartDrain is a drain's first phase (server.drain_delay): /readyz answers 503 draining so that
@@ -361,21 +348,6 @@ func (g *Gateway) Drain(timeout time.Duration) DrainResult {
 	}
 	g.waitBackground()
 	return res
-}
-
-// noteDrainCut records that x was ended by the drain deadline: it answers 503 shutting_down
-// (logged as such) and the drain's result names it. False while no drain is cutting.
-func (x *exchange) noteDrainCut() bool {
-	if !x.g.cutting.Load() {
-		return false
-	}
-	x.status, x.errMsg = 503, apierr.ShuttingDown().Code
-	x.g.cutMu.Lock()
-	x.g.cutIDs = append(x.g.cutIDs, x.rid)
-	x.g.cutMu.Unlock()
-	x.g.log.Warn("request cut at the drain deadline (server.drain_timeout)", zap.String("request_id", x.rid),
-		zap.String("route", x.kind.Path()), zap.String("upstream", x.upstream))
-	return true
 }
 
 // headerReceived runs as soon as a request's headers are parsed. For a declared body over the
@@ -536,21 +508,17 @@ const readyPingTimeout = 250 * time.Millisecond
 // read, and while no route can take traffic (every request would get 503 no_backend); 200 with
 // "degraded" while shared state is unreachable (still serving from local state).
 func (g *Gateway) readyz(ctx *fasthttp.RequestCtx) {
-	ctx.SetContentType("application/json")
 	if g.draining.Load() {
-		ctx.SetStatusCode(503)
-		ctx.SetBodyString(`{"status":"draining"}`)
+		writeJSON(ctx, 503, []byte(`{"status":"draining"}`))
 		return
 	}
 	if !g.backends.Ready() {
-		ctx.SetStatusCode(503)
-		ctx.SetBodyString(`{"status":"starting","reason":"not every backend has been read yet"}`)
+		writeJSON(ctx, 503, []byte(`{"status":"starting","reason":"not every backend has been read yet"}`))
 		return
 	}
 	if why := g.backends.Unavailable(time.Now()); why != "" {
-		ctx.SetStatusCode(503)
 		body, _ := json.Marshal(map[string]string{"status": "unavailable", "reason": why})
-		ctx.SetBody(body)
+		writeJSON(ctx, 503, body)
 		return
 	}
 	pctx, cancel := context.WithTimeout(context.Background(), readyPingTimeout)
@@ -558,10 +526,10 @@ func (g *Gateway) readyz(ctx *fasthttp.RequestCtx) {
 	cancel()
 	if pingErr != nil || g.degraded() || g.limitsDegraded() { // kvgate limits: limits enforced per replica
 		// Still serving from local state: ready, but say so.
-		ctx.SetBody(g.degradedReadyBody(pingErr != nil))
+		writeJSON(ctx, 200, g.degradedReadyBody(pingErr != nil))
 		return
 	}
-	ctx.SetBodyString(`{"status":"ready"}`)
+	writeJSON(ctx, 200, []byte(`{"status":"ready"}`))
 }
 
 func routeError(err error) *apierr.Error {
@@ -569,14 +537,6 @@ func routeError(err error) *apierr.Error {
 		return apierr.CapacityUnknown()
 	}
 	return apierr.NoBackend()
-}
-
-// requestID keeps a sane client X-Request-Id or makes one.
-func requestID(ctx *fasthttp.RequestCtx) string {
-	if id := ctx.Request.Header.Peek("X-Request-Id"); len(id) > 0 && len(id) <= 128 && printable(id) {
-		return string(id)
-	}
-	return newID()
 }
 
 // idLen is the length of newID's ids: "kvg-" and 24 hex digits.
@@ -598,16 +558,20 @@ func putID(out []byte) {
 }
 
 // requestIDs are an exchange's client-facing id (the client's when sane) and the engines' rid,
-// always ours: the two fresh ones share one allocation.
+// always ours: the two fresh ones share one allocation. The reply carries the first as
+// X-Request-Id from here, whatever it turns out to be (the one place it is set).
 func requestIDs(ctx *fasthttp.RequestCtx) (rid, engineRID string) {
 	if id := ctx.Request.Header.Peek("X-Request-Id"); len(id) > 0 && len(id) <= 128 && printable(id) {
-		return string(id), newID()
+		rid, engineRID = string(id), newID()
+	} else {
+		var out [2 * idLen]byte
+		putID(out[:idLen])
+		putID(out[idLen:])
+		both := string(out[:])
+		rid, engineRID = both[:idLen], both[idLen:]
 	}
-	var out [2 * idLen]byte
-	putID(out[:idLen])
-	putID(out[idLen:])
-	both := string(out[:])
-	return both[:idLen], both[idLen:]
+	ctx.Response.Header.Set("X-Request-Id", rid)
+	return rid, engineRID
 }
 
 func printable(b []byte) bool {

@@ -38,8 +38,7 @@ const utilityTimeout = 10 * time.Second
 
 func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 	start := time.Now()
-	rid := requestID(ctx)
-	ctx.Response.Header.Set("X-Request-Id", rid)
+	rid, _ := requestIDs(ctx)
 	status, backend := 0, ""
 	client, method := ctx.RemoteAddr().String(), string(ctx.Method())
 	var tenant, model string
@@ -124,7 +123,6 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 		fail(fromUpstream(err))
 		return
 	}
-	x := &exchange{g: g, tenant: t, rid: rid}
 	// The reply is already read (bounded by backends' maxCallReply); what normalising it costs is
 	// charged to upstream.max_buffered_bytes like any whole reply.
 	c := g.replies.NewCharge()
@@ -132,7 +130,7 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 	var out []byte
 	var v any
 	if c.Reserve(config.ReplyCostFactor * int64(len(resp.Body))) {
-		out, v, _, err = reply.Body(x.newGuard(), resp.ContentType, resp.Body, c)
+		out, v, _, err = reply.Body(g.watch.Begin(rid, "", t, 0, nil).Guard(), resp.ContentType, resp.Body, c)
 	} else {
 		err = reply.ErrBudget
 	}

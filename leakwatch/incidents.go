@@ -1,4 +1,4 @@
-package gateway
+package leakwatch
 
 import (
 	"context"
@@ -8,54 +8,32 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/canary"
-	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/state"
 )
 
-// This file is the canary side of the pipeline: markers go into prompts before counting, and
-// every reply is scanned on its decoded text before it reaches the client.
+// Incidents: a leak or an echo a reply's scan found is recorded (in the background: the store
+// queues while Redis is away) and, for a leak, the path's backends quarantined as its evidence
+// says.
 
-// inject puts the tenant's current marker into the request (before render, so it is counted)
-// and remembers which foreign markers the client itself sent (echoes, not leaks).
-func (x *exchange) inject() {
-	g := x.g
-	if g.keyring == nil {
-		return
-	}
-	req := x.req
-	// Fragments count too: a reply repeating the 8 characters of a marker that the client sent
-	// is the client's own text (FindMarkerFragments finds whole markers as well).
-	x.fp.text = req.OwnText()
-	x.echoes = g.keyring.FindMarkerFragments(x.fp.text)
-	if !req.Kind.Generates() {
-		return // no text comes back to carry a marker; replies are still scanned
-	}
-	if x.tenant.CanaryOptOut {
-		g.metrics.canarySkipped.WithLabelValues("opt_out").Inc()
-		return
-	}
-	marker, _ := g.keyring.Current(x.tenant.Name, time.Now())
-	if !req.Inject(marker, g.cfg.Canary.EveryBytes, g.cfg.Canary.Placement == config.PlacementPrefix) {
-		g.metrics.canarySkipped.WithLabelValues("input_ids").Inc()
-		return
-	}
-	g.metrics.canaryInjected.Inc()
-}
+// Leak records a leak the reply's scan found (a foreign marker, or another tenant's prompt text):
+// the incident, and the quarantine of every backend on the path as its evidence says.
+func (x *Watch) Leak(h canary.Hit) { x.record(state.KindLeak, h) }
 
-// recordIncident stores an incident in the background (the store queues while Redis is away)
-// and, for a leak, quarantines every backend on the path, locally at once and for all replicas.
-func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
-	var names []string
-	if x.route != nil {
-		names = x.route.Backends
-	}
+// Echo records an echo: a marker the requester's own prompt carried came back (stripped).
+func (x *Watch) Echo(h canary.Hit) { x.record(state.KindEcho, h) }
+
+// record stores an incident in the background (the store queues while Redis is away) and, for
+// a leak, quarantines every backend on the path, locally at once and for all replicas.
+func (x *Watch) record(kind string, h canary.Hit) {
+	g := x.w
+	names := x.backends
 	inc := state.Incident{Time: time.Now().UTC(), Kind: kind, Detector: state.DetectorMarker, RequestID: x.rid, Victim: h.Victim,
-		Requester: x.tenant.Name, Backends: names, Epoch: h.Epoch}
-	if g.cfg.Canary.IncidentContext {
+		Requester: x.tenant, Backends: names, Epoch: h.Epoch}
+	if g.cfg.IncidentContext {
 		inc.Context = h.Context // opt-in: text around the hit, markers redacted
 	}
 	printed := kind == state.KindLeak && x.printsEvidence(&inc, h)
-	g.metrics.incidents.WithLabelValues(kind).Inc()
+	g.incidents.WithLabelValues(kind).Inc()
 	// A short fragment in the reply to a token-id prompt whose text could not be read may be the
 	// client's own: the reply is cut and the incident kept, but nothing is quarantined on it.
 	// Prompt text alone quarantines nothing either (textQuarantine decides, in the background).
@@ -69,23 +47,23 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 			msg = "another tenant's prompt text in an engine reply: flagged (canary.fingerprints.mode monitor), reply passed on"
 		}
 		g.log.Error(msg,
-			zap.String("request_id", x.rid), zap.String("engine_rid", x.engineRID), zap.String("requester", x.tenant.Name), zap.String("victim", h.Victim),
+			zap.String("request_id", x.rid), zap.String("engine_rid", x.engineRID), zap.String("requester", x.tenant), zap.String("victim", h.Victim),
 			zap.Int("matches", inc.Matches), zap.Int("victims", inc.Victims), zap.Strings("backends", names))
 	} else if kind == state.KindLeak && !quarantine {
 		g.log.Error("foreign canary marker fragment in the reply to an unreadable token-id prompt: reply cut, no quarantine",
-			zap.String("request_id", x.rid), zap.String("requester", x.tenant.Name), zap.String("victim", h.Victim), zap.Strings("backends", names))
+			zap.String("request_id", x.rid), zap.String("requester", x.tenant), zap.String("victim", h.Victim), zap.Strings("backends", names))
 	} else if kind == state.KindLeak {
 		g.log.Error("foreign canary marker in an engine reply: reply cut, backends quarantined",
-			zap.String("request_id", x.rid), zap.String("engine_rid", x.engineRID), zap.String("requester", x.tenant.Name), zap.String("victim", h.Victim),
+			zap.String("request_id", x.rid), zap.String("engine_rid", x.engineRID), zap.String("requester", x.tenant), zap.String("victim", h.Victim),
 			zap.Strings("backends", names), zap.Uint64("epoch", h.Epoch))
 		for _, n := range names {
-			g.quarantine.Mark(n, g.cfg.Canary.QuarantineTTL, "canary leak "+x.rid)
+			g.quarantine.Mark(n, g.cfg.QuarantineTTL, "canary leak "+x.rid)
 		}
 	} else {
 		g.log.Warn("echoed canary marker stripped (the requester's own prompt contained it)",
-			zap.String("request_id", x.rid), zap.String("requester", x.tenant.Name), zap.String("victim", h.Victim))
+			zap.String("request_id", x.rid), zap.String("requester", x.tenant), zap.String("victim", h.Victim))
 	}
-	g.goBackground("incident_record", func(ctx context.Context) {
+	g.bg("incident_record", func(ctx context.Context) {
 		if printed && !inc.Flagged {
 			if g.textQuarantine(ctx, &inc) {
 				quarantine = true
@@ -112,8 +90,8 @@ func (g *Gateway) recordIncident(x *exchange, kind string, h canary.Hit) {
 // a reply look like another's text (the ROT13 of a paragraph, asked to be decoded; boilerplate
 // two tenants pasted): that alone must not take an engine away from everyone. It marks the
 // backends and fills inc (evidence, quarantined); true when it quarantined.
-func (g *Gateway) textQuarantine(ctx context.Context, inc *state.Incident) bool {
-	f := g.cfg.Canary.Fingerprints
+func (g *Watcher) textQuarantine(ctx context.Context, inc *state.Incident) bool {
+	f := g.cfg.Fingerprints
 	at := inc.Time
 	// A shared store that does not answer within a second leaves the decision to this replica's
 	// own record, which notes every match too (so it has the history when Redis goes away).
@@ -143,7 +121,7 @@ func (g *Gateway) textQuarantine(ctx context.Context, inc *state.Incident) bool 
 		ok, _ = g.localEvidence.Allow(ctx, inc.Requester, f.QuarantinesPerRequester, f.CorroborationWindow, at)
 	}
 	if !ok {
-		g.metrics.textQuarantinesRefused.Inc()
+		g.textRefused.Inc()
 		g.log.Warn("corroborated prompt-text match: quarantine refused (the requester triggered its share in the window)",
 			zap.String("request_id", inc.RequestID), zap.String("requester", inc.Requester), zap.Strings("backends", inc.Backends))
 		return false
@@ -151,7 +129,7 @@ func (g *Gateway) textQuarantine(ctx context.Context, inc *state.Incident) bool 
 	g.log.Error("corroborated prompt-text leak: backends quarantined", zap.String("request_id", inc.RequestID),
 		zap.String("requester", inc.Requester), zap.String("victim", inc.Victim), zap.Strings("backends", inc.Backends))
 	for _, n := range inc.Backends {
-		g.quarantine.Mark(n, g.cfg.Canary.QuarantineTTL, "corroborated prompt text leak "+inc.RequestID)
+		g.quarantine.Mark(n, g.cfg.QuarantineTTL, "corroborated prompt text leak "+inc.RequestID)
 	}
 	inc.Quarantined = true
 	return true

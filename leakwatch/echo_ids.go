@@ -1,4 +1,4 @@
-package gateway
+package leakwatch
 
 import (
 	"context"
@@ -18,18 +18,18 @@ import (
 // (decode's for a PD pair, which writes the reply, else prefill's). An engine that cannot
 // detokenize leaves the gateway's own vocabulary as a best effort, and marks the exchange so that
 // a fragment in the reply cuts it without quarantining the route.
-func (x *exchange) coverTokenIDs() {
-	g := x.g
-	if g.keyring == nil || x.route == nil || x.req == nil || !hasIDs(x.req.Prompts) {
+func (x *Watch) coverTokenIDs(route *backends.Route, enc tokenize.Encoder) {
+	g := x.w
+	if g.keyring == nil || route == nil || x.req == nil || !hasIDs(x.req.Prompts) {
 		return // nothing to read back (most requests): no context, no timer
 	}
 	var engines []*backends.Backend
-	for _, b := range []*backends.Backend{x.route.Unified, x.route.Decode, x.route.Prefill} {
+	for _, b := range []*backends.Backend{route.Unified, route.Decode, route.Prefill} {
 		if b != nil {
 			engines = append(engines, b)
 		}
 	}
-	timeout := g.cfg.Tokenizer.ExactTimeout
+	timeout := g.exactTimeout
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	var all strings.Builder
@@ -50,11 +50,11 @@ func (x *exchange) coverTokenIDs() {
 		}
 		if !ok {
 			x.idsUnread = true
-			if d, isDecoder := x.counter.Encoder.(tokenize.Decoder); isDecoder {
+			if d, isDecoder := enc.(tokenize.Decoder); isDecoder {
 				text, _ = d.Decode(p.Tokens) // best effort: the engine's vocabulary may differ
 			}
 			g.log.Debug("token-id prompt not detokenized by the engine: marker fragments in its reply will not quarantine",
-				zap.String("request_id", x.rid), zap.Strings("backends", x.route.Backends))
+				zap.String("request_id", x.rid), zap.Strings("backends", route.Backends))
 		}
 		all.WriteString(text)
 		all.WriteByte('\n')

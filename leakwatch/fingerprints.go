@@ -1,4 +1,4 @@
-package gateway
+package leakwatch
 
 import (
 	"context"
@@ -16,12 +16,12 @@ import (
 	"github.com/kvgate/kvgate/state"
 )
 
-// This file is the second leak detector: another tenant's prompt text in a reply (package
-// fingerprint), next to the marker injection and incidents of leaks.go. Prompts are fingerprinted when they are
-// forwarded; each reply's text is checked as it streams; a strong match takes the marker's path
-// (cut, incident, quarantine).
+// The second leak detector: another tenant's prompt text in a reply (package fingerprint), beside
+// the markers. Prompts are fingerprinted when they are forwarded; each reply's text is checked as
+// it streams; a strong match takes the marker's path (cut, incident, quarantine). The index is
+// shared with the other replicas through the state store's stream.
 
-// printsState is an exchange's part: its prompt's text and filter, and its reply's scanner.
+// printsState is a Watch's part: its prompt's text and filter, and its reply's scanner.
 type printsState struct {
 	text    string // the client's own prompt text (request.OwnText), saved by inject
 	idsText string // text of token-id prompts as an engine detokenized it (coverTokenIDs)
@@ -38,8 +38,8 @@ type printsState struct {
 
 // initPrints builds this replica's fingerprint index (nil: canaries or fingerprints off) and its
 // metrics.
-func (g *Gateway) initPrints() {
-	c := g.cfg.Canary
+func (g *Watcher) initPrints(reg *prometheus.Registry) {
+	c := g.cfg
 	if !c.Enabled || c.Fingerprints.Off {
 		return
 	}
@@ -47,7 +47,7 @@ func (g *Gateway) initPrints() {
 		MaxBytes: c.Fingerprints.MaxBytes, TTL: c.DetectWindow,
 		CutMatches: c.Fingerprints.CutMatches, CommonTenants: c.Fingerprints.CommonTenants})
 	if !c.Fingerprints.ReplicaLocal && g.state.Prints != nil {
-		g.printsOut, g.replicaID = make(chan state.PrintsRecord, printsQueue), newID()
+		g.printsOut = make(chan state.PrintsRecord, printsQueue)
 		g.printsTick = make(chan struct{})
 	}
 	g.printsUnshared = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_fingerprint_unshared_total",
@@ -59,7 +59,7 @@ func (g *Gateway) initPrints() {
 	}
 	g.printsWaitLate = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvgate_fingerprint_catchup_reads_total",
 		Help: "Replies whose own prompt record was not published in time (or could not be queued), so that they read the shared fingerprint stream from Redis first (one round trip)."})
-	g.metrics.reg.MustRegister(g.printsWeak, g.printsUnshared, g.printsWaitLate,
+	reg.MustRegister(g.printsWeak, g.printsUnshared, g.printsWaitLate,
 		stat("kvgate_fingerprint_index_bytes", "Bytes accounted to this replica's prompt fingerprint index (capped by canary.fingerprints.max_bytes).",
 			func(s fingerprint.Stats) float64 { return float64(s.Bytes) }),
 		stat("kvgate_fingerprint_index_prompts", "Prompts whose fingerprints this replica keeps.",
@@ -75,10 +75,10 @@ const (
 	printsBatch = 256
 )
 
-// runPrints shares this replica's prompt fingerprints and applies every other replica's, until
+// Run shares this replica's prompt fingerprints and applies every other replica's, until
 // ctx ends (nothing when replica-local). One publisher does both: each batch it writes reads back,
 // in the same round trip, whatever every replica wrote since its last read.
-func (g *Gateway) runPrints(ctx context.Context) {
+func (g *Watcher) Run(ctx context.Context) {
 	if g.printsOut == nil {
 		return
 	}
@@ -101,7 +101,7 @@ func (g *Gateway) runPrints(ctx context.Context) {
 }
 
 // takePrints appends to batch the records queued now, up to printsBatch, without waiting.
-func (g *Gateway) takePrints(batch []state.PrintsRecord) []state.PrintsRecord {
+func (g *Watcher) takePrints(batch []state.PrintsRecord) []state.PrintsRecord {
 	for len(batch) < printsBatch {
 		select {
 		case rec := <-g.printsOut:
@@ -113,8 +113,8 @@ func (g *Gateway) takePrints(batch []state.PrintsRecord) []state.PrintsRecord {
 	return batch
 }
 
-// flushPrints publishes what is still queued (at shutdown).
-func (g *Gateway) flushPrints(ctx context.Context) {
+// Flush publishes what is still queued (at shutdown).
+func (g *Watcher) Flush(ctx context.Context) {
 	if g.printsOut == nil {
 		return
 	}
@@ -129,7 +129,7 @@ func (g *Gateway) flushPrints(ctx context.Context) {
 
 // publishPrints writes the records to the shared stream within timeout; a failure leaves them
 // local. Either way the records are settled: replies waiting for them (awaitPrints) go on.
-func (g *Gateway) publishPrints(ctx context.Context, recs []state.PrintsRecord, timeout time.Duration) {
+func (g *Watcher) publishPrints(ctx context.Context, recs []state.PrintsRecord, timeout time.Duration) {
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	g.printsMu.Lock()
@@ -150,7 +150,7 @@ func (g *Gateway) publishPrints(ctx context.Context, recs []state.PrintsRecord, 
 
 // applyPrints records another replica's prompt once, in stream order (the publisher's read-back
 // and readPrints both read the stream).
-func (g *Gateway) applyPrints(id string, rec state.PrintsRecord, ok bool) {
+func (g *Watcher) applyPrints(id string, rec state.PrintsRecord, ok bool) {
 	g.printsMu.Lock()
 	defer g.printsMu.Unlock()
 	if !state.IDLess(g.printsLast, id) {
@@ -164,7 +164,7 @@ func (g *Gateway) applyPrints(id string, rec state.PrintsRecord, ok bool) {
 
 // readPrints reads the shared stream from the last record applied, now (one round trip; a
 // failure leaves the next publish to catch up).
-func (g *Gateway) readPrints() {
+func (g *Watcher) readPrints() {
 	g.printsMu.Lock()
 	from := g.printsLast
 	g.printsMu.Unlock()
@@ -175,25 +175,25 @@ func (g *Gateway) readPrints() {
 
 // notePrompt fingerprints the prompt about to be forwarded along x.route: the index keeps a
 // sample for other tenants' replies, and the filter of all of it serves this reply.
-func (x *exchange) notePrompt() {
+func (x *Watch) notePrompt() {
 	text := x.fp.text
 	if x.fp.idsText != "" {
 		text += "\n" + x.fp.idsText
 	}
 	x.fp.text, x.fp.idsText = "", "" // the filter is all this request needs from here
-	ix := x.g.prints
-	if ix == nil || x.route == nil || x.tenant == nil {
+	ix := x.w.prints
+	if ix == nil || x.backends == nil {
 		return
 	}
 	fps, own := ix.Hasher().Prompt(text)
 	x.fp.own = own
 	now := time.Now()
-	if x.g.printsOut != nil {
+	if x.w.printsOut != nil {
 		// Queued (bounded), never waited for here: the publisher sends it at once when idle, or
 		// with the records queued meanwhile in one pipelined round trip that also reads the
 		// stream back; the reply waits for that publish (awaitPrints), not the request.
-		rec := state.PrintsRecord{Origin: x.g.replicaID, Tenant: x.tenant.Name, Backends: x.route.Backends, At: now, FPs: slices.Clone(fps)}
-		g := x.g
+		rec := state.PrintsRecord{Origin: x.w.replicaID, Tenant: x.tenant, Backends: x.backends, At: now, FPs: slices.Clone(fps)}
+		g := x.w
 		// Numbered under a lock held across the send, so records enter the queue in number
 		// order and a published record settles every lower number.
 		g.printsQueueMu.Lock()
@@ -206,18 +206,18 @@ func (x *exchange) notePrompt() {
 		}
 		g.printsQueueMu.Unlock()
 	}
-	ix.Record(x.tenant.Name, x.route.Backends, fps, now)
+	ix.Record(x.tenant, x.backends, fps, now)
 }
 
 // textDetector is the reply's fingerprint scanner for the guard (nil: none). A token-id prompt
 // whose text no engine gave back gets none: its own text cannot be told from another's.
-func (x *exchange) textDetector() reply.TextDetector {
-	if x.g.prints == nil || x.route == nil || x.idsUnread || !x.kind.Generates() {
+func (x *Watch) textDetector() reply.TextDetector {
+	if x.w.prints == nil || x.backends == nil || x.idsUnread || !x.kind.Generates() {
 		return nil
 	}
 	if x.fp.scanner == nil {
 		x.awaitPrints()
-		x.fp.scanner = x.g.prints.NewScanner(x.tenant.Name, x.route.Backends, x.fp.own)
+		x.fp.scanner = x.w.prints.NewScanner(x.tenant, x.backends, x.fp.own)
 	}
 	return printsDetector{x}
 }
@@ -231,8 +231,8 @@ const printsWait = 200 * time.Millisecond
 // engine's work (and is shared with the records queued meanwhile); a publish that is late (Redis
 // slow) gets printsWait, then the reply reads the stream itself, as does a reply whose prompt
 // could not be queued (queue full).
-func (x *exchange) awaitPrints() {
-	g := x.g
+func (x *Watch) awaitPrints() {
+	g := x.w
 	if g.printsOut == nil || g.printsDown.Load() {
 		return // Redis is away: replies are checked against what this replica has (G5)
 	}
@@ -267,7 +267,7 @@ func (x *exchange) awaitPrints() {
 	}
 }
 
-type printsDetector struct{ x *exchange }
+type printsDetector struct{ x *Watch }
 
 // Reading opens one reading of the reply's text: the first is the scanner made for the reply,
 // every later one a fork of it (same requester, path and own prompt).
@@ -282,7 +282,7 @@ func (d printsDetector) Reading() reply.TextReading {
 }
 
 type printsReading struct {
-	x  *exchange
+	x  *Watch
 	sc *fingerprint.Scanner
 }
 
@@ -307,9 +307,9 @@ func (r printsReading) Feed(text string) *canary.Hit {
 		return nil
 	}
 	fp.hit, fp.hitBy = &canary.Hit{Victim: r.sc.Victim()}, r.sc
-	if r.x.g.cfg.Canary.Fingerprints.Mode == config.ModeMonitor {
+	if r.x.w.cfg.Fingerprints.Mode == config.ModeMonitor {
 		fp.flagged = true
-		r.x.g.recordIncident(r.x, state.KindLeak, *fp.hit)
+		r.x.Leak(*fp.hit)
 		return nil
 	}
 	return fp.hit
@@ -317,7 +317,7 @@ func (r printsReading) Feed(text string) *canary.Hit {
 
 // printsEvidence fills a leak incident that the fingerprint scanner reported; false when h is
 // not its hit.
-func (x *exchange) printsEvidence(inc *state.Incident, h canary.Hit) bool {
+func (x *Watch) printsEvidence(inc *state.Incident, h canary.Hit) bool {
 	if x.fp.hit == nil || *x.fp.hit != h {
 		return false
 	}
@@ -332,7 +332,7 @@ func (x *exchange) printsEvidence(inc *state.Incident, h canary.Hit) bool {
 
 // printsDone counts a reply that carried fewer foreign fingerprints than a cut needs: a weak
 // match (one shared phrase is not a leak), logged without text.
-func (x *exchange) printsDone() {
+func (x *Watch) printsDone() {
 	if x.fp.hit != nil {
 		return
 	}
@@ -345,8 +345,8 @@ func (x *exchange) printsDone() {
 	if sc == nil {
 		return
 	}
-	x.g.printsWeak.Inc()
-	x.g.log.Info("reply carried a few fingerprints of another tenant's recent prompt (below the cut)",
-		zap.String("request_id", x.rid), zap.String("requester", x.tenant.Name), zap.String("victim", sc.Victim()),
-		zap.Int("matches", sc.Count()), zap.Int("cut_matches", x.g.prints.Config().CutMatches))
+	x.w.printsWeak.Inc()
+	x.w.log.Info("reply carried a few fingerprints of another tenant's recent prompt (below the cut)",
+		zap.String("request_id", x.rid), zap.String("requester", x.tenant), zap.String("victim", sc.Victim()),
+		zap.Int("matches", sc.Count()), zap.Int("cut_matches", x.w.prints.Config().CutMatches))
 }

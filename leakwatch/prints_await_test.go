@@ -1,4 +1,4 @@
-package gateway
+package leakwatch
 
 import (
 	"context"
@@ -6,11 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/zap"
 
-	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/config"
-	"github.com/kvgate/kvgate/policy"
 	"github.com/kvgate/kvgate/state"
 	"github.com/kvgate/kvgate/tests/redistest"
 )
@@ -32,9 +32,7 @@ state: {redis_url: "`+redistest.URL()+`", key_prefix: "kvgate-test-await-`+newID
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, _ := redisGateway(t, cfg)
-	st := g.state
-	route := &backends.Route{Path: policy.Path{Backends: []string{"sim"}}}
+	g, st := redisWatcher(t, cfg)
 	// publishVictim writes bob's prompt as another replica would.
 	publishVictim := func(text string) {
 		fps, _ := g.prints.Hasher().Prompt(text)
@@ -45,8 +43,8 @@ state: {redis_url: "`+redistest.URL()+`", key_prefix: "kvgate-test-await-`+newID
 	caught := func(text string) bool {
 		return g.prints.NewScanner("alice", []string{"sim"}, nil).Feed(text)
 	}
-	aliceAsks := func() *exchange {
-		x := &exchange{g: g, tenant: &g.tenants.Config()[0], route: route}
+	aliceAsks := func() *Watch {
+		x := &Watch{w: g, tenant: "alice", backends: []string{"sim"}}
 		x.fp.text = "alice asks about the weather in a few words of her own"
 		return x
 	}
@@ -79,8 +77,20 @@ state: {redis_url: "`+redistest.URL()+`", key_prefix: "kvgate-test-await-`+newID
 	}
 }
 
+// redisWatcher is a replica's Watcher on the shared store of cfg.
+func redisWatcher(t *testing.T, cfg *config.Config) (*Watcher, *state.State) {
+	t.Helper()
+	st, err := state.Open(cfg, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	return New(Options{Canary: cfg.Canary, Tenants: []string{"alice", "bob"}, State: st, Quarantine: func(map[string]time.Time) {},
+		Registry: prometheus.NewRegistry(), Log: zap.NewNop(), Background: func(_ string, work func(context.Context)) { work(context.Background()) }}), st
+}
+
 // lateReads is kvgate_fingerprint_catchup_reads_total.
-func lateReads(g *Gateway) float64 {
+func lateReads(g *Watcher) float64 {
 	var d dto.Metric
 	_ = g.printsWaitLate.Write(&d)
 	return d.GetCounter().GetValue()

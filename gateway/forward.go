@@ -19,7 +19,6 @@ import (
 	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/reply"
 	"github.com/kvgate/kvgate/request"
-	"github.com/kvgate/kvgate/state"
 )
 
 // This file sends an admitted request along its route (one attempt per method, cleanup
@@ -103,19 +102,13 @@ func (x *exchange) hold() {
 	x.holding = true
 }
 
-// close ends the exchange once: the in-flight accounting is released and the access log line
-// (with the limits' settlement) is written. Every path out of forward ends here.
-func (x *exchange) close() {
-	x.closeOnce.Do(func() {
-		if x.holding {
-			for _, b := range x.route.All() {
-				b.AddInflight(-x.decision.Tokens)
-			}
+// release gives back the in-flight hold (end's first step).
+func (x *exchange) release() {
+	if x.holding {
+		for _, b := range x.route.All() {
+			b.AddInflight(-x.decision.Tokens)
 		}
-		x.printsDone()
-		x.finish()
-		x.releaseQueue() // after finish: the charge is corrected from the settled usage
-	})
+	}
 }
 
 // forward sends the admitted request along x.route and relays the reply: one attempt on a
@@ -216,7 +209,7 @@ func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (
 		}
 	}
 	if err != nil {
-		p.AbortAll(rids) // a transport error on one leg cancels the other
+		abort(p, rids, nil) // a transport error on one leg cancels the other
 		if !last {
 			return false
 		}
@@ -224,7 +217,7 @@ func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (
 		return true
 	}
 	if code := dl.Status(); code < 200 || code > 299 {
-		p.AbortAll(rids)
+		abort(p, rids, nil)
 		if retryable(code) && !last {
 			return false
 		}
@@ -237,8 +230,7 @@ func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (
 	select {
 	case <-pf.Done:
 	case <-time.After(x.g.cfg.Upstream.ResponseHeaderTimeout):
-		p.AbortAll(rids)
-		d.AbortAll(rids)
+		abort(p, rids, d)
 		if !last {
 			return false
 		}
@@ -246,7 +238,7 @@ func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (
 		return true
 	}
 	if !pf.OK() {
-		d.AbortAll(rids)
+		abort(d, rids, nil)
 		if (pf.Err != nil || retryable(pf.Status)) && !last {
 			return false
 		}
@@ -255,15 +247,15 @@ func (x *exchange) attemptPD(ctx *fasthttp.RequestCtx, attempt int, last bool) (
 			return true
 		}
 		// The engine's own error, with its status (scanned like any reply).
-		x.errMsg = "prefill_failed"
+		x.ended(0, "prefill_failed")
 		c := x.g.replies.NewCharge()
 		if !c.Reserve(config.ReplyCostFactor * int64(len(pf.Body))) {
 			x.overBudget(ctx, p)
-		} else if !x.writeEngineReply(ctx, pf.Status, pf.ContentType, pf.Body, p, c, x.newGuard()) {
+		} else if !x.writeEngineReply(ctx, pf.Status, pf.ContentType, pf.Body, p, c, x.watch.Guard()) {
 			x.cut(x.lastLeak, p, rids, d)
 		}
 		c.Done() // at most 1 MiB: given back at once (the body stream's Close is then a no-op)
-		x.close()
+		x.end()
 		return true
 	}
 	handed = true
@@ -292,12 +284,12 @@ func (g *Gateway) countUpstream(b *backends.Backend, l *backends.Leg, err error)
 // the PD peer's backend, aborted too if the reply is cut or the client goes away mid-stream.
 func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *backends.Leg, other *backends.Backend) {
 	code := l.Status()
-	gd := x.newGuard() // one scanner state for the reply's headers and body
+	gd := x.watch.Guard() // one scanner state for the reply's headers and body
 	if h := x.scanHeaders(l, gd); h != nil {
 		// A marker in a header is a leak like one in the body, though no header is passed on.
 		defer x.closeLeg(l)
 		x.lastLeak = h
-		x.integrityError(ctx)
+		x.answer(ctx, apierr.UpstreamIntegrity())
 		x.cut(h, l.B, l.Rids, other)
 		return
 	}
@@ -310,31 +302,27 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *backends.Leg, other *backe
 		}
 		if err != nil {
 			defer x.closeLeg(l)
-			l.B.AbortAll(l.Rids)
-			if other != nil {
-				other.AbortAll(l.Rids)
-			}
+			abort(l.B, l.Rids, other)
 			x.upstreamError(ctx, "upstream_unreadable", fmt.Errorf("engine %s: %w", l.B.Name, err))
 			return
 		}
-		ctx.SetStatusCode(code)
+		x.replied(ctx, code)
 		ctx.Response.ImmediateHeaderFlush = true
 		ctx.Response.Header.SetContentType("text/event-stream")
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
-		x.status = code
 		ctx.SetBodyStream(x.newRelayReader(l, other, src, src == body, gd), -1)
 		return
 	}
 	defer x.closeLeg(l)
 	if code < 200 || code == 204 || code == 304 {
 		// An engine never answers a generation request like this: something else is there.
-		l.B.AbortAll(l.Rids)
+		abort(l.B, l.Rids, nil)
 		x.upstreamError(ctx, "upstream_error", fmt.Errorf("engine %s answered %d with no reply body", l.B.Name, code))
 		return
 	}
 	src, err := reply.Decoded(string(l.Header(fasthttp.HeaderContentEncoding)), l.Body())
 	if err != nil {
-		l.B.AbortAll(l.Rids)
+		abort(l.B, l.Rids, nil)
 		x.upstreamError(ctx, "upstream_unreadable", fmt.Errorf("engine %s: %w", l.B.Name, err))
 		return
 	}
@@ -352,10 +340,7 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *backends.Leg, other *backe
 	}
 	body, err := reply.ReadWhole(src, declared, x.g.cfg.Upstream.MaxReplyBytes, charge)
 	if err != nil {
-		l.B.AbortAll(l.Rids)
-		if other != nil {
-			other.AbortAll(l.Rids)
-		}
+		abort(l.B, l.Rids, other)
 		if errors.Is(err, reply.ErrBudget) {
 			x.overBudget(ctx, l.B)
 			return
@@ -366,17 +351,14 @@ func (x *exchange) relay(ctx *fasthttp.RequestCtx, l *backends.Leg, other *backe
 	if !x.writeEngineReply(ctx, code, l.ContentType(), body, l.B, charge, gd) {
 		x.cut(x.lastLeak, l.B, l.Rids, other)
 	} else if x.errMsg == "reply_over_budget" {
-		l.B.AbortAll(l.Rids)
-		if other != nil {
-			other.AbortAll(l.Rids)
-		}
+		abort(l.B, l.Rids, other)
 	}
 }
 
-// closeLeg releases a leg the relay owns and closes the exchange.
+// closeLeg releases a leg the relay owns and ends the exchange.
 func (x *exchange) closeLeg(l *backends.Leg) {
 	l.Release()
-	x.close()
+	x.end()
 }
 
 // scanHeaders looks for foreign markers in every header of an engine's reply (names and
@@ -411,14 +393,11 @@ const maxPooledHeaderLine = 16 << 10
 // transport errors) goes only to the log.
 func (x *exchange) upstreamError(ctx *fasthttp.RequestCtx, code string, detail error) {
 	if x.noteDrainCut() {
-		writeError(ctx, apierr.ShuttingDown())
-		ctx.Response.Header.Set("X-Request-Id", x.rid)
+		x.answer(ctx, apierr.ShuttingDown())
 		return
 	}
 	x.g.log.Warn("engine reply refused", zap.String("request_id", x.rid), zap.String("error_code", code), zap.Error(detail))
-	writeError(ctx, apierr.UpstreamFailed("The engine's reply could not be used."))
-	ctx.Response.Header.Set("X-Request-Id", x.rid)
-	x.status, x.errMsg = 502, code
+	x.answer(ctx, apierr.UpstreamFailed("The engine's reply could not be used.").LoggedAs(code))
 }
 
 // writeEngineReply passes an engine's whole reply on with its status, normalised and scanned
@@ -441,7 +420,7 @@ func (x *exchange) writeEngineReply(ctx *fasthttp.RequestCtx, code int, contentT
 		return true
 	case errors.Is(err, reply.ErrLeak):
 		x.lastLeak = leak
-		x.integrityError(ctx)
+		x.answer(ctx, apierr.UpstreamIntegrity())
 		return false
 	case err != nil:
 		x.g.log.Warn("engine reply refused: not JSON, or indexes a client would merge differently", zap.String("request_id", x.rid), zap.String("backend", b.Name),
@@ -451,27 +430,18 @@ func (x *exchange) writeEngineReply(ctx *fasthttp.RequestCtx, code int, contentT
 			e = &apierr.Error{Status: code, Type: "invalid_request_error", Code: "upstream_refused",
 				Message: fmt.Sprintf("The engine refused the request (HTTP %d).", code)}
 		}
-		writeError(ctx, e)
-		ctx.Response.Header.Set("X-Request-Id", x.rid)
-		x.status, x.errMsg = e.Status, "upstream_not_json"
+		x.answer(ctx, e.LoggedAs("upstream_not_json"))
 		return true
 	}
 	if code >= 200 && code <= 299 {
 		x.learn(v, b)
 	}
-	x.status = code
-	ctx.SetStatusCode(code)
+	x.replied(ctx, code)
 	ctx.SetContentType("application/json")
 	// The output stays charged until fasthttp has written it; SetBody would also copy it into a
 	// pooled buffer that outlives the reply.
 	ctx.Response.SetBodyStream(reply.ChargedBody(out, c), len(out))
 	return true
-}
-
-// newGuard is the reply scanner for this exchange (nil when canaries are off).
-func (x *exchange) newGuard() *reply.Guard {
-	return reply.NewGuard(reply.Scope{Keyring: x.g.keyring, Requester: x.tenant.Name, Echoes: x.echoes, Kind: x.kind,
-		EngineRID: x.engineRID, OnEcho: func(h canary.Hit) { x.g.recordIncident(x, state.KindEcho, h) }, Text: x.textDetector()})
 }
 
 // overBudget answers a reply that does not fit in upstream.max_buffered_bytes: 503 with
@@ -480,22 +450,20 @@ func (x *exchange) overBudget(ctx *fasthttp.RequestCtx, b *backends.Backend) {
 	x.g.metrics.repliesOverBudget.Inc()
 	x.g.log.Warn("engine reply over the buffered-reply budget", zap.String("request_id", x.rid), zap.String("backend", b.Name),
 		zap.Int64("max_buffered_bytes", x.g.replies.Max()))
-	writeError(ctx, apierr.ReplyOverBudget())
-	ctx.Response.Header.Set("X-Request-Id", x.rid)
-	x.status, x.errMsg = 503, "reply_over_budget"
-}
-
-func (x *exchange) integrityError(ctx *fasthttp.RequestCtx) {
-	writeError(ctx, apierr.UpstreamIntegrity())
-	ctx.Response.Header.Set("X-Request-Id", x.rid)
-	x.status = 502
+	x.answer(ctx, apierr.ReplyOverBudget())
 }
 
 // cut records a leak: the incident, the quarantine of every backend on the path, and aborts
 // of the request on the engines.
 func (x *exchange) cut(h *canary.Hit, b *backends.Backend, rids []string, other *backends.Backend) {
-	x.errMsg = "upstream_integrity"
-	x.g.recordIncident(x, state.KindLeak, *h)
+	x.ended(0, apierr.UpstreamIntegrity().Code)
+	x.watch.Leak(*h)
+	abort(b, rids, other)
+}
+
+// abort tells a leg's engine, and its PD peer (nil: none), to drop the request: the one way a
+// leg given up is aborted.
+func abort(b *backends.Backend, rids []string, other *backends.Backend) {
 	b.AbortAll(rids)
 	if other != nil {
 		other.AbortAll(rids)
