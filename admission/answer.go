@@ -124,15 +124,18 @@ func (c *Counter) Decide(a Ask) Answer {
 		}
 	}
 	output := RuleOutput(a.Output, a.OutputGiven, a.N, a.DefaultMaxTokens)
+	// The rule's numbers, all at once: each path's largest prompt, and the overall limit.
 	var pathBuf [4]policy.Path // the usual few routes: no allocation
-	paths := pathBuf[:0]
+	var maxBuf [4]int
+	paths, maxes := pathBuf[:0], maxBuf[:0]
 	maxContext := 0
 	for i := range a.Routes {
 		paths = append(paths, a.Routes[i].Path)
+		maxes = append(maxes, policy.MaxPrompt(a.Routes[i].Path, output, a.TenantMaxPrompt))
 		maxContext = max(maxContext, a.Routes[i].ContextLen)
 	}
 	limit := policy.Limit(paths, output, a.TenantMaxPrompt)
-	res := c.DecidePaths(a.Prompts, a.Routes, output, a.TenantMaxPrompt, limit, a.FailClosed)
+	res := c.decidePaths(a.Prompts, a.Routes, maxes, limit, a.FailClosed)
 	ans := Answer{Decision: res.Decision, Estimate: res.Estimate}
 	pick := res.Pick
 	if !res.Decision.Admit {
@@ -143,7 +146,7 @@ func (c *Counter) Decide(a Ask) Answer {
 		switch {
 		case a.Monitor:
 			ans.Verdict = VerdictMonitorPass
-			pick = Roomiest(a.Routes, output, a.TenantMaxPrompt)
+			pick = roomiest(maxes)
 		case res.Undecided:
 			// Some path might admit it, but no sound count could say: not a 413 (the prompt
 			// may fit), and never an admit. Retryable.
