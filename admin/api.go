@@ -21,6 +21,7 @@ import (
 
 	"github.com/kvgate/kvgate/admin/ui"
 	"github.com/kvgate/kvgate/apierr"
+	"github.com/kvgate/kvgate/apierr/respond"
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/state"
 	"github.com/kvgate/kvgate/tenants"
@@ -63,21 +64,21 @@ func (g *API) Handle(ctx *fasthttp.RequestCtx, path, method string) bool {
 	switch path {
 	case "/admin/stats":
 		if method != fasthttp.MethodGet {
-			writeError(ctx, apierr.Method)
+			respond.Error(ctx, apierr.Method, apierr.OpenAI)
 		} else if g.Auth(ctx) {
 			g.stats(ctx)
 		}
 		return true
 	case "/admin/backends":
 		if method != fasthttp.MethodGet {
-			writeError(ctx, apierr.Method)
+			respond.Error(ctx, apierr.Method, apierr.OpenAI)
 		} else if g.Auth(ctx) {
 			g.backendsList(ctx)
 		}
 		return true
 	case "/admin/incidents":
 		if method != fasthttp.MethodGet {
-			writeError(ctx, apierr.Method)
+			respond.Error(ctx, apierr.Method, apierr.OpenAI)
 		} else if g.Auth(ctx) {
 			g.incidents(ctx)
 		}
@@ -85,7 +86,7 @@ func (g *API) Handle(ctx *fasthttp.RequestCtx, path, method string) bool {
 	}
 	if path == "/admin/models/fail-closed" {
 		if method != fasthttp.MethodGet {
-			writeError(ctx, apierr.Method)
+			respond.Error(ctx, apierr.Method, apierr.OpenAI)
 		} else if g.Auth(ctx) {
 			g.failClosedList(ctx)
 		}
@@ -93,7 +94,7 @@ func (g *API) Handle(ctx *fasthttp.RequestCtx, path, method string) bool {
 	}
 	if name, ok := strings.CutPrefix(path, "/admin/models/"); ok && strings.HasSuffix(name, "/clear-fail-closed") {
 		if method != fasthttp.MethodPost {
-			writeError(ctx, apierr.Method)
+			respond.Error(ctx, apierr.Method, apierr.OpenAI)
 		} else if g.Auth(ctx) {
 			g.clearFailClosed(ctx, strings.TrimSuffix(name, "/clear-fail-closed"))
 		}
@@ -101,7 +102,7 @@ func (g *API) Handle(ctx *fasthttp.RequestCtx, path, method string) bool {
 	}
 	if name, ok := strings.CutPrefix(path, "/admin/backends/"); ok && strings.HasSuffix(name, "/release") {
 		if method != fasthttp.MethodPost {
-			writeError(ctx, apierr.Method)
+			respond.Error(ctx, apierr.Method, apierr.OpenAI)
 		} else if g.Auth(ctx) {
 			g.release(ctx, strings.TrimSuffix(name, "/release"))
 		}
@@ -109,24 +110,13 @@ func (g *API) Handle(ctx *fasthttp.RequestCtx, path, method string) bool {
 	}
 	if name, ok := strings.CutPrefix(path, "/admin/backends/"); ok && strings.HasSuffix(name, "/quarantine") {
 		if method != fasthttp.MethodPost {
-			writeError(ctx, apierr.Method)
+			respond.Error(ctx, apierr.Method, apierr.OpenAI)
 		} else if g.Auth(ctx) {
 			g.quarantine(ctx, strings.TrimSuffix(name, "/quarantine"))
 		}
 		return true
 	}
 	return g.tenants(ctx, path, method)
-}
-
-// writeError answers e in OpenAI's envelope (no admin route is Anthropic's).
-func writeError(ctx *fasthttp.RequestCtx, e *apierr.Error) {
-	ctx.Response.ResetBody()
-	ctx.SetStatusCode(e.Status)
-	ctx.SetContentType("application/json")
-	if e.RetryAfter > 0 {
-		ctx.Response.Header.Set("Retry-After", strconv.Itoa(e.RetryAfter))
-	}
-	ctx.SetBody(e.Body(apierr.OpenAI))
 }
 
 // Auth answers 401 unless the request carries the admin key (compared in constant time) or,
@@ -158,14 +148,14 @@ func (g *API) bearerAuth(ctx *fasthttp.RequestCtx, via string, refusal *apierr.E
 		return g.sessionAuth(ctx)
 	}
 	if !ok {
-		writeError(ctx, refusal)
+		respond.Error(ctx, refusal, apierr.OpenAI)
 		return false
 	}
 	switch g.tryKey(ctx, key, via, hashes...) {
 	case keyThrottled:
 		return false
 	case keyWrong:
-		writeError(ctx, refusal)
+		respond.Error(ctx, refusal, apierr.OpenAI)
 		return false
 	}
 	return true
@@ -187,7 +177,7 @@ func (g *API) tryKey(ctx *fasthttp.RequestCtx, key []byte, via string, hashes ..
 	if g.Throttle != nil {
 		if wait := g.Throttle.Wait(addr, now); wait > 0 {
 			g.Throttle.Throttled(via)
-			writeError(ctx, tooManyFailures(wait))
+			respond.Error(ctx, tooManyFailures(wait), apierr.OpenAI)
 			return keyThrottled
 		}
 	}
@@ -262,7 +252,7 @@ func (g *API) incidents(ctx *fasthttp.RequestCtx) {
 	if s := q.Peek("limit"); len(s) > 0 {
 		n, err := strconv.Atoi(string(s))
 		if err != nil || n < 1 || n > 10000 {
-			writeError(ctx, apierr.BadRequest("limit", "'limit' must be an integer from 1 to 10000."))
+			respond.Error(ctx, apierr.BadRequest("limit", "'limit' must be an integer from 1 to 10000."), apierr.OpenAI)
 			return
 		}
 		limit = n
@@ -271,14 +261,14 @@ func (g *API) incidents(ctx *fasthttp.RequestCtx) {
 	if s := string(q.Peek("since")); s != "" {
 		t, ok := parseSince(s)
 		if !ok {
-			writeError(ctx, apierr.BadRequest("since", "'since' must be an RFC 3339 time (2026-12-03T16:00:00Z) or Unix milliseconds."))
+			respond.Error(ctx, apierr.BadRequest("since", "'since' must be an RFC 3339 time (2026-12-03T16:00:00Z) or Unix milliseconds."), apierr.OpenAI)
 			return
 		}
 		since = t
 	}
 	tenant := string(q.Peek("tenant"))
 	if q.Has("tenant") && tenant == "" {
-		writeError(ctx, apierr.BadRequest("tenant", "'tenant' must name a tenant."))
+		respond.Error(ctx, apierr.BadRequest("tenant", "'tenant' must name a tenant."), apierr.OpenAI)
 		return
 	}
 	filtered := !since.IsZero() || tenant != ""
@@ -290,7 +280,7 @@ func (g *API) incidents(ctx *fasthttp.RequestCtx) {
 	}
 	list, err := g.Incidents.List(rctx, n)
 	if err != nil {
-		writeError(ctx, apierr.StateUnavailable("The incident store is unreachable: "+err.Error()))
+		respond.Error(ctx, apierr.StateUnavailable("The incident store is unreachable: "+err.Error()), apierr.OpenAI)
 		return
 	}
 	out := make([]state.Incident, 0, min(len(list), limit))
@@ -330,14 +320,14 @@ func backendNotFound(name string) *apierr.Error {
 // scanner cannot see), for ?ttl= (a Go duration) or canary.quarantine_ttl; release ends it.
 func (g *API) quarantine(ctx *fasthttp.RequestCtx, name string) {
 	if g.Backends.Get(name) == nil {
-		writeError(ctx, backendNotFound(name))
+		respond.Error(ctx, backendNotFound(name), apierr.OpenAI)
 		return
 	}
 	ttl := g.QuarantineTTL
 	if s := ctx.QueryArgs().Peek("ttl"); len(s) > 0 {
 		d, err := time.ParseDuration(string(s))
 		if err != nil || d <= 0 {
-			writeError(ctx, apierr.BadRequest("ttl", "'ttl' must be a positive duration, like 10m."))
+			respond.Error(ctx, apierr.BadRequest("ttl", "'ttl' must be a positive duration, like 10m."), apierr.OpenAI)
 			return
 		}
 		ttl = d
@@ -352,13 +342,13 @@ func (g *API) quarantine(ctx *fasthttp.RequestCtx, name string) {
 
 func (g *API) release(ctx *fasthttp.RequestCtx, name string) {
 	if g.Backends.Get(name) == nil {
-		writeError(ctx, backendNotFound(name))
+		respond.Error(ctx, backendNotFound(name), apierr.OpenAI)
 		return
 	}
 	rctx, cancel := storeCtx()
 	defer cancel()
 	if err := g.Quarantines.Release(rctx, name); err != nil {
-		writeError(ctx, apierr.StateUnavailable("The quarantine store is unreachable; the backend stays quarantined: "+err.Error()))
+		respond.Error(ctx, apierr.StateUnavailable("The quarantine store is unreachable; the backend stays quarantined: "+err.Error()), apierr.OpenAI)
 		return
 	}
 	g.Log.Warn("backend released from quarantine by an operator", zap.String("backend", name))
@@ -388,17 +378,17 @@ func (g *API) failClosedList(ctx *fasthttp.RequestCtx) {
 // counts as before on every replica (the shared flag first: a failure leaves it in force).
 func (g *API) clearFailClosed(ctx *fasthttp.RequestCtx, model string) {
 	if g.FailClosed == nil || g.FailClosedModels == nil {
-		writeError(ctx, modelNotFailClosed(model))
+		respond.Error(ctx, modelNotFailClosed(model), apierr.OpenAI)
 		return
 	}
 	if _, ok := g.FailClosedModels()[model]; !ok {
-		writeError(ctx, modelNotFailClosed(model))
+		respond.Error(ctx, modelNotFailClosed(model), apierr.OpenAI)
 		return
 	}
 	rctx, cancel := storeCtx()
 	defer cancel()
 	if err := g.FailClosed.Release(rctx, model); err != nil {
-		writeError(ctx, apierr.StateUnavailable("The shared store is unreachable; the model stays fail-closed: "+err.Error()))
+		respond.Error(ctx, apierr.StateUnavailable("The shared store is unreachable; the model stays fail-closed: "+err.Error()), apierr.OpenAI)
 		return
 	}
 	g.Log.Warn("model's fail-closed admission cleared by an operator", zap.String("model", model))

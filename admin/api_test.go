@@ -19,6 +19,7 @@ import (
 	"github.com/kvgate/kvgate/state"
 	"github.com/kvgate/kvgate/tenants"
 	"github.com/kvgate/kvgate/tests/redistest"
+	"github.com/kvgate/kvgate/tests/tenantcase"
 )
 
 func api(t *testing.T, key string) *admin.API {
@@ -191,5 +192,53 @@ func TestAdminIncidentFilters(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Every attribute a file tenant has can be set through the admin API, is served by the directory
+// and read back by GET (the file's tenants are shown the same way); PATCH changes one and keeps
+// the rest; a bad value is a 400 naming its field.
+func TestAdminTenantEveryAttribute(t *testing.T) {
+	a := api(t, "admin-key")
+	file := tenantcase.Full("filed", "k-file")
+	a.Tenants = tenants.NewDirectory(tenants.FromConfig([]config.Tenant{file}), a.Store, zap.NewNop())
+	full := tenantcase.Full("full", "k-full")
+	body, _ := json.Marshal(full)
+	if _, status, out := call(a, "POST", "/admin/tenants", "admin-key", string(body)); status != 201 {
+		t.Fatalf("create: %d %s", status, out)
+	}
+	if got := a.Tenants.ByKey([]byte("k-full")); got == nil || got.Tenant != full {
+		t.Fatalf("directory: %+v, want %+v", got, full)
+	}
+	for _, c := range []struct {
+		want   config.Tenant
+		source string
+	}{{full, "runtime"}, {file, "config"}} {
+		_, status, out := call(a, "GET", "/admin/tenants/"+c.want.Name, "admin-key", "")
+		var got config.Tenant
+		if status != 200 || json.Unmarshal(out, &got) != nil {
+			t.Fatalf("GET %s: %d %s", c.want.Name, status, out)
+		}
+		got.KeySHA256 = c.want.KeySHA256 // shown by its prefix only
+		if got != c.want || !strings.Contains(string(out), `"source":"`+c.source+`"`) {
+			t.Fatalf("GET %s = %s, want %+v", c.want.Name, out, c.want)
+		}
+	}
+	if _, status, out := call(a, "PATCH", "/admin/tenants/full", "admin-key", `{"weight":2}`); status != 200 {
+		t.Fatalf("patch: %d %s", status, out)
+	}
+	patched := full
+	patched.Weight = 2
+	if got := a.Tenants.ByKey([]byte("k-full")); got == nil || got.Tenant != patched {
+		t.Fatalf("after PATCH weight: %+v, want %+v", got, patched)
+	}
+	for body, param := range map[string]string{`{"weight":1000.5}`: "weight", `{"weight":-2}`: "weight", `{"rpm":"x"}`: "rpm", `{"tpm":-1}`: "tpm"} {
+		_, status, out := call(a, "PATCH", "/admin/tenants/full", "admin-key", body)
+		var e struct {
+			Error struct{ Param string }
+		}
+		if status != 400 || json.Unmarshal(out, &e) != nil || e.Error.Param != param {
+			t.Errorf("PATCH %s: %d %s, want a 400 naming %q", body, status, out, param)
+		}
 	}
 }

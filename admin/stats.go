@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvgate/kvgate/apierr"
+	"github.com/kvgate/kvgate/apierr/respond"
 )
 
 // countRow is one labelled counter value.
@@ -33,12 +34,12 @@ var statsFamilies = map[string]string{
 
 func (g *API) stats(ctx *fasthttp.RequestCtx) {
 	if g.Metrics == nil {
-		writeError(ctx, apierr.StateUnavailable("This replica has no metrics registry to read."))
+		respond.Error(ctx, apierr.StateUnavailable("This replica has no metrics registry to read."), apierr.OpenAI)
 		return
 	}
 	mfs, err := g.Metrics.Gather()
 	if err != nil && len(mfs) == 0 {
-		writeError(ctx, apierr.StateUnavailable("Reading the metrics failed: "+err.Error()))
+		respond.Error(ctx, apierr.StateUnavailable("Reading the metrics failed: "+err.Error()), apierr.OpenAI)
 		return
 	}
 	byName := map[string]*dto.MetricFamily{}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvgate/kvgate/admin/ui"
 	"github.com/kvgate/kvgate/apierr"
+	"github.com/kvgate/kvgate/apierr/respond"
 )
 
 // uiPrefix is where the page lives.
@@ -55,30 +56,30 @@ func (g *API) statusPage(ctx *fasthttp.RequestCtx, p, method string) bool {
 	switch rest {
 	case "login":
 		if method != fasthttp.MethodPost {
-			writeError(ctx, apierr.Method)
+			respond.Error(ctx, apierr.Method, apierr.OpenAI)
 		} else {
 			g.login(ctx)
 		}
 		return true
 	case "logout":
 		if method != fasthttp.MethodPost {
-			writeError(ctx, apierr.Method)
+			respond.Error(ctx, apierr.Method, apierr.OpenAI)
 		} else if g.Auth(ctx) {
 			g.logout(ctx)
 		}
 		return true
 	case "session":
 		if method != fasthttp.MethodGet {
-			writeError(ctx, apierr.Method)
+			respond.Error(ctx, apierr.Method, apierr.OpenAI)
 		} else if sess, _, ok := g.session(ctx); !ok {
-			writeError(ctx, apierr.Unauthorized)
+			respond.Error(ctx, apierr.Unauthorized, apierr.OpenAI)
 		} else {
 			writeJSON(ctx, 200, map[string]any{"csrf_token": sess.CSRF, "expires": sess.Expires.UTC()})
 		}
 		return true
 	}
 	if method != fasthttp.MethodGet && method != fasthttp.MethodHead {
-		writeError(ctx, apierr.Method)
+		respond.Error(ctx, apierr.Method, apierr.OpenAI)
 		return true
 	}
 	g.pageFile(ctx, rest)
@@ -95,12 +96,12 @@ func (g *API) pageFile(ctx *fasthttp.RequestCtx, name string) {
 	}
 	ct, known := contentTypes[path.Ext(name)]
 	if !known || !fs.ValidPath(name) {
-		writeError(ctx, apierr.NotFound)
+		respond.Error(ctx, apierr.NotFound, apierr.OpenAI)
 		return
 	}
 	body, err := fs.ReadFile(ui.Files(), name)
 	if err != nil {
-		writeError(ctx, apierr.NotFound)
+		respond.Error(ctx, apierr.NotFound, apierr.OpenAI)
 		return
 	}
 	ctx.SetContentType(ct)
@@ -114,7 +115,7 @@ func (g *API) pageFile(ctx *fasthttp.RequestCtx, name string) {
 func (g *API) login(ctx *fasthttp.RequestCtx) {
 	body, e := g.ReadBody(ctx, 4096)
 	if e != nil {
-		writeError(ctx, e)
+		respond.Error(ctx, e, apierr.OpenAI)
 		return
 	}
 	args := fasthttp.AcquireArgs()
@@ -130,7 +131,7 @@ func (g *API) login(ctx *fasthttp.RequestCtx) {
 	}
 	id, sess, err := g.sessionTable().Create(time.Now())
 	if err != nil {
-		writeError(ctx, apierr.StateUnavailable("Could not start a session: "+err.Error()))
+		respond.Error(ctx, apierr.StateUnavailable("Could not start a session: "+err.Error()), apierr.OpenAI)
 		return
 	}
 	c := fasthttp.AcquireCookie()
@@ -188,7 +189,7 @@ var csrfRefused = &apierr.Error{Status: 403, Type: "invalid_request_error", Code
 func (g *API) sessionAuth(ctx *fasthttp.RequestCtx) bool {
 	sess, _, ok := g.session(ctx)
 	if !ok {
-		writeError(ctx, apierr.Unauthorized)
+		respond.Error(ctx, apierr.Unauthorized, apierr.OpenAI)
 		return false
 	}
 	if ctx.IsGet() || ctx.IsHead() {
@@ -196,7 +197,7 @@ func (g *API) sessionAuth(ctx *fasthttp.RequestCtx) bool {
 	}
 	token := ctx.Request.Header.Peek(ui.CSRFHeader)
 	if subtle.ConstantTimeCompare(token, []byte(sess.CSRF)) != 1 {
-		writeError(ctx, csrfRefused)
+		respond.Error(ctx, csrfRefused, apierr.OpenAI)
 		return false
 	}
 	return true

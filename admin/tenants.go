@@ -16,6 +16,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/apierr"
+	"github.com/kvgate/kvgate/apierr/respond"
+	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/state"
 	"github.com/kvgate/kvgate/tenants"
 )
@@ -33,7 +35,7 @@ func (g *API) tenants(ctx *fasthttp.RequestCtx, path, method string) bool {
 				g.createTenant(ctx)
 			}
 		default:
-			writeError(ctx, apierr.Method)
+			respond.Error(ctx, apierr.Method, apierr.OpenAI)
 		}
 		return true
 	}
@@ -55,19 +57,19 @@ func (g *API) tenants(ctx *fasthttp.RequestCtx, path, method string) bool {
 			g.deleteTenant(ctx, name)
 		}
 	default:
-		writeError(ctx, apierr.Method)
+		respond.Error(ctx, apierr.Method, apierr.OpenAI)
 	}
 	return true
 }
 
-// readTenantFields reads the body through readBody: the server streams request bodies, so
-// PostBody alone may not hold all of it.
-func (g *API) readTenantFields(ctx *fasthttp.RequestCtx) (*tenants.Fields, *apierr.Error) {
+// readTenant merges the body into r (tenants.Decode), read through ReadBody: the server streams
+// request bodies, so PostBody alone may not hold all of it.
+func (g *API) readTenant(ctx *fasthttp.RequestCtx, r *config.Tenant) *apierr.Error {
 	body, e := g.ReadBody(ctx, 1<<20)
 	if e != nil {
-		return nil, e
+		return e
 	}
-	return tenants.DecodeFields(body)
+	return tenants.Decode(body, r)
 }
 
 func storeCtx() (context.Context, context.CancelFunc) {
@@ -82,10 +84,7 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 }
 
 // configView shows a tenant of the config file as the store's tenants are shown.
-func configView(t tenants.Tenant) tenants.View {
-	return tenants.ViewOf(state.TenantRecord{Name: t.Name, KeySHA256: t.KeySHA256, MaxPromptTokens: t.MaxPromptTokens,
-		CanaryOptOut: t.CanaryOptOut, Rates: t.Limits()}, "config")
-}
+func configView(t tenants.Tenant) tenants.View { return tenants.ViewOf(t.Tenant, "config") }
 
 func (g *API) listTenants(ctx *fasthttp.RequestCtx) {
 	out := []tenants.View{}
@@ -96,7 +95,7 @@ func (g *API) listTenants(ctx *fasthttp.RequestCtx) {
 	defer cancel()
 	recs, err := g.Store.List(rctx)
 	if err != nil {
-		writeError(ctx, tenants.StoreError(err, ""))
+		respond.Error(ctx, tenants.StoreError(err, ""), apierr.OpenAI)
 		return
 	}
 	for _, r := range recs {
@@ -115,43 +114,38 @@ func (g *API) getTenant(ctx *fasthttp.RequestCtx, name string) {
 	defer cancel()
 	r, err := g.Store.Get(rctx, name)
 	if err != nil {
-		writeError(ctx, tenants.StoreError(err, name))
+		respond.Error(ctx, tenants.StoreError(err, name), apierr.OpenAI)
 		return
 	}
 	writeJSON(ctx, 200, tenants.ViewOf(r, "runtime"))
 }
 
 func (g *API) createTenant(ctx *fasthttp.RequestCtx) {
-	f, e := g.readTenantFields(ctx)
-	if e != nil {
-		writeError(ctx, e)
+	var r config.Tenant
+	if e := g.readTenant(ctx, &r); e != nil {
+		respond.Error(ctx, e, apierr.OpenAI)
 		return
 	}
-	if f.Name == nil || !tenants.ValidName(*f.Name) {
-		writeError(ctx, apierr.BadRequest("name", "'name' is required: 1 to 64 characters from A-Z, a-z, 0-9, '-', '_', '.'."))
+	if !tenants.ValidName(r.Name) {
+		respond.Error(ctx, apierr.BadRequest("name", "'name' is required: 1 to 64 characters from A-Z, a-z, 0-9, '-', '_', '.'."), apierr.OpenAI)
 		return
 	}
-	if f.KeySHA256 == nil {
-		writeError(ctx, apierr.BadRequest("key_sha256", "'key_sha256' is required (the hex SHA-256 of the tenant's API key)."))
-		return
-	}
-	r := state.TenantRecord{Name: *f.Name}
-	if e := f.Apply(&r); e != nil {
-		writeError(ctx, e)
+	if e := tenants.Validate(&r); e != nil {
+		respond.Error(ctx, e, apierr.OpenAI)
 		return
 	}
 	if g.Tenants.Configured(r.Name) != nil {
-		writeError(ctx, tenants.StoreError(state.ErrTenantExists, r.Name))
+		respond.Error(ctx, tenants.StoreError(state.ErrTenantExists, r.Name), apierr.OpenAI)
 		return
 	}
 	if g.Tenants.KeyClash(r.KeySHA256) {
-		writeError(ctx, tenants.KeyInUse())
+		respond.Error(ctx, tenants.KeyInUse(), apierr.OpenAI)
 		return
 	}
 	rctx, cancel := storeCtx()
 	defer cancel()
 	if err := g.Store.Create(rctx, r); err != nil {
-		writeError(ctx, tenants.StoreError(err, r.Name))
+		respond.Error(ctx, tenants.StoreError(err, r.Name), apierr.OpenAI)
 		return
 	}
 	g.Tenants.Sync(rctx) // this replica serves the tenant at once; others within a sync interval
@@ -161,35 +155,34 @@ func (g *API) createTenant(ctx *fasthttp.RequestCtx) {
 
 func (g *API) patchTenant(ctx *fasthttp.RequestCtx, name string) {
 	if g.Tenants.Configured(name) != nil {
-		writeError(ctx, tenants.ConfigTenantError(name))
-		return
-	}
-	f, e := g.readTenantFields(ctx)
-	if e != nil {
-		writeError(ctx, e)
-		return
-	}
-	if f.Name != nil && *f.Name != name {
-		writeError(ctx, apierr.BadRequest("name", "A tenant cannot be renamed: create the new name and delete the old one."))
+		respond.Error(ctx, tenants.ConfigTenantError(name), apierr.OpenAI)
 		return
 	}
 	rctx, cancel := storeCtx()
 	defer cancel()
 	r, err := g.Store.Get(rctx, name)
 	if err != nil {
-		writeError(ctx, tenants.StoreError(err, name))
+		respond.Error(ctx, tenants.StoreError(err, name), apierr.OpenAI)
 		return
 	}
-	if e := f.Apply(&r); e != nil {
-		writeError(ctx, e)
+	if e := g.readTenant(ctx, &r); e != nil {
+		respond.Error(ctx, e, apierr.OpenAI)
+		return
+	}
+	if r.Name != name {
+		respond.Error(ctx, apierr.BadRequest("name", "A tenant cannot be renamed: create the new name and delete the old one."), apierr.OpenAI)
+		return
+	}
+	if e := tenants.Validate(&r); e != nil {
+		respond.Error(ctx, e, apierr.OpenAI)
 		return
 	}
 	if g.Tenants.KeyClash(r.KeySHA256) {
-		writeError(ctx, tenants.KeyInUse())
+		respond.Error(ctx, tenants.KeyInUse(), apierr.OpenAI)
 		return
 	}
 	if err := g.Store.Update(rctx, r); err != nil {
-		writeError(ctx, tenants.StoreError(err, name))
+		respond.Error(ctx, tenants.StoreError(err, name), apierr.OpenAI)
 		return
 	}
 	g.Tenants.Sync(rctx)
@@ -199,13 +192,13 @@ func (g *API) patchTenant(ctx *fasthttp.RequestCtx, name string) {
 
 func (g *API) deleteTenant(ctx *fasthttp.RequestCtx, name string) {
 	if g.Tenants.Configured(name) != nil {
-		writeError(ctx, tenants.ConfigTenantError(name))
+		respond.Error(ctx, tenants.ConfigTenantError(name), apierr.OpenAI)
 		return
 	}
 	rctx, cancel := storeCtx()
 	defer cancel()
 	if err := g.Store.Delete(rctx, name); err != nil {
-		writeError(ctx, tenants.StoreError(err, name))
+		respond.Error(ctx, tenants.StoreError(err, name), apierr.OpenAI)
 		return
 	}
 	g.Tenants.Sync(rctx)

@@ -129,3 +129,27 @@ func TestDecideWithoutASoundCountIsUndecided(t *testing.T) {
 		t.Fatalf("a gray-zone prompt on an uncalibrated engine without an exact counter: want undecided, got %+v", res)
 	}
 }
+
+// Issue 40's whole-pool shape is admitted, by decision: prompt + max_tokens over the pool
+// (19 + 30,000 against 20,000) but under the context is what SGLang serves (it cuts
+// max_new_tokens to max_req_len − prompt − 1, below the pool), so it is not a 413; the
+// admission queue books it at the whole pool and passes it (fairqueue). Over the context it is
+// refused, as the engine would.
+func TestOutputOverThePoolIsAdmittedOverTheContextRefused(t *testing.T) {
+	g, _ := localCounter(t)
+	routes := []backends.Route{unified("sim", 20000, 32768)}
+	backends.SetCapacityForTest(routes[0].Unified, &backends.Capacity{PoolTokens: 20000, ContextLen: 32768})
+	prompt := []request.Prompt{{Text: prose(15), Templated: true}}
+	paths := []policy.Path{routes[0].Path}
+	res := g.DecidePaths(prompt, routes, 30000, 0, policy.Limit(paths, 30000, 0), false)
+	if res.Pick != 0 || !res.Decision.Admit {
+		t.Fatalf("prompt + 30,000 output tokens over a 20,000-token pool, under a 32,768 context: want admitted, got %+v", res)
+	}
+	if need, pool := routes[0].KVNeed(res.Decision.Tokens, 30000); need != 20000 || pool != 20000 {
+		t.Fatalf("its KV need is %d of %d, want the whole pool (20,000 of 20,000)", need, pool)
+	}
+	res = g.DecidePaths(prompt, routes, 32768, 0, policy.Limit(paths, 32768, 0), false)
+	if res.Pick != -1 || res.Decision.Admit {
+		t.Fatalf("prompt + 32,768 output tokens over a 32,768 context: want refused (413), got %+v", res)
+	}
+}

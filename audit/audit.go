@@ -54,7 +54,13 @@ type Options struct {
 	Timeout     time.Duration // per request, reply read whole; default DefaultTimeout
 	MaxTime     time.Duration // for the whole audit; default DefaultMaxTime
 	Warmups     int           // marked warm-up requests, sent one at a time; default DefaultWarmups; <0 = none
-	Progress    func(line string)
+	// The salt checks (salt.go): NoSalts skips them. Through kvgate, SecondKey is another
+	// tenant's key (the gateway salts per tenant), and AdminKey lists its backends for one
+	// verdict each.
+	NoSalts   bool
+	SecondKey string
+	AdminKey  string
+	Progress  func(line string)
 }
 
 func (o *Options) defaults() {
@@ -131,6 +137,9 @@ func (a *auditor) run(ctx context.Context) error {
 		return err
 	}
 	a.mismatch()
+	// Salt probes first: small, admitted prompts under fresh prefixes, which the refusal probes'
+	// filler would otherwise share.
+	a.saltChecks(ctx)
 	over, under := a.plan()
 	a.steps = max(a.o.Warmups, 0) + len(over) + len(under)
 	a.warmUp(ctx)

@@ -175,7 +175,7 @@ func TestAuditNoDiscoverableLimitNamesFlag(t *testing.T) {
 
 	// With the limit given, the same target is audited: it refuses at 100, so everything passes,
 	// and requests go one at a time by default.
-	r = Run(context.Background(), Options{Target: url, Limit: 100, Warmups: -1})
+	r = Run(context.Background(), Options{Target: url, Limit: 100, Warmups: -1, NoSalts: true})
 	if r.ExitCode != ExitPass || r.Sizing != SizingEstimate || r.LimitSource != "--limit" {
 		t.Fatalf("exit %d sizing %s source %s: %+v", r.ExitCode, r.Sizing, r.LimitSource, r.Findings)
 	}

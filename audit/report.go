@@ -13,6 +13,7 @@ const (
 	KindRefusal   = "refusal"   // an over-limit prompt must get a 4xx; an under-limit one should fit
 	KindIsolation = "isolation" // no reply may quote another request's text
 	KindMismatch  = "mismatch"  // an advertised context larger than the KV pool behind it
+	KindSalt      = "salt"      // another salt must not hit a prefix cached under one salt
 )
 
 // Verdicts. A warning does not fail the audit; a failure does.
@@ -58,6 +59,7 @@ type Server struct {
 	Role           string   `json:"role"` // target | prefill | decode
 	URL            string   `json:"url"`
 	Model          string   `json:"model,omitempty"`
+	OwnedBy        string   `json:"owned_by,omitempty"`          // /v1/models owned_by: "kvgate" names a kvgate gateway
 	Context        int      `json:"context,omitempty"`           // /v1/models max_model_len
 	Pool           int      `json:"pool,omitempty"`              // /server_info max_total_num_tokens
 	MaxReqInputLen int      `json:"max_req_input_len,omitempty"` // /server_info max_req_input_len
@@ -80,9 +82,11 @@ type Report struct {
 	TokensSent  int       `json:"tokens_sent"`
 	Budget      int       `json:"budget"`
 	Findings    []Finding `json:"findings"`
-	Summary     Summary   `json:"summary"`
-	ExitCode    int       `json:"exit_code"`
-	Error       string    `json:"error,omitempty"` // why the target could not be audited (exit 2)
+	// Salts is each backend's (or PD pair's) salt verdict: isolated | shared | unknown.
+	Salts    []SaltVerdict `json:"salts,omitempty"`
+	Summary  Summary       `json:"summary"`
+	ExitCode int           `json:"exit_code"`
+	Error    string        `json:"error,omitempty"` // why the target could not be audited (exit 2)
 }
 
 // Summary counts the findings per verdict.
@@ -158,6 +162,18 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if len(r.Salts) > 0 {
+		b.WriteString("\nsalt isolation (a repeated prefix: the same salt must hit the cache, another salt must not)\n")
+		tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "BACKEND\tVIA\tSALTS\tCACHED: NEW/SAME/OTHER\tX-CACHE-SALT\tVERDICT")
+		for _, v := range r.Salts {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s/%s/%s\t%s\t%s\n", v.Backend, v.Via, v.Salts, nump(v.FirstCached), nump(v.SameCached),
+				nump(v.OtherCached), dash(v.Header), strings.ToUpper(v.Verdict))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
 	first := true
 	for _, f := range r.Findings {
 		if f.Verdict == Pass || (f.Detail == "" && len(f.Markers) == 0) {
@@ -186,6 +202,21 @@ func num(n int) string {
 		return "?"
 	}
 	return fmt.Sprint(n)
+}
+
+// nump is a figure that may be missing.
+func nump(n *int) string {
+	if n == nil {
+		return "-"
+	}
+	return fmt.Sprint(*n)
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 func yesNo(b bool) string {

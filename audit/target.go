@@ -57,27 +57,46 @@ func (c *client) do(ctx context.Context, method, u string, body []byte) (int, []
 
 // doLimit is do reading at most limit bytes of the reply.
 func (c *client) doLimit(ctx context.Context, method, u string, body []byte, limit int64) (int, []byte, error) {
+	code, _, b, err := c.doAs(ctx, method, u, body, limit, reqOpts{})
+	return code, b, err
+}
+
+// reqOpts change one request: another key than the audit's, and headers to add.
+type reqOpts struct {
+	key string // "" = the audit's --api-key
+	hdr map[string]string
+}
+
+// doAs is doLimit with opts, also returning the reply's headers.
+func (c *client) doAs(ctx context.Context, method, u string, body []byte, limit int64, opts reqOpts) (int, http.Header, []byte, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, u, rd)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	if c.apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+c.apiKey)
+	key := c.apiKey
+	if opts.key != "" {
+		key = opts.key
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	for k, v := range opts.hdr {
+		req.Header.Set(k, v)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, limit))
-	return resp.StatusCode, b, err
+	return resp.StatusCode, resp.Header, b, err
 }
 
 // parseBase checks that s is an http(s) URL with a host and returns it without a trailing slash.
@@ -112,6 +131,7 @@ func (c *client) discover(ctx context.Context, ep endpoint, model string) (Serve
 			Data []struct {
 				ID          string `json:"id"`
 				MaxModelLen int    `json:"max_model_len"`
+				OwnedBy     string `json:"owned_by"`
 			} `json:"data"`
 		}
 		if err := json.Unmarshal(body, &m); err != nil {
@@ -119,7 +139,7 @@ func (c *client) discover(ctx context.Context, ep endpoint, model string) (Serve
 		}
 		for i, d := range m.Data {
 			if i == 0 || d.ID == model {
-				s.Model, s.Context = d.ID, d.MaxModelLen
+				s.Model, s.Context, s.OwnedBy = d.ID, d.MaxModelLen, d.OwnedBy
 			}
 		}
 		if s.Context <= 0 {
@@ -204,6 +224,8 @@ type result struct {
 	timeout     bool
 	prefill     string // PD: what the prefill leg answered, when it matters
 	elapsed     time.Duration
+	header      http.Header
+	prefillRaw  []byte // PD: the prefill leg's reply (its own cached-token figure)
 }
 
 // sender sends generation requests to one target, or to a PD pair as a PD router does.
@@ -227,10 +249,15 @@ func (s *sender) path() string {
 
 // send posts body (with bootstrap fields added for a pair) and reads the reply.
 func (s *sender) send(ctx context.Context, body map[string]any, stream bool) result {
+	return s.sendAs(ctx, body, stream, reqOpts{})
+}
+
+// sendAs is send with opts on every leg.
+func (s *sender) sendAs(ctx context.Context, body map[string]any, stream bool, opts reqOpts) result {
 	start := time.Now()
 	body["stream"] = stream
 	if s.target != nil {
-		r := s.one(ctx, s.target.base, body, stream)
+		r := s.one(ctx, s.target.base, body, stream, opts)
 		r.elapsed = time.Since(start)
 		return r
 	}
@@ -243,9 +270,10 @@ func (s *sender) send(ctx context.Context, body map[string]any, stream bool) res
 	}
 	body["bootstrap_room"] = randomRoom()
 	pc := make(chan result, 1)
-	go func() { pc <- s.one(ctx, s.prefill.base, body, stream) }()
-	d := s.one(ctx, s.decode.base, body, stream)
+	go func() { pc <- s.one(ctx, s.prefill.base, body, stream, opts) }()
+	d := s.one(ctx, s.decode.base, body, stream, opts)
 	p := <-pc
+	d.prefillRaw = p.raw
 	switch {
 	case p.err != nil:
 		d.prefill = "prefill: " + p.err.Error()
@@ -262,17 +290,17 @@ func (s *sender) send(ctx context.Context, body map[string]any, stream bool) res
 	return d
 }
 
-func (s *sender) one(ctx context.Context, base string, body map[string]any, stream bool) result {
+func (s *sender) one(ctx context.Context, base string, body map[string]any, stream bool, opts reqOpts) result {
 	b, err := json.Marshal(body)
 	if err != nil {
 		return result{err: err}
 	}
-	code, rb, err := s.c.do(ctx, "POST", base+s.path(), b)
+	code, hdr, rb, err := s.c.doAs(ctx, "POST", base+s.path(), b, maxReplyBytes, opts)
 	if err != nil {
 		var ne net.Error
 		return result{err: err, timeout: errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())}
 	}
-	r := result{status: code, raw: rb}
+	r := result{status: code, raw: rb, header: hdr}
 	if stream && code == 200 {
 		r.text, r.streamError = parseSSE(rb, s.native)
 	} else {

@@ -26,9 +26,9 @@ func TestDecodeCapacityValidates(t *testing.T) {
 		{"internal_states without memory_usage", info(`,"internal_states":[{"page_size":16}]`), models, 4096, 4090, 8192, 0},
 		{"several served models: the smallest context", info(""), `{"data":[{"id":"a","max_model_len":8192},{"id":"b","max_model_len":1000}]}`, 4096, 994, 1000, 4090},
 		// Issue 15: max_req_input_len 100,000 over a 4,006-token pool.
-		{"mril above the pool", `{"max_total_num_tokens":4006,"max_req_input_len":100000}`, `{"data":[{"id":"m","max_model_len":100000}]}`, 4006, 4000, 100000, 100000},
-		{"mril above the context", `{"max_total_num_tokens":1000000,"max_req_input_len":999994}`, `{"data":[{"id":"m","max_model_len":4096}]}`, 1000000, 4090, 4096, 999994},
-		{"smaller mril is kept", `{"max_total_num_tokens":4096,"max_req_input_len":100}`, models, 4096, 100, 8192, 0},
+		{"mril above the pool", `{"max_total_num_tokens":4006,"max_req_input_len":100000,"page_size":1}`, `{"data":[{"id":"m","max_model_len":100000}]}`, 4006, 4000, 100000, 100000},
+		{"mril above the context", `{"max_total_num_tokens":1000000,"max_req_input_len":999994,"page_size":64}`, `{"data":[{"id":"m","max_model_len":4096}]}`, 1000000, 4090, 4096, 999994},
+		{"smaller mril is kept", `{"max_total_num_tokens":4096,"max_req_input_len":100,"page_size":1}`, models, 4096, 100, 8192, 0},
 	}
 	for _, c := range good {
 		got, err := decodeCapacity([]byte(c.info), []byte(c.models))
@@ -44,22 +44,47 @@ func TestDecodeCapacityValidates(t *testing.T) {
 			t.Errorf("%s: an inconsistent reading raises the pool alarm: %+v", c.name, got)
 		}
 	}
+	// num_reserved_decode_tokens: SGLang's default when absent, as given when an integer ≥ 0.
+	for _, c := range []struct {
+		info    string
+		reserve int
+	}{{info(""), 512}, {info(`,"num_reserved_decode_tokens":0`), 0}, {info(`,"num_reserved_decode_tokens":1024`), 1024}} {
+		got, err := decodeCapacity([]byte(c.info), []byte(models))
+		if err != nil || got.ReservedDecodeTokens != c.reserve {
+			t.Errorf("%s: reserve %v (%v), want %d", c.info, got, err, c.reserve)
+		}
+	}
+	// A rank's larger page binds (each rank's scheduler reserves its own page).
+	for _, c := range []struct {
+		info string
+		page int
+	}{{info(""), 16}, {info(`,"internal_states":[{"page_size":64},{"page_size":1}]`), 64}, {info(`,"internal_states":[{"page_size":null}]`), 16}} {
+		got, err := decodeCapacity([]byte(c.info), []byte(models))
+		if err != nil || got.PageSize != c.page {
+			t.Errorf("%s: page %v (%v), want %d", c.info, got, err, c.page)
+		}
+	}
 	// Every kind of wrong number, in every place a number is read.
 	wrong := []string{`"4096"`, `4096.0`, `4e3`, `-4096`, `0`, `-0`, `true`, `null`, `{}`, `[4096]`, `1e300`, `99999999999999999999`, `1099511627777`}
 	places := []struct{ name, info, models string }{
-		{"max_total_num_tokens", `{"max_total_num_tokens":X,"max_req_input_len":4090}`, models},
-		{"max_req_input_len", `{"max_total_num_tokens":4096,"max_req_input_len":X}`, models},
+		{"max_total_num_tokens", `{"max_total_num_tokens":X,"max_req_input_len":4090,"page_size":16}`, models},
+		{"max_req_input_len", `{"max_total_num_tokens":4096,"max_req_input_len":X,"page_size":16}`, models},
 		{"max_model_len", info(""), `{"data":[{"id":"sim","max_model_len":X}]}`},
 		{"second model's max_model_len", info(""), `{"data":[{"id":"sim","max_model_len":8192},{"id":"b","max_model_len":X}]}`},
 		{"page_size", `{"max_total_num_tokens":4096,"max_req_input_len":4090,"page_size":X}`, models},
 		{"context_length", info(`,"context_length":X`), models},
 		{"token_capacity", info(`,"internal_states":[{"memory_usage":{"token_capacity":X}}]`), models},
+		{"a rank's page_size", info(`,"internal_states":[{"page_size":X}]`), models},
+		{"num_reserved_decode_tokens", info(`,"num_reserved_decode_tokens":X`), models},
 	}
 	for _, p := range places {
 		for _, w := range wrong {
-			optional := p.name == "page_size" || p.name == "context_length" || p.name == "token_capacity" || p.name == "second model's max_model_len"
+			optional := p.name == "context_length" || p.name == "token_capacity" || p.name == "second model's max_model_len" || p.name == "a rank's page_size" || p.name == "num_reserved_decode_tokens"
 			if w == "null" && optional {
 				continue // an optional field may be null
+			}
+			if (w == "0" || w == "-0") && p.name == "num_reserved_decode_tokens" {
+				continue // no tokens reserved is a setting
 			}
 			c, err := decodeCapacity([]byte(strings.Replace(p.info, "X", w, 1)), []byte(strings.Replace(p.models, "X", w, 1)))
 			if err == nil {
@@ -75,6 +100,10 @@ func TestDecodeCapacityValidates(t *testing.T) {
 		{"internal_states not a list", info(`,"internal_states":{"a":1}`), models},
 		{"no models", info(""), `{"data":[]}`}, {"models not JSON", info(""), `oops`},
 		{"model id not a string", info(""), `{"data":[{"id":5,"max_model_len":8192}]}`},
+		// The page size decides the schedulable edge (issue 39): unknown is no reading.
+		{"no page_size", `{"max_total_num_tokens":4096,"max_req_input_len":4090}`, models},
+		{"page_size as large as the pool", `{"max_total_num_tokens":4096,"max_req_input_len":4090,"page_size":4096}`, models},
+		{"a rank's page as large as its pool", info(`,"internal_states":[{"page_size":1024,"memory_usage":{"token_capacity":1024}}]`), models},
 	} {
 		if got, err := decodeCapacity([]byte(c.info), []byte(c.models)); err == nil {
 			t.Errorf("%s accepted: %+v", c.name, got)
@@ -105,6 +134,36 @@ func TestDecodeTokenizeCount(t *testing.T) {
 	} {
 		if n, err := decodeTokenizeCount([]byte(body)); err == nil {
 			t.Errorf("%s: accepted as %d", body, n)
+		}
+	}
+}
+
+// KVNeed caps a request's need at the pool of each engine (SGLang ends a reply at its pool) and
+// names the engine the request fills the most: a prompt + max_tokens over the pool (issue 40's
+// 30,019 against 20,000) books exactly the whole pool, which the queue then treats as large.
+func TestKVNeedCapsAtThePool(t *testing.T) {
+	backend := func(pool int) *Backend {
+		b := &Backend{}
+		if pool > 0 {
+			SetCapacityForTest(b, &Capacity{PoolTokens: pool, ContextLen: 32768})
+		}
+		return b
+	}
+	for _, c := range []struct {
+		name           string
+		route          Route
+		prompt, output int
+		need, pool     int64
+	}{
+		{"fits", Route{Unified: backend(20000)}, 19, 1000, 1019, 20000},
+		{"over the pool: the whole pool", Route{Unified: backend(20000)}, 19, 30000, 20000, 20000},
+		{"decode binds", Route{Prefill: backend(20000), Decode: backend(8000)}, 500, 30000, 8000, 8000},
+		{"prefill binds", Route{Prefill: backend(1000), Decode: backend(100000)}, 900, 100, 900, 1000},
+		{"unknown pool", Route{Unified: backend(0)}, 19, 30000, 30019, 0},
+	} {
+		need, pool := c.route.KVNeed(c.prompt, c.output)
+		if need != c.need || pool != c.pool {
+			t.Errorf("%s: KVNeed = %d of %d, want %d of %d", c.name, need, pool, c.need, c.pool)
 		}
 	}
 }

@@ -38,7 +38,7 @@ func FuzzDecodeCapacity(f *testing.F) {
 		if c.UsedTokens != -1 {
 			t.Fatalf("used tokens before /v1/loads was read: %d", c.UsedTokens)
 		}
-		if c.PoolTokens < 1 || c.ContextLen < 1 || c.PoolTokens > maxCapacity || c.ContextLen > maxCapacity || c.PageSize < 0 {
+		if c.PoolTokens < 1 || c.ContextLen < 1 || c.PoolTokens > maxCapacity || c.ContextLen > maxCapacity || c.PageSize < 1 || c.PageSize >= c.PoolTokens {
 			t.Fatalf("a limit out of range: %+v", c)
 		}
 		if c.MaxReqInputLen > DerivedMaxReqInputLen(c.PoolTokens, c.ContextLen) && c.MaxReqInputLen > 0 || c.MaxReqInputLen < 0 {

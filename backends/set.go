@@ -35,12 +35,15 @@ type Capacity struct {
 	MaxReqInputLen int `json:"max_req_input_len"`
 	// ReportedMaxReqInputLen is the engine's own number when it was larger than that (the
 	// reading was inconsistent); 0 otherwise.
-	ReportedMaxReqInputLen int    `json:"reported_max_req_input_len,omitempty"`
-	ContextLen             int    `json:"max_model_len"`
-	PageSize               int    `json:"page_size"`
-	Mode                   string `json:"disaggregation_mode"`
-	BootstrapPort          int    `json:"disaggregation_bootstrap_port"`
-	Model                  string `json:"model"`
+	ReportedMaxReqInputLen int `json:"reported_max_req_input_len,omitempty"`
+	ContextLen             int `json:"max_model_len"`
+	PageSize               int `json:"page_size"`
+	// ReservedDecodeTokens is num_reserved_decode_tokens: a decode server preallocates a request
+	// only while prompt + this fits its free pool. SGLang's default, 512, when not reported.
+	ReservedDecodeTokens int    `json:"num_reserved_decode_tokens"`
+	Mode                 string `json:"disaggregation_mode"`
+	BootstrapPort        int    `json:"disaggregation_bootstrap_port"`
+	Model                string `json:"model"`
 	// UsedTokens is the engine's num_used_tokens (summed over DP ranks) from /v1/loads; -1 unknown.
 	UsedTokens int       `json:"num_used_tokens"`
 	ReadAt     time.Time `json:"read_at"`
@@ -423,7 +426,12 @@ func decodeCapacity(infoBody, modelsBody []byte) (*Capacity, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading server info: %w", err)
 	}
-	if c.PageSize, err = optInt(info, "page_size", 1, 0); err != nil {
+	// The scheduler reserves a page per request (policy.Path.PageSize): without the page size
+	// the schedulable edge is unknown, so the reading is.
+	if c.PageSize, err = needInt(info, "page_size", 1); err != nil {
+		return nil, fmt.Errorf("reading server info: %w", err)
+	}
+	if c.ReservedDecodeTokens, err = optInt(info, "num_reserved_decode_tokens", 0, defaultReservedDecodeTokens); err != nil {
 		return nil, fmt.Errorf("reading server info: %w", err)
 	}
 	if c.BootstrapPort, err = optInt(info, "disaggregation_bootstrap_port", 0, 0); err != nil || c.BootstrapPort > 65535 {
@@ -459,7 +467,16 @@ func decodeCapacity(infoBody, modelsBody []byte) (*Capacity, error) {
 			if n > 0 {
 				c.PoolTokens = min(c.PoolTokens, n)
 			}
+			page, err := optInt(st, "page_size", 1, 0)
+			if err != nil {
+				return nil, fmt.Errorf("reading server info: internal_states: %w", err)
+			}
+			c.PageSize = max(c.PageSize, page)
 		}
+	}
+	if c.PageSize >= c.PoolTokens {
+		// Not one request could be scheduled: no honest engine starts so.
+		return nil, fmt.Errorf("reading server info: page_size %d leaves no room in a pool of %d tokens", c.PageSize, c.PoolTokens)
 	}
 	var models struct {
 		Data []map[string]json.RawMessage `json:"data"`
@@ -498,6 +515,9 @@ func decodeCapacity(infoBody, modelsBody []byte) (*Capacity, error) {
 	c.ReadAt = time.Now()
 	return c, nil
 }
+
+// defaultReservedDecodeTokens is SGLang's --num-reserved-decode-tokens default.
+const defaultReservedDecodeTokens = 512
 
 // DerivedMaxReqInputLen is SGLang's max_req_input_len for a pool and a context:
 // min(context − 1, pool − 1) − 5.
@@ -676,7 +696,11 @@ func (r *Route) Load() int64 {
 
 // kvNeeds is what a request of prompt and output tokens holds on each backend of the route: a
 // prefill engine holds the prompt, a decode or unified one the prompt and the output, each cut
-// to the engine's pool (admission already refused what can never fit).
+// to the engine's pool. The cut is the physical bound, not a leniency: admission refused every
+// prompt over the pool, and SGLang cuts max_new_tokens to its max_req_len − prompt − 1 (below
+// the pool), so a prompt + max_tokens over the pool is served, ending at the pool. Such a
+// request books the whole pool; the admission queue keeps it from blocking the others
+// (fairqueue: a large head is passed and charged its whole booking), so it is not refused.
 func (r *Route) kvNeeds(prompt, output int) (bs [2]*Backend, need [2]int64, n int) {
 	add := func(b *Backend, tokens int) {
 		if c := b.Capacity(); c != nil {
@@ -692,6 +716,24 @@ func (r *Route) kvNeeds(prompt, output int) (bs [2]*Backend, need [2]int64, n in
 	add(r.Prefill, prompt)
 	add(r.Decode, prompt+output)
 	return
+}
+
+// KVNeed is what the request books on the route's backend it fills the most, and that backend's
+// pool (0 when unknown): the admission queue's ticket (fairqueue.Ticket's Tokens and Pool).
+func (r *Route) KVNeed(prompt, output int) (need, pool int64) {
+	bs, needs, n := r.kvNeeds(prompt, output)
+	for i := 0; i < n; i++ {
+		c := bs[i].Capacity()
+		if c == nil || c.PoolTokens <= 0 {
+			need = max(need, needs[i]) // unknown pool: the need as asked, nothing large
+			continue
+		}
+		p := int64(c.PoolTokens)
+		if pool == 0 || needs[i]*pool > need*p { // needs[i]/p > need/pool, without division
+			need, pool = needs[i], p
+		}
+	}
+	return need, pool
 }
 
 // Reserve takes the request's KV on every backend of the route when each one's KVFree holds it,
@@ -780,7 +822,7 @@ func (s *Set) routes(now time.Time, keep func(*Backend) bool) ([]Route, error) {
 	for _, u := range unified {
 		c := u.Capacity()
 		routes = append(routes, Route{Path: policy.Path{Backends: u.names, MaxReqInputLen: c.MaxReqInputLen,
-			ContextLen: c.ContextLen, PoolTokens: c.PoolTokens}, Unified: u})
+			ContextLen: c.ContextLen, PoolTokens: c.PoolTokens, PageSize: c.PageSize}, Unified: u})
 	}
 	for _, p := range prefill {
 		for _, d := range decode {
@@ -791,7 +833,9 @@ func (s *Set) routes(now time.Time, keep func(*Backend) bool) ([]Route, error) {
 			routes = append(routes, Route{
 				Path: policy.Path{Backends: []string{p.Name, d.Name},
 					MaxReqInputLen: min(pc.MaxReqInputLen, dc.MaxReqInputLen), ContextLen: min(pc.ContextLen, dc.ContextLen),
-					PoolTokens: min(pc.PoolTokens, dc.PoolTokens)},
+					// The smaller pool with the larger page: never above either side's edge.
+					PoolTokens: min(pc.PoolTokens, dc.PoolTokens), PageSize: max(pc.PageSize, dc.PageSize),
+					DecodePool: dc.PoolTokens, DecodeReserve: dc.ReservedDecodeTokens},
 				Prefill: p, Decode: d,
 			})
 		}

@@ -341,26 +341,69 @@ func (b Backend) Address() (scheme, hostPort string, err error) {
 	return u.Scheme, net.JoinHostPort(u.Hostname(), port), nil
 }
 
-// Tenant is one API customer.
+// Tenant is one API customer: the one record of a tenant, whether it comes from the file
+// (yaml) or is added at run time (the admin API's JSON body, the shared store's record), so an
+// attribute added here reaches every tenant. Its attributes are checked by Check.
 type Tenant struct {
-	Name string `yaml:"name"`
+	Name string `yaml:"name" json:"name"`
 	// KeySHA256 is the hex SHA-256 of the tenant's API key; the key itself is never stored.
-	KeySHA256 string `yaml:"key_sha256"`
+	KeySHA256 string `yaml:"key_sha256" json:"key_sha256"`
 	// MaxPromptTokens caps the prompt (after template and canary); 0 means no cap.
-	MaxPromptTokens int `yaml:"max_prompt_tokens"`
+	MaxPromptTokens int `yaml:"max_prompt_tokens" json:"max_prompt_tokens"`
+	// MaxPromptBytes caps a prompt's size in bytes, as the client sent it (before template and
+	// canary): a request over it is refused with 413 before any token is counted, so a tenant's
+	// oversized prompts cost no counting. 0 means no cap.
+	MaxPromptBytes int `yaml:"max_prompt_bytes" json:"max_prompt_bytes"`
 	// CanaryOptOut disables marker injection for this tenant (its replies are still scanned).
-	CanaryOptOut bool `yaml:"canary_opt_out"`
+	CanaryOptOut bool `yaml:"canary_opt_out" json:"canary_opt_out"`
 	// RPM caps requests per minute, across every replica; 0 means no limit. Burst = RPM.
-	RPM int `yaml:"rpm"`
+	RPM int `yaml:"rpm" json:"rpm"`
 	// TPM caps tokens per minute (prompt + reserved output, settled from the reply's usage);
 	// 0 means no limit. Burst = TPM.
-	TPM int `yaml:"tpm"`
+	TPM int `yaml:"tpm" json:"tpm"`
 	// MaxConcurrent caps requests in flight, across every replica; 0 means no limit.
-	MaxConcurrent int `yaml:"max_concurrent"`
+	MaxConcurrent int `yaml:"max_concurrent" json:"max_concurrent"`
 	// Weight is the tenant's share of a model's KV when the admission queue (queue.enabled)
 	// holds requests: a tenant of weight 2 is served twice the tokens of one of weight 1.
 	// Default 1.
-	Weight float64 `yaml:"weight"`
+	Weight float64 `yaml:"weight" json:"weight"`
+}
+
+// SetDefaults fills what an absent attribute means: weight 1 (also for a run-time record
+// written before weights existed).
+func (t *Tenant) SetDefaults() {
+	if t.Weight == 0 {
+		t.Weight = 1
+	}
+}
+
+// Check reports each attribute of t that is out of range: bad gets the attribute's name (as the
+// file and the admin API spell it) and what is wrong. The name's rules are the caller's (the file
+// and the admin API differ).
+func (t *Tenant) Check(bad func(field, format string, args ...any)) {
+	if !isSHA256Hex(t.KeySHA256) {
+		bad("key_sha256", "must be 64 hex characters (the SHA-256 of the tenant's API key)")
+	}
+	for _, l := range []struct {
+		name string
+		v    int
+		zero string
+	}{{"max_prompt_tokens", t.MaxPromptTokens, "no cap"}, {"max_prompt_bytes", t.MaxPromptBytes, "no cap"},
+		{"rpm", t.RPM, "no limit"}, {"tpm", t.TPM, "no limit"}, {"max_concurrent", t.MaxConcurrent, "no limit"}} {
+		if l.v < 0 {
+			bad(l.name, "must be ≥ 0 (0 = %s), got %d", l.zero, l.v)
+		}
+	}
+	if !(t.Weight > 0 && t.Weight <= 1000) { // NaN fails too
+		bad("weight", "must be > 0 and ≤ 1000, got %v", t.Weight)
+	}
+}
+
+// IsolationPolicy is policy.isolation.
+type IsolationPolicy struct {
+	// RefuseShared keeps tenants' traffic off a backend whose last salt verdict is shared
+	// (fail closed: 503 when no path is left). Off by default.
+	RefuseShared bool `yaml:"refuse_shared"`
 }
 
 // Policy is the admission policy.
@@ -378,6 +421,8 @@ type Policy struct {
 	// SharePrefixCache stops the gateway from setting a per-tenant cache_salt, so tenants may
 	// share prefix-cache entries (faster, and a cross-tenant timing channel).
 	SharePrefixCache bool `yaml:"share_prefix_cache"`
+	// Isolation routes on the backends' salt verdicts (`kvgate audit`): policy.Isolation.
+	Isolation IsolationPolicy `yaml:"isolation"`
 	// OverflowStatus is the status of a prompt the engines cannot take (code
 	// context_length_exceeded): 413 (default) or 400, for clients that handle OpenAI's
 	// context_length_exceeded only as the 400 OpenAI itself answers.
@@ -807,9 +852,7 @@ func (c *Config) applyDefaults() {
 		c.Queue.MaxQueued = 1024
 	}
 	for i := range c.Tenants {
-		if c.Tenants[i].Weight == 0 {
-			c.Tenants[i].Weight = 1
-		}
+		c.Tenants[i].SetDefaults()
 	}
 	if c.Discovery.Interval == 0 {
 		c.Discovery.Interval = 10 * time.Second
@@ -906,26 +949,11 @@ func (c *Config) Validate() error {
 			bad(f+".name", "duplicate name %q", t.Name)
 		}
 		tenantNames[t.Name] = true
-		if !isSHA256Hex(t.KeySHA256) {
-			bad(f+".key_sha256", "must be 64 hex characters (sha256 of the tenant's API key)")
-		} else if keys[strings.ToLower(t.KeySHA256)] {
+		if isSHA256Hex(t.KeySHA256) && keys[strings.ToLower(t.KeySHA256)] {
 			bad(f+".key_sha256", "the same key is configured for two tenants")
 		}
 		keys[strings.ToLower(t.KeySHA256)] = true
-		if t.MaxPromptTokens < 0 {
-			bad(f+".max_prompt_tokens", "must be ≥ 0 (0 = no cap), got %d", t.MaxPromptTokens)
-		}
-		for _, l := range []struct {
-			name string
-			v    int
-		}{{"rpm", t.RPM}, {"tpm", t.TPM}, {"max_concurrent", t.MaxConcurrent}} {
-			if l.v < 0 {
-				bad(f+"."+l.name, "must be ≥ 0 (0 = no limit), got %d", l.v)
-			}
-		}
-		if !(t.Weight > 0 && t.Weight <= 1000) { // NaN fails too
-			bad(f+".weight", "must be > 0 and ≤ 1000, got %v", t.Weight)
-		}
+		t.Check(func(field, format string, args ...any) { bad(f+"."+field, format, args...) })
 	}
 	oneOf("queue.policy", string(c.Queue.Policy), string(QueueFair), string(QueueRoundRobin))
 	if c.Queue.Timeout < 0 || c.Queue.Timeout > 10*time.Minute {
@@ -935,6 +963,10 @@ func (c *Config) Validate() error {
 		bad("queue.max_queued", "must be between 1 and 1000000, got %d", c.Queue.MaxQueued)
 	}
 	oneOf("policy.mode", string(c.Policy.Mode), string(ModeEnforce), string(ModeMonitor))
+	if c.Policy.Isolation.RefuseShared && c.Policy.SharePrefixCache {
+		// Salts are what the verdict is about; without them every backend shares by design.
+		bad("policy.isolation.refuse_shared", "means nothing with policy.share_prefix_cache: true (no salts are set)")
+	}
 	if c.Policy.OverflowStatus != 413 && c.Policy.OverflowStatus != 400 {
 		bad("policy.overflow_status", "must be 413 or 400, got %d", c.Policy.OverflowStatus)
 	}

@@ -98,6 +98,8 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"same key twice", minimal + "  - {name: bob, key_sha256: \"" + key + "\"}\n", "", "same key"},
 		{"bad mode", minimal + "policy: {mode: lenient}\n", "", "policy.mode"},
 		{"bad overflow status", minimal + "policy: {overflow_status: 422}\n", "", "policy.overflow_status"},
+		{"refuse shared without salts", minimal + "policy: {share_prefix_cache: true, isolation: {refuse_shared: true}}\n", "", "policy.isolation.refuse_shared"},
+		{"isolation unknown key", minimal + "policy: {isolation: {refuse_unknown: true}}\n", "", "refuse_unknown"},
 		{"drift threshold below one", minimal + "policy: {count_drift: {threshold: -1}}\n", "", "policy.count_drift.threshold"},
 		{"drift window too short", minimal + "policy: {count_drift: {window: 10ms}}\n", "", "policy.count_drift.window"},
 		{"drift window too long", minimal + "policy: {count_drift: {window: 48h}}\n", "", "policy.count_drift.window"},
@@ -109,6 +111,7 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"hash tag in key prefix", minimal + "state: {key_prefix: \"app{x}:\"}\n", "", "state.key_prefix"},
 		{"negative rpm", minimal + "  - {name: bob, key_sha256: \"" + strings.Repeat("a", 64) + "\", rpm: -1}\n", "", "tenants[1].rpm"},
 		{"negative tpm", minimal + "  - {name: bob, key_sha256: \"" + strings.Repeat("a", 64) + "\", tpm: -5}\n", "", "tenants[1].tpm"},
+		{"negative max prompt bytes", minimal + "  - {name: bob, key_sha256: \"" + strings.Repeat("a", 64) + "\", max_prompt_bytes: -1}\n", "", "tenants[1].max_prompt_bytes"},
 		{"unknown tenant limit", minimal + "  - {name: bob, key_sha256: \"" + strings.Repeat("a", 64) + "\", rps: 5}\n", "", "rps"},
 		{"zero replicas", minimal + "limits: {replicas: -1}\n", "", "limits.replicas"},
 		{"long redis timeout", minimal + "limits: {redis_timeout: 1m}\n", "", "limits.redis_timeout"},
@@ -174,19 +177,19 @@ func TestParseErrorsNameTheField(t *testing.T) {
 }
 
 func TestTenantLimitsAndEnv(t *testing.T) {
-	y := minimal + "  - {name: bob, key_sha256: \"" + strings.Repeat("b", 64) + "\", rpm: 20, tpm: 4000, max_concurrent: 3}\n"
+	y := minimal + "  - {name: bob, key_sha256: \"" + strings.Repeat("b", 64) + "\", rpm: 20, tpm: 4000, max_concurrent: 3, max_prompt_bytes: 65536}\n"
 	c, err := Parse([]byte(y), []string{"KVGATE_LIMITS_REPLICAS=3", "KVGATE_LIMITS_REDIS_TIMEOUT=50ms"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b := c.Tenants[1]; b.RPM != 20 || b.TPM != 4000 || b.MaxConcurrent != 3 {
+	if b := c.Tenants[1]; b.RPM != 20 || b.TPM != 4000 || b.MaxConcurrent != 3 || b.MaxPromptBytes != 65536 {
 		t.Fatalf("tenant limits not read: %+v", b)
 	}
 	if c.Limits.Replicas != 3 || c.Limits.RedisTimeout != 50*time.Millisecond {
 		t.Fatalf("limits overrides not applied: %+v", c.Limits)
 	}
 	d, _ := Parse([]byte(minimal), nil)
-	if d.Limits.Replicas != 1 || d.Limits.RedisTimeout != 100*time.Millisecond || d.Tenants[0].RPM != 0 {
+	if d.Limits.Replicas != 1 || d.Limits.RedisTimeout != 100*time.Millisecond || d.Tenants[0].RPM != 0 || d.Tenants[0].MaxPromptBytes != 0 {
 		t.Fatalf("limits defaults: %+v", d.Limits)
 	}
 }

@@ -22,5 +22,11 @@
 // prompt kept; the reply side hashes every shingle (replies are short), so such a run always
 // yields a common fingerprint. About 2/(Window+1) of a prompt's positions are kept.
 //
+// Domains is the same detector partitioned by KV domain (an engine, by default): a leaked prompt
+// can only come out of the KV cache of an engine that served it, so each partition keeps about
+// twice its engine's pool of distinct text, and a reply is checked against its route's
+// partitions. Public text (licence texts and notices, code skeletons, legal preambles: public/)
+// is common text in every partition.
+//
 // The package is pure: no I/O, no HTTP, no clock except the times it is given.
 package fingerprint

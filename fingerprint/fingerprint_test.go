@@ -6,25 +6,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/fingerprint/fptest"
 )
 
 var secret = []byte("test-secret-16-bytes")
 
 // words is deterministic prose-like text of n words from seed (no two seeds share runs).
-func words(seed uint64, n int) string {
-	rng := rand.New(rand.NewPCG(seed, 7))
-	syll := []string{"ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "ze", "pa", "qu", "dro", "fen", "gil", "hor"}
-	var b strings.Builder
-	for i := 0; i < n; i++ {
-		if i > 0 {
-			b.WriteByte(' ')
-		}
-		for j := 0; j < 1+rng.IntN(3); j++ {
-			b.WriteString(syll[rng.IntN(len(syll))])
-		}
-	}
-	return b.String()
-}
+func words(seed uint64, n int) string { return fptest.Words(rand.New(rand.NewPCG(seed, 7)), n) }
 
 // foldedPrefix is the shortest prefix of s (letters and spaces) holding n letters.
 func foldedPrefix(s string, n int) string {

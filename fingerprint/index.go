@@ -86,18 +86,10 @@ type Index struct {
 // NewIndex is an empty index; cfg's zero fields get the defaults of DefaultConfig.
 func NewIndex(h *Hasher, cfg Config) *Index {
 	d := DefaultConfig()
-	if cfg.MaxBytes <= 0 {
-		cfg.MaxBytes = d.MaxBytes
-	}
-	if cfg.TTL <= 0 {
-		cfg.TTL = d.TTL
-	}
-	if cfg.CutMatches <= 0 {
-		cfg.CutMatches = d.CutMatches
-	}
-	if cfg.CommonTenants <= 0 {
-		cfg.CommonTenants = d.CommonTenants
-	}
+	orDefault(&cfg.MaxBytes, d.MaxBytes)
+	orDefault(&cfg.TTL, d.TTL)
+	orDefault(&cfg.CutMatches, d.CutMatches)
+	orDefault(&cfg.CommonTenants, d.CommonTenants)
 	return &Index{h: h, cfg: cfg, entries: map[uint64]entry{}, tenantID: map[string]uint32{}, backend: map[string]uint64{}}
 }
 
@@ -274,6 +266,16 @@ func (ix *Index) Stats() Stats {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	return Stats{Bytes: ix.used, Fingerprints: len(ix.entries), Prompts: len(ix.records) - ix.head, Evicted: ix.evicted}
+}
+
+// The Index as a Scanner's source: one read lock over a batch of lookups.
+func (ix *Index) hasher() *Hasher       { return ix.h }
+func (ix *Index) cutMatches() int       { return ix.cfg.CutMatches }
+func (ix *Index) rlock()                { ix.mu.RLock() }
+func (ix *Index) runlock()              { ix.mu.RUnlock() }
+func (ix *Index) name(id uint32) string { return ix.nameOf(id) }
+func (ix *Index) verdict(fp uint64, requester uint32, p *path) (verdict, uint32) {
+	return ix.lookup(fp, requester, p.mask)
 }
 
 // verdict of one fingerprint for one reply.

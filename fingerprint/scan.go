@@ -29,10 +29,10 @@ const lookupBatch = 4096
 // Scanner hashes one reply's text as it streams and counts the fingerprints that are another
 // tenant's recent prompt text. Not safe for concurrent use (one per reply).
 type Scanner struct {
-	ix        *Index
+	src       source
 	r         roller
 	requester uint32
-	mask      uint64
+	path      path
 	own       *Own
 	offset    int
 	seen      map[uint64]uint32 // distinct foreign fingerprints → victim
@@ -47,19 +47,37 @@ type shingle struct {
 	end int
 }
 
+// source is what a Scanner checks fingerprints against: the replica-wide Index or the
+// partitioned Domains. verdict is called between rlock and runlock.
+type source interface {
+	hasher() *Hasher
+	cutMatches() int
+	rlock()
+	runlock()
+	verdict(fp uint64, requester uint32, p *path) (verdict, uint32)
+	name(id uint32) string
+}
+
+// path is a reply's route as its source reads it: the Index's backend bits, the Domains'
+// partition ids.
+type path struct {
+	mask  uint64
+	parts []uint16
+}
+
 // NewScanner scans a reply to requester, served over backends, whose own prompt is own (nil:
 // none readable).
 func (ix *Index) NewScanner(requester string, backends []string, own *Own) *Scanner {
 	ix.mu.Lock()
 	id, m := ix.tenant(requester), ix.mask(backends)
 	ix.mu.Unlock()
-	return &Scanner{ix: ix, r: roller{h: ix.h}, requester: id, mask: m, own: own}
+	return &Scanner{src: ix, r: roller{h: ix.h}, requester: id, path: path{mask: m}, own: own}
 }
 
 // Fork is a new scanner of another reading of the same reply (one choice's or field's text, as
 // a client assembles it): same requester, path and own prompt, its own matches.
 func (s *Scanner) Fork() *Scanner {
-	return &Scanner{ix: s.ix, r: roller{h: s.ix.h}, requester: s.requester, mask: s.mask, own: s.own}
+	return &Scanner{src: s.src, r: roller{h: s.src.hasher()}, requester: s.requester, path: s.path, own: s.own}
 }
 
 // Clone is a copy of the scanner as it stands: the text read so far and its matches, read on
@@ -101,15 +119,16 @@ func (s *Scanner) Feed(text string) bool {
 
 // lookup checks the pending shingles against the index.
 func (s *Scanner) lookup() {
-	ix := s.ix
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
+	src := s.src
+	src.rlock()
+	defer src.runlock()
+	h := src.hasher()
 	for _, sh := range s.pending {
-		fp := ix.h.final(sh.v)
+		fp := h.final(sh.v)
 		if _, dup := s.seen[fp]; dup {
 			continue
 		}
-		vd, victim := ix.lookup(fp, s.requester, s.mask)
+		vd, victim := src.verdict(fp, s.requester, &s.path)
 		if vd != foreign {
 			continue
 		}
@@ -121,9 +140,9 @@ func (s *Scanner) lookup() {
 		if len(s.matches) < maxKeptMatches {
 			var b [8]byte
 			binary.BigEndian.PutUint64(b[:], fp)
-			s.matches = append(s.matches, Match{Fingerprint: hex.EncodeToString(b[:]), End: sh.end, Length: Shingle, Victim: ix.nameOf(victim)})
+			s.matches = append(s.matches, Match{Fingerprint: hex.EncodeToString(b[:]), End: sh.end, Length: Shingle, Victim: src.name(victim)})
 		}
-		if len(s.seen) >= ix.cfg.CutMatches {
+		if len(s.seen) >= src.cutMatches() {
 			s.leak = true
 			return
 		}
@@ -148,9 +167,9 @@ func (s *Scanner) Victim() string {
 	if n == 0 {
 		return ""
 	}
-	s.ix.mu.RLock()
-	defer s.ix.mu.RUnlock()
-	return s.ix.nameOf(best)
+	s.src.rlock()
+	defer s.src.runlock()
+	return s.src.name(best)
 }
 
 // Matches are the first foreign fingerprints found (at most 16): hashes, offsets and lengths,

@@ -211,7 +211,10 @@ func TestChunk4TwoPathsOnlyOneForeign(t *testing.T) {
 // decode never receives a prompt over its max_req_input_len.
 func TestChunk4PairWithForeignDecode(t *testing.T) {
 	pre := procs.StartSim(t, "--mode", "prefill", "--pool-tokens", "8192", "--context-length", "16384", "--page-size", "16", "--bootstrap-port", "0")
-	dec := procs.StartSim(t, "--mode", "decode", "--tokenizer", "chunk4", "--pool-tokens", "4096", "--context-length", "16384", "--page-size", "16")
+	// No decode reservation (issue 39): the decode's max_req_input_len, not its preallocation
+	// edge (pool − num_reserved_decode_tokens), is the limit this test is about.
+	dec := procs.StartSim(t, "--mode", "decode", "--tokenizer", "chunk4", "--pool-tokens", "4096", "--context-length", "16384", "--page-size", "16",
+		"--num-reserved-decode-tokens", "0")
 	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("policy: {mode: enforce}\n",
 		[3]string{"p", pre.URL, "prefill"}, [3]string{"d4", dec.URL, "decode"})))
 	const mril = 4090 // the pair's: min(8186, 4090)

@@ -3,6 +3,17 @@
 // Redis twin of the same algorithm) with a degraded share (limit / replicas, at least 1) while
 // the store is unreachable. It owns this replica's limiter state and its background flush and
 // renewal goroutines; it knows nothing of HTTP, engines or admission by tokens.
+//
+// The token rule, owing included. A request reserves T tokens (prompt + output to reserve), of
+// which O may be owed (the caller's choice: the output a client did not bound). It passes tpm
+// when T − O fits what is left of the tenant's bucket now, and is charged all of T, so the
+// bucket may go up to O beyond empty: the tenant owes that. The next request passes only once the
+// debt is repaid, by the bucket's refill or by the refund when a request settles for less than
+// it reserved, so what a tenant is charged beyond its bucket is one request's O at most. A
+// request whose T − O is more than the whole bucket (tpm) can never pass: Verdict.Never, with no
+// RetryAfter (the client must ask for less, or the limit must grow). While degraded the same
+// holds against the replica's share, except that a request over the share but within the
+// tenant's limit is not Never (it fits once the store is back).
 package limits
 
 import (
@@ -41,6 +52,9 @@ type Admission struct {
 	Rates  Rates
 	// Tokens are charged to the TPM cell: prompt + reserved output.
 	Tokens int64
+	// Owable is the part of Tokens that may be owed (see Owing below): charged even where the
+	// cell has no room left for it, provided the rest (Tokens − Owable) fits. 0: all must fit.
+	Owable int64
 	// Lease names the concurrency slot (unique per request); used when MaxConcurrent > 0.
 	Lease string
 	// CarryRPM and CarryTPM (milliseconds of the shared cell) are what this replica admitted on
@@ -61,9 +75,13 @@ type Verdict struct {
 	Allowed bool
 	// Limit names the limit that refused (RPM, TPM, Concurrent).
 	Limit string
-	// RetryAfter is when the request would fit again (for the Retry-After header).
+	// RetryAfter is when the request would fit again (for the Retry-After header); 0 when it
+	// never will (Never).
 	RetryAfter time.Duration
-	// Never: the request alone exceeds the limit (tokens > TPM); waiting does not help.
+	// Never: the part of the request that must fit (Tokens − Owable) is more than the tenant's
+	// whole TPM bucket, so no wait makes it pass: the client must ask for less (max_tokens, a
+	// shorter prompt) or the limit must grow. RetryAfter is 0. While degraded, a request over
+	// this replica's share but within the tenant's limit is not Never: it waits for the outage.
 	Never bool
 	// Degraded: the shared store was unreachable and this replica decided alone, against Share
 	// (its share of the refusing limit) of the limit divided between Replicas.
@@ -113,12 +131,22 @@ type BatchStore interface {
 // requests holding slots, at now. It returns the cells' new values: charged when allowed, with
 // only the carried usage added when refused. RedisLimits' script is the same algorithm in Lua
 // (tested against this one).
+//
+// Owing: a request passes the TPM cell when the part of it that must fit, Tokens − Owable, fits
+// the room left (the cell at most a window ahead of now once it is charged); the whole of Tokens
+// is charged, so the cell may end up to Owable beyond a full window: the tenant owes that. Owed
+// tokens are repaid, by the cell's refill or by the settlement's refund of what the request did
+// not use, before the tenant's next request passes, since nothing fits a cell that is over a full
+// window. So what a tenant is charged beyond its bucket is at most one request's Owable at any
+// time. With Owable 0 this is plain GCRA.
 func gcra(a Admission, now, rtat, ttat float64, inflight int) (float64, float64, Verdict) {
 	lim := a.Rates
 	load := func(tat, carry float64) float64 {
 		tat = math.Max(tat, now)
 		if carry > 0 {
-			tat = math.Min(tat+carry, now+window)
+			// Carried usage fills the cell up to a full window, never beyond, and never takes
+			// away what the cell already owes.
+			tat = math.Max(tat, math.Min(tat+carry, now+window))
 		}
 		return tat
 	}
@@ -144,11 +172,13 @@ func gcra(a Admission, now, rtat, ttat float64, inflight int) (float64, float64,
 	}
 	if v.Limit == "" && lim.TPM > 0 {
 		nt = ttat + float64(a.Tokens)*window/float64(lim.TPM)
-		if a.Tokens > int64(lim.TPM) {
-			refuse(TPM, window)
+		must := a.Tokens - min(max(a.Owable, 0), a.Tokens)
+		fit := ttat + float64(must)*window/float64(lim.TPM)
+		if must > int64(lim.TPM) {
+			refuse(TPM, 0)
 			v.Never = true
-		} else if nt-now > window+1e-6 {
-			refuse(TPM, nt-now-window)
+		} else if fit-now > window+1e-6 {
+			refuse(TPM, fit-now-window)
 		}
 	}
 	if v.Limit == "" && lim.MaxConcurrent > 0 && inflight+a.ExtraInflight >= lim.MaxConcurrent {
@@ -339,6 +369,7 @@ type Ticket struct {
 	tenant   string
 	lim      Rates // the limits the store charged (the local share while degraded)
 	reserved int64
+	owable   int64 // of reserved, what may be owed
 	lease    string
 	shared   bool
 	settled  bool
@@ -387,18 +418,29 @@ func newLease() string {
 	return hex.EncodeToString(b[:])
 }
 
-// Admit decides one request of tenant needing tokens. A nil ticket with an allowed verdict
-// means the tenant has no limits.
+// Admit decides one request of tenant needing tokens, all of which must fit (AdmitOwing with
+// nothing owable). A nil ticket with an allowed verdict means the tenant has no limits.
 func (l *Limiter) Admit(tenant string, lim Rates, tokens int64) (*Ticket, Verdict) {
+	return l.AdmitOwing(tenant, lim, tokens, 0)
+}
+
+// AdmitOwing decides one request of tenant reserving tokens, of which owable may be owed: the
+// request passes when tokens − owable fit the tenant's TPM room, and is charged all of tokens
+// (see gcra). The reservation of an output the client did not bound is what to make owable, so
+// a tenant whose tpm is below the context can still send such a request, one at a time; Verdict
+// Never marks one whose remaining part can never fit. A nil ticket with an allowed verdict means
+// the tenant has no limits.
+func (l *Limiter) AdmitOwing(tenant string, lim Rates, tokens, owable int64) (*Ticket, Verdict) {
 	if lim.None() {
 		return nil, Verdict{Allowed: true}
 	}
-	t := &Ticket{tenant: tenant, lim: lim, reserved: tokens}
+	owable = min(max(owable, 0), tokens)
+	t := &Ticket{tenant: tenant, lim: lim, reserved: tokens, owable: owable}
 	if lim.MaxConcurrent > 0 {
 		t.lease = newLease()
 	}
 	if l.shared == nil {
-		v, _ := l.local.Admit(context.Background(), Admission{Tenant: tenant, Rates: lim, Tokens: tokens, Lease: t.lease})
+		v, _ := l.local.Admit(context.Background(), Admission{Tenant: tenant, Rates: lim, Tokens: tokens, Owable: owable, Lease: t.lease})
 		return t, v
 	}
 	l.mu.Lock()
@@ -406,7 +448,7 @@ func (l *Limiter) Admit(tenant string, lim Rates, tokens int64) (*Ticket, Verdic
 	var a Admission
 	var cr *carry
 	if !degraded {
-		a = Admission{Tenant: tenant, Rates: lim, Tokens: tokens, Lease: t.lease, ExtraInflight: l.inflight[tenant]}
+		a = Admission{Tenant: tenant, Rates: lim, Tokens: tokens, Owable: owable, Lease: t.lease, ExtraInflight: l.inflight[tenant]}
 		if cr = l.carry[tenant]; cr != nil {
 			now := millis(time.Now())
 			a.CarryRPM, a.CarryTPM = math.Max(cr.r-now, 0), math.Max(cr.t-now, 0)
@@ -465,9 +507,13 @@ func (l *Limiter) admitLocal(t *Ticket) (*Ticket, Verdict) {
 	l.mu.Unlock()
 	full := t.lim
 	t.lim = share
-	v, _ := l.local.Admit(context.Background(), Admission{Tenant: t.tenant, Rates: share, Tokens: t.reserved, Lease: t.lease})
+	v, _ := l.local.Admit(context.Background(), Admission{Tenant: t.tenant, Rates: share, Tokens: t.reserved, Owable: t.owable, Lease: t.lease})
 	if !v.Allowed {
 		v.Degraded, v.Replicas = true, replicas
+		if v.Never && t.reserved-t.owable <= int64(full.TPM) {
+			// Over this replica's share only: it passes once the shared store is back.
+			v.Never, v.RetryAfter = false, time.Duration(window)*time.Millisecond
+		}
 		switch v.Limit {
 		case RPM:
 			v.Share = share.RPM

@@ -17,17 +17,40 @@ type Path struct {
 	MaxReqInputLen int
 	// ContextLen is /v1/models max_model_len (min over the path).
 	ContextLen int
-	// PoolTokens is the KV pool, max_total_num_tokens (min over the path). Admission holds
+	// PoolTokens is the KV pool, max_total_num_tokens (min over the path, and over each
+	// engine's DP ranks: a request runs on one rank, in that rank's pool). Admission holds
 	// against the pool itself whatever else an engine says: a prompt never exceeds it, even
 	// when a reported max_req_input_len or context is larger (the incident's shape).
 	PoolTokens int
+	// PageSize is the engines' KV page in tokens (max over the path); below 1 counts as 1.
+	// SGLang's scheduler reserves a page per request on top of the prompt (PrefillAdder:
+	// prompt + clamped output + page_size < the free pool, the output clamped to
+	// pool − ceil_page(P) − page − 1 and never below 0), so a prompt P with P + page ≥ pool
+	// passes the input check (P < max_req_input_len) and then waits forever (sglang#39271).
+	PageSize int
+	// DecodePool and DecodeReserve are a prefill + decode pair's decode server's pool (its
+	// smallest DP rank's) and num_reserved_decode_tokens: it preallocates a transferred request
+	// only while P + reserve fits its free pool (SGLang's DecodePreallocQueue), so past
+	// P + reserve > pool the request never runs. DecodePool 0: no decode server on the path.
+	DecodePool, DecodeReserve int
+}
+
+// schedulable is the largest prompt the engines' schedulers can ever run on p: P + page < pool
+// and, with a decode server, P + reserve ≤ its pool.
+func (p Path) schedulable() int {
+	m := p.PoolTokens - max(p.PageSize, 1) - 1
+	if p.DecodePool > 0 {
+		m = min(m, p.DecodePool-max(p.DecodeReserve, 0))
+	}
+	return m
 }
 
 // MaxPrompt is the largest prompt P that the admission rule admits on p:
-// P < mril, P ≤ pool, P < ctx, P + O < ctx, and P ≤ tenantMax when tenantMax > 0. It may be
-// negative (nothing fits, e.g. when the requested output alone fills the context).
+// P < mril, P + page < pool, P + reserve ≤ decode pool (a pair), P < ctx, P + O < ctx, and
+// P ≤ tenantMax when tenantMax > 0. It
+// may be negative (nothing fits, e.g. when the requested output alone fills the context).
 func MaxPrompt(p Path, output, tenantMax int) int {
-	m := min(p.MaxReqInputLen-1, p.PoolTokens, p.ContextLen-1, p.ContextLen-1-output)
+	m := min(p.MaxReqInputLen-1, p.schedulable(), p.ContextLen-1, p.ContextLen-1-output)
 	if tenantMax > 0 {
 		m = min(m, tenantMax)
 	}
@@ -37,8 +60,9 @@ func MaxPrompt(p Path, output, tenantMax int) int {
 // Admits is the admission rule written exactly as DESIGN.md states it; MaxPrompt must agree with
 // it at every boundary (tested).
 func Admits(p Path, prompt, output, tenantMax int) bool {
-	return prompt < p.MaxReqInputLen && prompt <= p.PoolTokens && prompt < p.ContextLen && prompt+output < p.ContextLen &&
-		(tenantMax == 0 || prompt <= tenantMax)
+	return prompt < p.MaxReqInputLen && prompt+max(p.PageSize, 1) < p.PoolTokens &&
+		(p.DecodePool == 0 || prompt+max(p.DecodeReserve, 0) <= p.DecodePool) && prompt < p.ContextLen &&
+		prompt+output < p.ContextLen && (tenantMax == 0 || prompt <= tenantMax)
 }
 
 // Limit is the largest prompt that any of paths admits (math.MinInt when there are none).

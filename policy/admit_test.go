@@ -21,6 +21,15 @@ func TestMaxPromptAgreesWithTheRuleAtEveryBoundary(t *testing.T) {
 		{MaxReqInputLen: 100000, ContextLen: 100000, PoolTokens: 4006},
 		{MaxReqInputLen: 5000, ContextLen: 8192, PoolTokens: 4096},
 		{MaxReqInputLen: 50, ContextLen: 100, PoolTokens: 0},
+		// Pages: the scheduler's reservation binds below max_req_input_len (sglang#39271).
+		{MaxReqInputLen: 190778, ContextLen: 262144, PoolTokens: 190784, PageSize: 64},
+		{MaxReqInputLen: 2042, ContextLen: 8192, PoolTokens: 2048, PageSize: 16},
+		{MaxReqInputLen: 2042, ContextLen: 8192, PoolTokens: 2048, PageSize: 1},
+		{MaxReqInputLen: 4000, ContextLen: 8192, PoolTokens: 2048, PageSize: 4096},
+		// A pair's decode preallocates only while P + num_reserved_decode_tokens fits its pool.
+		{MaxReqInputLen: 2042, ContextLen: 8192, PoolTokens: 2048, PageSize: 16, DecodePool: 2048, DecodeReserve: 512},
+		{MaxReqInputLen: 4090, ContextLen: 8192, PoolTokens: 4096, PageSize: 16, DecodePool: 8192, DecodeReserve: 512},
+		{MaxReqInputLen: 4090, ContextLen: 8192, PoolTokens: 4096, PageSize: 1, DecodePool: 4096, DecodeReserve: 0},
 	}
 	for _, p := range paths {
 		for _, out := range []int{0, 1, 127, 128, 1000, p.ContextLen - 1, p.ContextLen, p.ContextLen + 5} {
@@ -28,7 +37,8 @@ func TestMaxPromptAgreesWithTheRuleAtEveryBoundary(t *testing.T) {
 				m := MaxPrompt(p, out, cap)
 				// Probe around every boundary: the limit itself and its neighbours.
 				for _, prompt := range []int{0, 1, m - 1, m, m + 1, p.MaxReqInputLen - 1, p.MaxReqInputLen, p.ContextLen - out - 1, p.ContextLen - out,
-					p.PoolTokens, p.PoolTokens + 1, cap, cap + 1} {
+					p.PoolTokens, p.PoolTokens + 1, p.PoolTokens - p.PageSize - 1, p.PoolTokens - p.PageSize,
+					p.DecodePool - p.DecodeReserve, p.DecodePool - p.DecodeReserve + 1, cap, cap + 1} {
 					if prompt < 0 {
 						continue
 					}
@@ -225,15 +235,57 @@ func TestPoolBindsOverInconsistentLimits(t *testing.T) {
 	if got := Limit([]Path{p}, 0, 0); got > 4006 {
 		t.Fatalf("advertised %d over a 4,006-token pool", got)
 	}
-	if Admits(p, 30000, 0, 0) || Admits(p, 4007, 0, 0) || !Admits(p, 4006, 0, 0) {
-		t.Fatal("P ≤ pool must bind")
+	// With pages of one token the scheduler still reserves one: P + 1 < pool.
+	if Admits(p, 30000, 0, 0) || Admits(p, 4005, 0, 0) || !Admits(p, 4004, 0, 0) {
+		t.Fatal("P + page < pool must bind")
 	}
 	d := Decide(context.Background(), Request{InputIDs: 30000, HasInputIDs: true}, MaxPrompt(p, 0, 0), &wordEstimator{}, 1.3, nil)
 	if d.Admit {
 		t.Fatalf("30,000 tokens admitted: %+v", d)
 	}
 	// A PD pair: the smaller pool binds even when the other side's limits are larger.
-	if got := MaxPrompt(Path{MaxReqInputLen: 8186, ContextLen: 16384, PoolTokens: 2048}, 0, 0); got != 2048 {
-		t.Fatalf("MaxPrompt = %d, want the pool 2048", got)
+	if got := MaxPrompt(Path{MaxReqInputLen: 8186, ContextLen: 16384, PoolTokens: 2048, PageSize: 16}, 0, 0); got != 2048-16-1 {
+		t.Fatalf("MaxPrompt = %d, want the pool 2048 less a page of 16, less 1", got)
+	}
+}
+
+// The pool edge by the page (issue 39, sglang#39271): SGLang validated inputs of 190,720–190,777
+// tokens against a 190,784-token pool (pages of 64) and then never scheduled them; the rule
+// admits up to 190,719 and refuses from 190,720, below max_req_input_len (190,778). Pages of one
+// token leave max_req_input_len binding, as before.
+func TestPageReservationBindsBelowMaxReqInputLen(t *testing.T) {
+	p := Path{MaxReqInputLen: 190778, ContextLen: 262144, PoolTokens: 190784, PageSize: 64}
+	if got := MaxPrompt(p, 0, 0); got != 190719 {
+		t.Fatalf("MaxPrompt = %d, want 190,719", got)
+	}
+	for prompt := 190700; prompt <= 190790; prompt++ {
+		if want := prompt <= 190719; Admits(p, prompt, 0, 0) != want {
+			t.Errorf("prompt %d: admitted %v, want %v", prompt, !want, want)
+		}
+	}
+	p.PageSize = 1
+	if got := MaxPrompt(p, 0, 0); got != 190777 {
+		t.Fatalf("pages of one token: MaxPrompt = %d, want max_req_input_len − 1 = 190,777", got)
+	}
+	p.PageSize = 0 // unknown counts as the smallest page, never as none
+	if got := MaxPrompt(p, 0, 0); got != 190777 {
+		t.Fatalf("page 0: MaxPrompt = %d", got)
+	}
+}
+
+// A decode server preallocates a transferred request only while P + num_reserved_decode_tokens
+// fits its pool (SGLang's DecodePreallocQueue): a pair whose decode pool is the smaller one admits
+// up to decode pool − reserve, below both its max_req_input_len and the page edge.
+func TestDecodePreallocationBinds(t *testing.T) {
+	p := Path{MaxReqInputLen: 2042, ContextLen: 8192, PoolTokens: 2048, PageSize: 16, DecodePool: 2048, DecodeReserve: 512}
+	if got := MaxPrompt(p, 0, 0); got != 1536 {
+		t.Fatalf("MaxPrompt = %d, want 2048 − 512", got)
+	}
+	if !Admits(p, 1536, 0, 0) || Admits(p, 1537, 0, 0) {
+		t.Fatal("the decode's preallocation edge is P + reserve ≤ pool")
+	}
+	p.DecodePool = 0 // no decode server on the path (unified)
+	if got := MaxPrompt(p, 0, 0); got != 2031 {
+		t.Fatalf("without a decode server: MaxPrompt = %d, want the page edge 2031", got)
 	}
 }

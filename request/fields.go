@@ -80,18 +80,31 @@ const (
 	reasonMediaPart     = "is a media part: this gateway does not count it, so it is not accepted"
 	reasonTemplate      = "replaces or feeds the chat template the gateway counts with, so the size limit could not be enforced"
 	reasonNotModeled    = "changes the prompt in a way the gateway does not count"
+	// The year's advisories (issue 39): each reason names what the engine does with the field.
+	reasonRequestID      = "is the engine's request id: the engine sees the gateway's own (a client's could collide with another request's, CVE-2026-112266); send X-Request-Id to name a request"
+	reasonCacheKeys      = "sets the engine's multimodal cache keys: a client could name another request's cached media (CVE-2026-111392)"
+	reasonPromptLogprobs = "makes the engine compute log-probabilities over every prompt token, which crashes engines (CVE-2026-116180)"
+	reasonEmbeds         = "feeds the model embeddings instead of tokens: the gateway can neither count nor mark them"
+	reasonKwargs         = "passes arguments to the engine's processor, which change how many tokens the input expands to"
+	reasonThinkingBudget = "makes vLLM force its reasoning-end string into another concurrent request's output (GHSA-fpch-3xrf-7q96); SGLang's sampling_params.thinking_budget and Anthropic's thinking.budget_tokens are accepted"
 )
 
 // sharedRefused are refused on every route, whatever it reads.
 var sharedRefused = func() []FieldRow {
 	var rows []FieldRow
-	for _, k := range []string{"bootstrap_host", "bootstrap_port", "bootstrap_room", "rid", "custom_logit_processor",
-		"input_embeds", "return_hidden_states", "session_params", "prompt_embeds", "request_id"} {
+	for _, k := range []string{"bootstrap_host", "bootstrap_port", "bootstrap_room", "custom_logit_processor",
+		"return_hidden_states", "session_params"} {
 		rows = append(rows, FieldRow{Path: k, Verdict: Refused, Reason: reasonEngineControl})
 	}
-	for _, k := range []string{"image_data", "audio_data", "video_data", "modalities", "mm_processor_kwargs", "audio"} {
+	for _, k := range []string{"image_data", "audio_data", "video_data", "modalities", "audio"} {
 		rows = append(rows, FieldRow{Path: k, Verdict: Refused, Reason: reasonMedia})
 	}
+	rows = append(rows, refused(reasonRequestID, "rid", "request_id")...)
+	rows = append(rows, refused(reasonCacheKeys, "mm_hashes")...)
+	rows = append(rows, refused(reasonPromptLogprobs, "prompt_logprobs")...)
+	rows = append(rows, refused(reasonEmbeds, "prompt_embeds", "input_embeds")...)
+	rows = append(rows, refused(reasonKwargs, "mm_processor_kwargs")...)
+	rows = append(rows, refused(reasonThinkingBudget, "thinking_token_budget")...)
 	for _, k := range []string{"chat_template", "documents", "tokenizer_kwargs"} {
 		rows = append(rows, FieldRow{Path: k, Verdict: Refused, Reason: reasonTemplate})
 	}
@@ -183,6 +196,7 @@ var FieldTable = map[Kind][]FieldRow{
 			return out
 		}(),
 		refused("feeds custom logit processors (engine-side code)", "sampling_params.custom_params"),
+		refused(reasonPromptLogprobs, "sampling_params.prompt_logprobs"),
 		sharedRefused),
 	Responses: join(rows(Inert, "model", "max_output_tokens", "temperature", "top_p", "stream", "stream_options",
 		"stream_options.include_usage", "stream_options.include_obfuscation", "tool_choice", "tool_choice.type", "tool_choice.name",

@@ -39,7 +39,7 @@ var fullBodies = map[Kind][]string{
 	Generate: {`{"text":"hi","sampling_params":{"max_new_tokens":5,"min_new_tokens":0,"stop":["x"],"stop_token_ids":[1],"stop_regex":"x",
 		"temperature":1,"top_p":1,"top_k":1,"min_p":0,"frequency_penalty":0,"presence_penalty":0,"repetition_penalty":1,"n":1,
 		"json_schema":"{}","regex":"x","ebnf":"x","structural_tag":"x","ignore_eos":false,"skip_special_tokens":true,
-		"spaces_between_special_tokens":true,"no_stop_trim":false,"stream_interval":1,"logit_bias":{"1":0},"sampling_seed":1},
+		"spaces_between_special_tokens":true,"no_stop_trim":false,"stream_interval":1,"logit_bias":{"1":0},"sampling_seed":1,"thinking_budget":64},
 		"stream":false,"return_logprob":false,"logprob_start_len":0,"top_logprobs_num":0,"token_ids_logprob":[1],
 		"return_text_in_logprobs":false,"lora_path":"l","log_metrics":false}`, `{"input_ids":[1,2]}`},
 	Responses: {`{"model":"m","input":[

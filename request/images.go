@@ -264,7 +264,7 @@ func (r *Request) CountImages(rule *vision.Rule, remoteAtMax bool) *apierr.Error
 			c = rule.Max()
 		default:
 			var err error
-			if c, err = rule.Tokens(img.Size.Width, img.Size.Height); err != nil {
+			if c, err = turnedEitherWay(rule, img.Size); err != nil {
 				return apierr.BadRequest(img.Field, fmt.Sprintf("The image (%d×%d %s) cannot be processed: %v.", img.Size.Width, img.Size.Height, img.Size.Format, err))
 			}
 		}
@@ -280,6 +280,22 @@ func (r *Request) CountImages(rule *vision.Rule, remoteAtMax bool) *apierr.Error
 		r.Prompts[i].ImageTokens = total
 	}
 	return nil
+}
+
+// turnedEitherWay is the larger count of the image as Pillow opens it and turned a quarter: a
+// processor that applies EXIF orientations 5–8 (transformers' load_image, exif_transpose) sees
+// the sides swapped, one that does not (SGLang today, sglang#33464) sees them as stored, and the
+// file's EXIF is not read here, so both are counted whatever it says (the rules of
+// tokenize/vision count both alike; a rule that does not is still charged its larger).
+func turnedEitherWay(rule *vision.Rule, s imagesize.Size) (vision.Count, error) {
+	c, err := rule.Tokens(s.Width, s.Height)
+	if err != nil {
+		return c, err
+	}
+	if t, err := rule.Tokens(s.Height, s.Width); err == nil && t.Total > c.Total {
+		return t, nil
+	}
+	return c, nil
 }
 
 // addTurnParts records turn i's content as parts (for a template that takes parts).

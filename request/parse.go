@@ -655,7 +655,9 @@ var samplingKeys = AllowList("max_new_tokens", "min_new_tokens", "stop", "stop_t
 	"temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
 	"repetition_penalty", "n", "json_schema", "regex", "ebnf", "structural_tag", "ignore_eos",
 	"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "stream_interval",
-	"logit_bias", "sampling_seed")
+	"logit_bias", "sampling_seed",
+	// SGLang's cap on reasoning tokens: they count inside max_new_tokens (inert, issue 39).
+	"thinking_budget")
 
 func checkSamplingKeys(sp map[string]json.RawMessage) *apierr.Error {
 	names := make([]string, 0, len(sp))

@@ -30,7 +30,16 @@ type partsTemplate interface {
 //
 // Fields the template does not see are not counted: response_format and the legacy functions
 // (without tools) do not reach the prompt through a Hugging Face chat template.
+//
+// First, for every kind: when tmpl knows its model's media placeholder tokens (tokenize/hf), a
+// body whose text spells one, or whose token ids hold one, is a 400 naming the field
+// (media.go).
 func (r *Request) RenderTemplate(tmpl ChatTemplate) *apierr.Error {
+	if mt, ok := tmpl.(mediaTemplate); ok {
+		if e := r.checkMediaTokens(mt.MediaTokens()); e != nil {
+			return e
+		}
+	}
 	var msgs []map[string]any
 	var tools, kwargs json.RawMessage
 	addGen := true

@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/limits"
 	"github.com/kvgate/kvgate/state"
 	"github.com/kvgate/kvgate/tests/redistest"
@@ -50,17 +51,17 @@ func TestStoresOnRedisCluster(t *testing.T) {
 		}
 		return string(s)
 	}
-	if err := ta.Create(ctx, state.TenantRecord{Name: "acme", KeySHA256: key('a'), Rates: limits.Rates{RPM: 7}}); err != nil {
+	if err := ta.Create(ctx, config.Tenant{Name: "acme", KeySHA256: key('a'), RPM: 7}); err != nil {
 		t.Fatal(err)
 	}
-	if err := tb.Create(ctx, state.TenantRecord{Name: "other", KeySHA256: key('a')}); !errors.Is(err, state.ErrKeyInUse) {
+	if err := tb.Create(ctx, config.Tenant{Name: "other", KeySHA256: key('a')}); !errors.Is(err, state.ErrKeyInUse) {
 		t.Fatalf("a second tenant with acme's key: %v, want ErrKeyInUse", err)
 	}
-	if err := tb.Update(ctx, state.TenantRecord{Name: "acme", KeySHA256: key('b'), Rates: limits.Rates{RPM: 9}}); err != nil {
+	if err := tb.Update(ctx, config.Tenant{Name: "acme", KeySHA256: key('b'), RPM: 9}); err != nil {
 		t.Fatal(err)
 	}
 	// acme's old key was freed with the update: another tenant may take it.
-	if err := ta.Create(ctx, state.TenantRecord{Name: "other", KeySHA256: key('a')}); err != nil {
+	if err := ta.Create(ctx, config.Tenant{Name: "other", KeySHA256: key('a')}); err != nil {
 		t.Fatal(err)
 	}
 	if r, err := ta.Get(ctx, "acme"); err != nil || r.RPM != 9 || r.KeySHA256 != key('b') {

@@ -40,7 +40,7 @@ type PerRequestStore struct{ R *RedisLimits }
 
 func (p PerRequestStore) Admit(ctx context.Context, a limits.Admission) (limits.Verdict, error) {
 	args := []any{a.Rates.RPM, a.Rates.TPM, a.Rates.MaxConcurrent, a.Tokens, a.Lease, limits.LeaseTTL.Milliseconds(),
-		strconv.FormatFloat(a.CarryRPM, 'f', 3, 64), strconv.FormatFloat(a.CarryTPM, 'f', 3, 64), a.ExtraInflight, b01(a.CarryOnly)}
+		strconv.FormatFloat(a.CarryRPM, 'f', 3, 64), strconv.FormatFloat(a.CarryTPM, 'f', 3, 64), a.ExtraInflight, b01(a.CarryOnly), a.Owable}
 	res, err := refAdmitScript.Run(ctx, p.R.client, p.R.keys(a.Tenant), args...).Slice()
 	return refVerdict(a, res, err)
 }
@@ -59,7 +59,7 @@ local window = 60000
 local function load(key, carry)
   local tat = tonumber(redis.call('GET', key) or 0) or 0
   if tat < now then tat = now end
-  if carry > 0 then tat = math.min(tat + carry, now + window) end
+  if carry > 0 then tat = math.max(tat, math.min(tat + carry, now + window)) end
   return tat
 end
 local rtat, ttat = now, now
@@ -81,8 +81,10 @@ if rpm > 0 then
 end
 if limit == '' and tpm > 0 then
   nt = ttat + tokens * window / tpm
-  if tokens > tpm then limit = 'tpm'; retry = window; never = 1
-  elseif nt - now > window + 1e-6 then limit = 'tpm'; retry = nt - now - window end
+  local must = tokens - math.min(math.max(tonumber(ARGV[11]), 0), tokens)
+  local fit = ttat + must * window / tpm
+  if must > tpm then limit = 'tpm'; retry = 0; never = 1
+  elseif fit - now > window + 1e-6 then limit = 'tpm'; retry = fit - now - window end
 end
 if limit == '' and maxc > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)

@@ -17,6 +17,7 @@ package state
 //	prefix{kvgate}:tenant-keys             key hash → tenant name
 //	prefix{kvgate}:tenants:version         bumped on every tenant write
 //	prefix{kvgate}:prints                  stream of prompt fingerprint records (keyed hashes, no text)
+//	prefix{kvp:<domain>}:prints            one KV domain's fingerprint stream: a slot per domain
 //	prefix{kvgate}:text-evidence:<backend> prompt-text matches on a backend (requester, victim), by time
 //	prefix{kvgate}:requester-quarantines:<tenant> quarantines a requester's matches triggered, expiring
 //
@@ -35,6 +36,10 @@ func (k Keys) Incidents() string { return k.base() + "incidents" }
 
 // Prints is the stream of prompt fingerprint records replicas share.
 func (k Keys) Prints() string { return k.base() + "prints" }
+
+// DomainPrints is one KV domain's fingerprint stream, in a slot of its own (its tag can never be
+// the control plane's: it starts "kvp:").
+func (k Keys) DomainPrints(domain string) string { return k.Prefix + "{kvp:" + domain + "}:prints" }
 
 // TextEvidence is the prompt-text matches on backend (TextEvidence).
 func (k Keys) TextEvidence(backend string) string { return k.base() + "text-evidence:" + backend }

@@ -19,7 +19,7 @@ import (
 )
 
 // opsFor is a random run of admissions, each after the settlements that queued before it, over
-// four tenants: rpm alone, tpm alone (with oversized requests), max_concurrent with settlements
+// four tenants: rpm alone, tpm alone (with oversized requests and owing ones), max_concurrent with settlements
 // freeing slots (some twice, some never taken), and all three with limits that change between
 // requests, carried usage, carry-only pushes and extra in-flight requests. The last items push a
 // zero carry per tenant: they charge nothing and report how full the cells ended.
@@ -59,8 +59,15 @@ func opsFor(seed int64) []state.BatchItem {
 			continue
 		}
 		a := limits.Admission{Tenant: tenant, Rates: lim, Tokens: int64(rng.Intn(25))}
-		if rng.Intn(15) == 0 {
+		switch rng.Intn(15) {
+		case 0:
 			a.Tokens = 150 // more than a whole minute of tpm 100: never
+		case 1, 2:
+			// An unbounded output: up to twice the bucket, all but a small part owable (owing).
+			a.Tokens = int64(60 + rng.Intn(150))
+			a.Owable = a.Tokens - int64(rng.Intn(30))
+		case 3:
+			a.Tokens, a.Owable = 300, 100 // its part that must fit (200) exceeds the bucket: never
 		}
 		if lim.MaxConcurrent > 0 {
 			a.Lease = fmt.Sprintf("L%d", i)
@@ -130,6 +137,7 @@ func sameVerdicts(t *testing.T, what string, items []state.BatchItem, a, b []lim
 func TestBatchedScriptDecidesAsPerRequest(t *testing.T) {
 	client, prefix := testRedis(t)
 	ctx := context.Background()
+	owed := 0
 	for seed := int64(1); seed <= 6; seed++ {
 		items := opsFor(seed)
 		p := fmt.Sprintf("%s%d:", prefix, seed)
@@ -147,9 +155,15 @@ func TestBatchedScriptDecidesAsPerRequest(t *testing.T) {
 		sameVerdicts(t, fmt.Sprintf("seed %d, memory store", seed), items, want, mem, tol, true)
 		sameVerdicts(t, fmt.Sprintf("seed %d, batched script", seed), items, want, got, tol, false)
 		allowed := 0
-		for _, v := range got {
+		for i, v := range got {
 			if v.Allowed {
 				allowed++
+			}
+			if v.Allowed && items[i].Admit.Owable > 0 && v.TPMFill > 60000 {
+				owed++ // admitted into debt: the owing rule was exercised
+			}
+			if v.Never && v.RetryAfter != 0 {
+				t.Fatalf("seed %d item %d: a request that never fits is told to retry: %+v", seed, i, v)
 			}
 		}
 		if allowed == 0 || allowed == len(items)-4 {
@@ -164,6 +178,9 @@ func TestBatchedScriptDecidesAsPerRequest(t *testing.T) {
 				t.Fatalf("seed %d tenant %s: leases left %v, per request %v", seed, tenant, b, a)
 			}
 		}
+	}
+	if owed == 0 {
+		t.Fatal("no admission went into debt: owing untested")
 	}
 }
 

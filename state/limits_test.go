@@ -100,6 +100,33 @@ func TestStoresAgree(t *testing.T) {
 			if _, v = admitN(t, s, limits.Admission{Tenant: "t2", Rates: limits.Rates{TPM: 1000}, Tokens: 1001}, 1); !v.Never || v.Limit != limits.TPM {
 				t.Fatalf("oversized request: %+v", v)
 			}
+			// Owing: 100 of 2500 tokens must fit tpm 1000, the rest is owed; nothing passes until
+			// it is repaid (a refund of what was not used repays it at once).
+			o := limits.Admission{Tenant: "owe", Rates: limits.Rates{TPM: 1000}, Tokens: 2500, Owable: 2400}
+			if v, err := s.Admit(ctx, o); err != nil || !v.Allowed || v.TPMFill < 2500*60-50 {
+				t.Fatalf("owing on an empty cell: %+v %v", v, err)
+			}
+			if _, v = admitN(t, s, o, 1); v.Allowed || v.Never || v.Limit != limits.TPM || v.RetryAfter < 95*time.Second || v.RetryAfter > 96*time.Second {
+				t.Fatalf("while owing (the debt of 90 s, then 100 tokens): %+v", v)
+			}
+			if err := s.Settle(ctx, "owe", o.Rates, 500-2500, ""); err != nil {
+				t.Fatal(err)
+			}
+			if n, _ = admitN(t, s, o, 1); n != 1 {
+				t.Fatal("the refund repaid the debt: the next owing request fits")
+			}
+			// What must fit is over the whole bucket: never, and no time to wait.
+			if _, v = admitN(t, s, limits.Admission{Tenant: "owe2", Rates: limits.Rates{TPM: 1000}, Tokens: 2500, Owable: 1499}, 1); !v.Never || v.RetryAfter != 0 {
+				t.Fatalf("never, owing allowed: %+v", v)
+			}
+			// Carried usage never takes away what a cell owes.
+			if n, _ = admitN(t, s, limits.Admission{Tenant: "owe", Rates: limits.Rates{TPM: 1000}, CarryTPM: 1000, CarryOnly: true}, 1); n != 0 {
+				t.Fatal("carry only admits nothing")
+			}
+			if _, v = admitN(t, s, limits.Admission{Tenant: "owe", Rates: limits.Rates{TPM: 1000}, Tokens: 1}, 1); v.Allowed || v.TPMFill < 2500*60-1000 {
+				t.Fatalf("a carry cut the debt: %+v", v)
+			}
+
 			// A charge beyond the reservation (output without max_tokens) is debt.
 			if err := s.Settle(ctx, "t3", limits.Rates{TPM: 1000}, 1000, ""); err != nil {
 				t.Fatal(err)
@@ -185,6 +212,30 @@ func TestLimiterFallsBackToItsShare(t *testing.T) {
 	l.Settle(tk, 0)
 	if _, v := l.Admit("b", limits.Rates{MaxConcurrent: 1}, 0); !v.Allowed {
 		t.Fatalf("after the first ended: %+v", v)
+	}
+}
+
+// While degraded, owing works on the replica's share (tpm 20000 over 2 replicas: 10,000), and
+// Never means never: a request over the share but within the tenant's limit waits for the
+// outage to end (it is not Never, and has a RetryAfter); one over the whole limit is Never.
+func TestLimiterDegradedOwingAndNever(t *testing.T) {
+	cmd, client := privateRedis(t)
+	l := limits.NewLimiter(state.NewRedisLimits(client, "p:"), 2, 50*time.Millisecond)
+	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	lim := limits.Rates{TPM: 20000}
+	if _, v := l.AdmitOwing("o", lim, 65536, 65536-200); !v.Allowed || !l.Degraded() {
+		t.Fatalf("owing at the local share: %+v, degraded %v", v, l.Degraded())
+	}
+	if _, v := l.Admit("o", lim, 1); v.Allowed || !v.Degraded || v.Never {
+		t.Fatalf("while owing: %+v", v)
+	}
+	if _, v := l.Admit("n", lim, 15000); v.Allowed || !v.Degraded || v.Never || v.RetryAfter <= 0 || v.Share != 10000 {
+		t.Fatalf("over the share, within the limit: %+v", v)
+	}
+	if _, v := l.Admit("n", lim, 20001); v.Allowed || !v.Never || v.RetryAfter != 0 {
+		t.Fatalf("over the whole limit: %+v", v)
 	}
 }
 

@@ -139,20 +139,30 @@ func IDLess(a, b string) bool {
 	return asq < bsq
 }
 
-func decodePrints(m redis.XMessage) (PrintsRecord, bool) {
-	o, _ := m.Values["o"].(string)
-	t, _ := m.Values["t"].(string)
-	b, _ := m.Values["b"].(string)
+// fields reads a fingerprint entry's origin, tenant and fingerprints (ok: a tenant and whole
+// fingerprints).
+func fields(m redis.XMessage) (origin, tenant string, fps []uint64, ok bool) {
+	origin, _ = m.Values["o"].(string)
+	tenant, _ = m.Values["t"].(string)
 	f, _ := m.Values["f"].(string)
-	if t == "" || len(f)%8 != 0 {
+	if tenant == "" || len(f)%8 != 0 {
+		return "", "", nil, false
+	}
+	fps = make([]uint64, len(f)/8)
+	for i := range fps {
+		fps[i] = binary.LittleEndian.Uint64([]byte(f[8*i : 8*i+8]))
+	}
+	return origin, tenant, fps, true
+}
+
+func decodePrints(m redis.XMessage) (PrintsRecord, bool) {
+	o, t, fps, ok := fields(m)
+	if !ok {
 		return PrintsRecord{}, false
 	}
-	rec := PrintsRecord{Origin: o, Tenant: t, FPs: make([]uint64, len(f)/8)}
-	if b != "" {
+	rec := PrintsRecord{Origin: o, Tenant: t, FPs: fps}
+	if b, _ := m.Values["b"].(string); b != "" {
 		rec.Backends = strings.Split(b, "\n")
-	}
-	for i := range rec.FPs {
-		rec.FPs[i] = binary.LittleEndian.Uint64([]byte(f[8*i : 8*i+8]))
 	}
 	if ms, _, ok := strings.Cut(m.ID, "-"); ok {
 		if n, err := strconv.ParseInt(ms, 10, 64); err == nil {

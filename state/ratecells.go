@@ -62,7 +62,7 @@ func (r *RedisLimits) keys(tenant string) []string { return Keys{r.prefix}.Limit
 // KEYS: requests cell, tokens cell, lease set. ARGV[1]: lease ttl ms; then operations:
 //
 //	's', tpm, token delta, lease
-//	'a', rpm, tpm, max_concurrent, tokens, lease, carry rpm ms, carry tpm ms, extra in flight, carry only (1|0)
+//	'a', rpm, tpm, max_concurrent, tokens, lease, carry rpm ms, carry tpm ms, extra in flight, carry only (1|0), owable
 //
 // Returns, per admission in order, "allowed 0|1,refusing limit,retry ms,never 0|1,rpm fill ms,tpm
 // fill ms": one string each (one reply element to write, read and allocate, not six).
@@ -83,7 +83,7 @@ end
 local function load(k, carry)
   local tat = get(k)
   if tat < now then tat = now end
-  if carry > 0 then tat = math.min(tat + carry, now + window) end
+  if carry > 0 then tat = math.max(tat, math.min(tat + carry, now + window)) end
   return tat
 end
 local function put(k, tat) cell[k] = tat; dirty[k] = true end
@@ -103,7 +103,8 @@ while i <= #ARGV do
     local rpm, tpm, maxc = tonumber(ARGV[i+1]), tonumber(ARGV[i+2]), tonumber(ARGV[i+3])
     local tokens, lease = tonumber(ARGV[i+4]), ARGV[i+5]
     local crpm, ctpm, extra, only = tonumber(ARGV[i+6]), tonumber(ARGV[i+7]), tonumber(ARGV[i+8]), ARGV[i+9]
-    i = i + 10
+    local owable = tonumber(ARGV[i+10])
+    i = i + 11
     local rtat, ttat = now, now
     if rpm > 0 then rtat = load(1, crpm) end
     if tpm > 0 then ttat = load(2, ctpm) end
@@ -120,8 +121,10 @@ while i <= #ARGV do
       end
       if limit == '' and tpm > 0 then
         nt = ttat + tokens * window / tpm
-        if tokens > tpm then limit = 'tpm'; retry = window; never = 1
-        elseif nt - now > window + 1e-6 then limit = 'tpm'; retry = nt - now - window end
+        local must = tokens - math.min(math.max(owable, 0), tokens)
+        local fit = ttat + must * window / tpm
+        if must > tpm then limit = 'tpm'; retry = 0; never = 1
+        elseif fit - now > window + 1e-6 then limit = 'tpm'; retry = fit - now - window end
       end
       if limit == '' and maxc > 0 then
         if leases == nil then
@@ -245,7 +248,7 @@ func (t *tenantRun) settle(st limits.Settlement) {
 
 func (t *tenantRun) admit(a limits.Admission) {
 	t.args = append(t.args, "a", a.Rates.RPM, a.Rates.TPM, a.Rates.MaxConcurrent, a.Tokens, a.Lease,
-		strconv.FormatFloat(a.CarryRPM, 'f', 3, 64), strconv.FormatFloat(a.CarryTPM, 'f', 3, 64), a.ExtraInflight, b01(a.CarryOnly))
+		strconv.FormatFloat(a.CarryRPM, 'f', 3, 64), strconv.FormatFloat(a.CarryTPM, 'f', 3, 64), a.ExtraInflight, b01(a.CarryOnly), a.Owable)
 	t.lastDelta = 0
 }
 

@@ -10,28 +10,22 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/kvgate/kvgate/limits"
+	"github.com/kvgate/kvgate/config"
 )
 
-// TenantRecord is a tenant added at run time. Only the key's hex SHA-256 is ever stored.
-type TenantRecord struct {
-	Name            string `json:"name"`
-	KeySHA256       string `json:"key_sha256"`
-	MaxPromptTokens int    `json:"max_prompt_tokens"`
-	CanaryOptOut    bool   `json:"canary_opt_out"`
-	limits.Rates
-}
-
-// TenantStore holds the tenants added at run time. Version changes on every write, so replicas
+// TenantStore holds the tenants added at run time, as config.Tenant records (the file's tenant
+// type, so every attribute a file tenant has is stored; only the key's hex SHA-256 ever is).
+// Records are read with the file's defaults (SetDefaults: a record written before an attribute
+// existed). Version changes on every write, so replicas
 // poll one small value and reload the list only when it moved.
 type TenantStore interface {
 	Version(ctx context.Context) (int64, error)
-	List(ctx context.Context) ([]TenantRecord, error)
-	Get(ctx context.Context, name string) (TenantRecord, error)
+	List(ctx context.Context) ([]config.Tenant, error)
+	Get(ctx context.Context, name string) (config.Tenant, error)
 	// Create fails with ErrTenantExists or ErrKeyInUse.
-	Create(ctx context.Context, t TenantRecord) error
+	Create(ctx context.Context, t config.Tenant) error
 	// Update replaces t.Name's record; it fails with ErrTenantNotFound or ErrKeyInUse.
-	Update(ctx context.Context, t TenantRecord) error
+	Update(ctx context.Context, t config.Tenant) error
 	// Delete fails with ErrTenantNotFound.
 	Delete(ctx context.Context, name string) error
 }
@@ -52,11 +46,11 @@ var (
 type MemoryTenants struct {
 	mu      sync.Mutex
 	version int64
-	byName  map[string]TenantRecord
+	byName  map[string]config.Tenant
 }
 
 // NewMemoryTenants returns an empty store.
-func NewMemoryTenants() *MemoryTenants { return &MemoryTenants{byName: map[string]TenantRecord{}} }
+func NewMemoryTenants() *MemoryTenants { return &MemoryTenants{byName: map[string]config.Tenant{}} }
 
 func (m *MemoryTenants) Version(context.Context) (int64, error) {
 	m.mu.Lock()
@@ -64,10 +58,10 @@ func (m *MemoryTenants) Version(context.Context) (int64, error) {
 	return m.version, nil
 }
 
-func (m *MemoryTenants) List(context.Context) ([]TenantRecord, error) {
+func (m *MemoryTenants) List(context.Context) ([]config.Tenant, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]TenantRecord, 0, len(m.byName))
+	out := make([]config.Tenant, 0, len(m.byName))
 	for _, t := range m.byName {
 		out = append(out, t)
 	}
@@ -75,12 +69,12 @@ func (m *MemoryTenants) List(context.Context) ([]TenantRecord, error) {
 	return out, nil
 }
 
-func (m *MemoryTenants) Get(_ context.Context, name string) (TenantRecord, error) {
+func (m *MemoryTenants) Get(_ context.Context, name string) (config.Tenant, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	t, ok := m.byName[name]
 	if !ok {
-		return TenantRecord{}, ErrTenantNotFound
+		return config.Tenant{}, ErrTenantNotFound
 	}
 	return t, nil
 }
@@ -94,7 +88,7 @@ func (m *MemoryTenants) keyOwnerLocked(key string) string {
 	return ""
 }
 
-func (m *MemoryTenants) Create(_ context.Context, t TenantRecord) error {
+func (m *MemoryTenants) Create(_ context.Context, t config.Tenant) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, ok := m.byName[t.Name]; ok {
@@ -103,12 +97,13 @@ func (m *MemoryTenants) Create(_ context.Context, t TenantRecord) error {
 	if m.keyOwnerLocked(t.KeySHA256) != "" {
 		return ErrKeyInUse
 	}
+	t.SetDefaults()
 	m.byName[t.Name] = t
 	m.version++
 	return nil
 }
 
-func (m *MemoryTenants) Update(_ context.Context, t TenantRecord) error {
+func (m *MemoryTenants) Update(_ context.Context, t config.Tenant) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, ok := m.byName[t.Name]; !ok {
@@ -117,6 +112,7 @@ func (m *MemoryTenants) Update(_ context.Context, t TenantRecord) error {
 	if o := m.keyOwnerLocked(t.KeySHA256); o != "" && o != t.Name {
 		return ErrKeyInUse
 	}
+	t.SetDefaults()
 	m.byName[t.Name] = t
 	m.version++
 	return nil
@@ -160,15 +156,15 @@ func (r *RedisTenants) Version(ctx context.Context) (int64, error) {
 	return v, nil
 }
 
-func (r *RedisTenants) List(ctx context.Context) ([]TenantRecord, error) {
+func (r *RedisTenants) List(ctx context.Context) ([]config.Tenant, error) {
 	all, err := r.client.HGetAll(ctx, r.keys()[0]).Result()
 	if err != nil {
 		return nil, fmt.Errorf("reading tenants: %w", err)
 	}
-	out := make([]TenantRecord, 0, len(all))
+	out := make([]config.Tenant, 0, len(all))
 	for name, raw := range all {
-		var t TenantRecord
-		if err := json.Unmarshal([]byte(raw), &t); err != nil || t.Name != name {
+		t, err := decodeTenant(raw)
+		if err != nil || t.Name != name {
 			continue // a record this version cannot read is not a tenant it can serve
 		}
 		out = append(out, t)
@@ -177,18 +173,28 @@ func (r *RedisTenants) List(ctx context.Context) ([]TenantRecord, error) {
 	return out, nil
 }
 
-func (r *RedisTenants) Get(ctx context.Context, name string) (TenantRecord, error) {
+func (r *RedisTenants) Get(ctx context.Context, name string) (config.Tenant, error) {
 	raw, err := r.client.HGet(ctx, r.keys()[0], name).Result()
 	if errors.Is(err, redis.Nil) {
-		return TenantRecord{}, ErrTenantNotFound
+		return config.Tenant{}, ErrTenantNotFound
 	}
 	if err != nil {
-		return TenantRecord{}, fmt.Errorf("reading tenant %q: %w", name, err)
+		return config.Tenant{}, fmt.Errorf("reading tenant %q: %w", name, err)
 	}
-	var t TenantRecord
+	t, err := decodeTenant(raw)
+	if err != nil {
+		return config.Tenant{}, fmt.Errorf("tenant %q: %w", name, err)
+	}
+	return t, nil
+}
+
+// decodeTenant reads a stored record, with the file's defaults for what it lacks.
+func decodeTenant(raw string) (config.Tenant, error) {
+	var t config.Tenant
 	if err := json.Unmarshal([]byte(raw), &t); err != nil {
-		return TenantRecord{}, fmt.Errorf("tenant %q: %w", name, err)
+		return config.Tenant{}, err
 	}
+	t.SetDefaults()
 	return t, nil
 }
 
@@ -218,7 +224,7 @@ redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('INCR', KEYS[3])
 return 'ok'`)
 
-func (r *RedisTenants) put(ctx context.Context, mode string, t TenantRecord) error {
+func (r *RedisTenants) put(ctx context.Context, mode string, t config.Tenant) error {
 	raw, _ := json.Marshal(t)
 	res, err := putScript.Run(ctx, r.client, r.keys(), mode, t.Name, t.KeySHA256, string(raw)).Text()
 	if err != nil {
@@ -241,11 +247,11 @@ func scriptResult(res string) error {
 	return fmt.Errorf("tenant store: unexpected reply %q", res)
 }
 
-func (r *RedisTenants) Create(ctx context.Context, t TenantRecord) error {
+func (r *RedisTenants) Create(ctx context.Context, t config.Tenant) error {
 	return r.put(ctx, "create", t)
 }
 
-func (r *RedisTenants) Update(ctx context.Context, t TenantRecord) error {
+func (r *RedisTenants) Update(ctx context.Context, t config.Tenant) error {
 	return r.put(ctx, "update", t)
 }
 

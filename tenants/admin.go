@@ -2,48 +2,84 @@ package tenants
 
 import (
 	"bytes"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 
 	"github.com/kvgate/kvgate/apierr"
-	"github.com/kvgate/kvgate/limits"
+	"github.com/kvgate/kvgate/config"
 	"github.com/kvgate/kvgate/state"
 )
 
 // The admin API's tenant records: the body of a create or update, its validation, and the
 // answers for store errors. The HTTP handlers are the admin package's (admin/tenants.go).
 
-// Fields is a POST or PATCH body; nil fields are absent (PATCH keeps them).
-type Fields struct {
-	Name            *string `json:"name"`
-	KeySHA256       *string `json:"key_sha256"`
-	MaxPromptTokens *int    `json:"max_prompt_tokens"`
-	CanaryOptOut    *bool   `json:"canary_opt_out"`
-	RPM             *int    `json:"rpm"`
-	TPM             *int    `json:"tpm"`
-	MaxConcurrent   *int    `json:"max_concurrent"`
-}
-
-// DecodeFields reads a tenant body; a raw key is refused by name.
-func DecodeFields(body []byte) (*Fields, *apierr.Error) {
+// Decode merges a POST or PATCH body into r: the body is the tenant record itself (config.Tenant's
+// JSON), so every attribute a file tenant has can be set at run time; an absent attribute keeps
+// r's value (PATCH). A raw key is refused by name; the key hash is kept in lower case. Check the
+// result with Validate once the name is checked (ValidName; a PATCH cannot rename).
+func Decode(body []byte, r *config.Tenant) *apierr.Error {
 	var probe map[string]json.RawMessage
 	if json.Unmarshal(body, &probe) == nil {
 		for _, k := range []string{"key", "api_key"} {
 			if _, ok := probe[k]; ok {
-				return nil, apierr.BadRequest(k, "Send 'key_sha256', the hex SHA-256 of the key (printf %s KEY | sha256sum); kvgate never accepts or stores a key itself.")
+				return apierr.BadRequest(k, "'"+k+"' is refused: send 'key_sha256', the hex SHA-256 of the key (printf %s KEY | sha256sum); kvgate never accepts or stores a key itself.")
 			}
 		}
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
-	var f Fields
-	if err := dec.Decode(&f); err != nil {
-		return nil, apierr.BadRequest("", "Invalid tenant JSON: "+err.Error())
+	if err := dec.Decode(r); err != nil {
+		return decodeError(err)
 	}
-	return &f, nil
+	if dec.More() {
+		return apierr.BadRequest("", "Invalid tenant JSON: one object expected.")
+	}
+	r.KeySHA256 = strings.ToLower(r.KeySHA256)
+	r.SetDefaults()
+	return nil
+}
+
+// Validate checks r's attributes as the file's tenants are checked (config.Tenant.Check): the
+// first error, naming its field.
+func Validate(r *config.Tenant) *apierr.Error {
+	if r.KeySHA256 == "" {
+		return apierr.BadRequest("key_sha256", "'key_sha256' is required (the hex SHA-256 of the tenant's API key).")
+	}
+	var e *apierr.Error
+	r.Check(func(field, format string, args ...any) {
+		if e == nil {
+			e = apierr.BadRequest(field, fmt.Sprintf("'%s' %s.", field, fmt.Sprintf(format, args...)))
+		}
+	})
+	return e
+}
+
+// decodeError names the field a body's JSON got wrong where the decoder says which.
+func decodeError(err error) *apierr.Error {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) && te.Field != "" {
+		return apierr.BadRequest(te.Field, fmt.Sprintf("'%s' must be a JSON %s, got %s.", te.Field, jsonType(te.Type.Kind()), te.Value))
+	}
+	if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		f = strings.Trim(f, `"`)
+		return apierr.BadRequest(f, fmt.Sprintf("Unknown tenant field '%s'.", f))
+	}
+	return apierr.BadRequest("", "Invalid tenant JSON: "+err.Error())
+}
+
+func jsonType(k reflect.Kind) string {
+	switch k {
+	case reflect.String:
+		return "string"
+	case reflect.Bool:
+		return "boolean"
+	case reflect.Int, reflect.Int64:
+		return "integer"
+	}
+	return "number"
 }
 
 // ValidName: 1 to 64 letters, digits, '-', '_' or '.'.
@@ -57,34 +93,6 @@ func ValidName(n string) bool {
 		}
 	}
 	return true
-}
-
-// Apply merges f into r and validates the result.
-func (f *Fields) Apply(r *state.TenantRecord) *apierr.Error {
-	if f.KeySHA256 != nil {
-		r.KeySHA256 = strings.ToLower(*f.KeySHA256)
-	}
-	if h, err := hex.DecodeString(r.KeySHA256); err != nil || len(h) != 32 {
-		return apierr.BadRequest("key_sha256", "'key_sha256' must be 64 hex characters (the SHA-256 of the tenant's API key).")
-	}
-	for _, v := range []struct {
-		name string
-		src  *int
-		dst  *int
-	}{{"max_prompt_tokens", f.MaxPromptTokens, &r.MaxPromptTokens}, {"rpm", f.RPM, &r.RPM}, {"tpm", f.TPM, &r.TPM},
-		{"max_concurrent", f.MaxConcurrent, &r.MaxConcurrent}} {
-		if v.src == nil {
-			continue
-		}
-		if *v.src < 0 {
-			return apierr.BadRequest(v.name, fmt.Sprintf("'%s' must be ≥ 0 (0 = no limit).", v.name))
-		}
-		*v.dst = *v.src
-	}
-	if f.CanaryOptOut != nil {
-		r.CanaryOptOut = *f.CanaryOptOut
-	}
-	return nil
 }
 
 // StoreError maps a tenant store's error to the admin API's answer.
@@ -119,18 +127,18 @@ func ConfigTenantError(name string) *apierr.Error {
 		Message: fmt.Sprintf("Tenant %q is defined in the config file; change it there.", name)}
 }
 
-// View is one row of GET /admin/tenants; the key hash is shown by its first 8 characters.
+// View is one row of GET /admin/tenants: the record, where it comes from, and the key hash
+// shown by its first 8 characters only.
 type View struct {
-	Name            string `json:"name"`
-	Source          string `json:"source"`
-	KeyPrefix       string `json:"key_sha256_prefix"`
-	MaxPromptTokens int    `json:"max_prompt_tokens"`
-	CanaryOptOut    bool   `json:"canary_opt_out"`
-	limits.Rates
+	config.Tenant
+	// KeySHA256 hides the record's full hash (the shallower field wins in encoding/json, and
+	// empty it is omitted).
+	KeySHA256 string `json:"key_sha256,omitempty"`
+	Source    string `json:"source"`
+	KeyPrefix string `json:"key_sha256_prefix"`
 }
 
-// ViewOf is r as a View.
-func ViewOf(r state.TenantRecord, source string) View {
-	return View{Name: r.Name, Source: source, KeyPrefix: r.KeySHA256[:min(8, len(r.KeySHA256))],
-		MaxPromptTokens: r.MaxPromptTokens, CanaryOptOut: r.CanaryOptOut, Rates: r.Rates}
+// ViewOf is t as a View.
+func ViewOf(t config.Tenant, source string) View {
+	return View{Tenant: t, Source: source, KeyPrefix: t.KeySHA256[:min(8, len(t.KeySHA256))]}
 }

@@ -242,8 +242,8 @@ func (d *Directory) Sync(ctx context.Context) {
 			continue
 		}
 		taken["n:"+r.Name], taken["k:"+key] = true, true
-		list = append(list, Tenant{Tenant: config.Tenant{Name: r.Name, KeySHA256: key, MaxPromptTokens: r.MaxPromptTokens,
-			CanaryOptOut: r.CanaryOptOut, RPM: r.RPM, TPM: r.TPM, MaxConcurrent: r.MaxConcurrent}, Hash: h, runtime: true})
+		r.KeySHA256 = key
+		list = append(list, Tenant{Tenant: r, Hash: h, runtime: true})
 		if d.OnAdd != nil {
 			d.OnAdd(r.Name)
 		}

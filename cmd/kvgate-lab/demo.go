@@ -53,30 +53,18 @@ func runDemo(args []string) int {
 	return 0
 }
 
-func startSim(cfg enginesim.Config) (*enginesim.Server, error) {
-	srv, err := enginesim.New(cfg)
-	if err != nil {
-		return nil, err
-	}
-	if err := srv.Listen("127.0.0.1:0"); err != nil {
-		return nil, err
-	}
-	go func() { _ = srv.Serve() }()
-	return srv, nil
-}
-
 func demo(ctx context.Context, once bool, listen string) error {
 	fmt.Println("kvgate demo: a prefill/decode pair of simulated engines with the disaggregation leak bug")
 	common := enginesim.Config{ContextLength: demoContext, PageSize: 64, Bug: kvmodel.BugAdmitRejected, Seed: 1, BootstrapPort: 0}
 	pcfg, dcfg := common, common
 	pcfg.Mode, pcfg.PoolTokens = enginesim.ModePrefill, demoPrefill
 	dcfg.Mode, dcfg.PoolTokens = enginesim.ModeDecode, demoDecode
-	prefill, err := startSim(pcfg)
+	prefill, err := enginesim.Start(pcfg)
 	if err != nil {
 		return fmt.Errorf("starting prefill engine: %w", err)
 	}
 	defer prefill.Close()
-	decode, err := startSim(dcfg)
+	decode, err := enginesim.Start(dcfg)
 	if err != nil {
 		return fmt.Errorf("starting decode engine: %w", err)
 	}

@@ -18,7 +18,13 @@ import (
 func runLeaklab(args []string) int {
 	fs := flag.NewFlagSet("leaklab", flag.ContinueOnError)
 	p := leaklab.DefaultParams()
-	exp := fs.String("experiment", "all", "warmup | warm | allocators | fixes | all")
+	exp := fs.String("experiment", "all", "warmup | warm | allocators | fixes | all (the four) | advisories (a live gateway: not in all)")
+	ap := leaklab.DefaultAdvisoryParams()
+	fs.IntVar(&ap.Requests, "requests", ap.Requests, "advisories: requests per row")
+	fs.IntVar(&ap.Tenants, "advisory-tenants", ap.Tenants, "advisories: tenants sending them")
+	fs.IntVar(&ap.Concurrency, "concurrency", ap.Concurrency, "advisories: requests in flight")
+	fs.IntVar(&ap.MaxTokens, "max-tokens", ap.MaxTokens, "advisories: output tokens asked of each request")
+	residues := fs.String("residues", joinInts(ap.Residues), "advisories: batch-slot-residue's residue lengths (tokens), one row each")
 	asJSON := fs.Bool("json", false, "print JSON instead of tables")
 	svgDir := fs.String("svg", "", "write one SVG plot per experiment into this directory")
 	fs.Uint64Var(&p.Seed, "seed", p.Seed, "seed; each trial's seed derives from (seed, experiment, row, trial)")
@@ -53,6 +59,14 @@ func runLeaklab(args []string) int {
 	if err := p.Validate(); err != nil {
 		fmt.Fprintf(os.Stderr, "kvgate leaklab: %v\n", err)
 		return 2
+	}
+	if *exp == leaklab.ExperimentAdvisories {
+		if ap.Residues, err = parseInts(*residues); err != nil {
+			fmt.Fprintf(os.Stderr, "kvgate leaklab: --residues: %v\n", err)
+			return 2
+		}
+		ap.Seed = p.Seed
+		return runAdvisories(ap, *asJSON)
 	}
 	names := []string{*exp}
 	if *exp == "all" {
@@ -95,6 +109,29 @@ func runLeaklab(args []string) int {
 	}
 	enc := json.NewEncoder(os.Stdout)
 	if err := enc.Encode(doc); err != nil {
+		fmt.Fprintf(os.Stderr, "kvgate leaklab: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// runAdvisories runs the advisories experiment: one row per bug variant, each against a fresh
+// engine and gateway.
+func runAdvisories(ap leaklab.AdvisoryParams, asJSON bool) int {
+	start := time.Now()
+	rep, err := ap.RunAdvisories(func(e string, done, total int) {
+		fmt.Fprintf(os.Stderr, "leaklab %s: %d/%d rows\n", e, done, total)
+	})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kvgate leaklab: %v\n", err)
+		return 2
+	}
+	fmt.Fprintf(os.Stderr, "leaklab %s: done in %v\n", rep.Experiment, time.Since(start).Round(time.Millisecond))
+	if !asJSON {
+		leaklab.WriteTable(os.Stdout, rep)
+		return 0
+	}
+	if err := json.NewEncoder(os.Stdout).Encode(rep); err != nil {
 		fmt.Fprintf(os.Stderr, "kvgate leaklab: %v\n", err)
 		return 1
 	}

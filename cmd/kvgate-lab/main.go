@@ -17,6 +17,7 @@ commands:
   demo      start a leaking PD simulator pair and a gateway in front, and show the difference
   sim       run an SGLang-compatible engine simulator
   leaklab   run the leak experiments in process
+  fairness  the admission-queue experiment: a flooded engine through 1, 2, 4 kvgate replicas
   version   print the version
 `
 
@@ -34,6 +35,8 @@ func main() {
 		code = runSim(args)
 	case "leaklab":
 		code = runLeaklab(args)
+	case "fairness":
+		code = runFairness(args)
 	case "version", "--version", "-version":
 		fmt.Println("kvgate-lab", version)
 	case "help", "-h", "--help":

@@ -25,10 +25,18 @@ func runSim(args []string) int {
 	fs.IntVar(&cfg.ContextLength, "context-length", 32768, "the model's context length (max_model_len)")
 	fs.IntVar(&cfg.BootstrapPort, "bootstrap-port", enginesim.DefaultBootstrapPort,
 		"prefill: bootstrap port to bind (0 = ephemeral); decode: port used when a request's bootstrap_port is null")
-	fs.IntVar(&cfg.PageSize, "page-size", 64, "tokens per KV page")
+	fs.IntVar(&cfg.PageSize, "page-size", 1, "tokens per KV page (SGLang's default is 1; some attention backends force 16, 32 or 64)")
+	fs.IntVar(&cfg.DPSize, "dp-size", 1, "DP attention ranks, each scheduling in its own pool (requests go round robin)")
+	fs.IntVar(&cfg.DPPoolSkew, "dp-pool-skew", 0, "pages fewer in each DP rank's pool than in the previous rank's")
+	fs.IntVar(&cfg.ReservedDecodeTokens, "num-reserved-decode-tokens", 512, "decode: a request is preallocated only while prompt + this fits the pool (SGLang's default 512)")
 	fs.StringVar(&cfg.Allocator, "allocator", kvmodel.AllocLIFO, "free-page policy: lifo | fifo | random")
 	fs.StringVar(&cfg.Tokenizer, "tokenizer", "cl100k", "cl100k | chunk4 | hf:DIR (a model's tokenizer.json + tokenizer_config.json: its own tokens and chat template)")
-	fs.StringVar(&cfg.Bug, "bug", kvmodel.BugNone, "admit-rejected | template-drift | none")
+	fs.StringVar(&cfg.Bug, "bug", kvmodel.BugNone, "admit-rejected | template-drift | salt-ignored | salt-dropped-tier2 | batch-slot-residue | forced-reasoning-end | none")
+	fs.BoolVar(&cfg.NoCachedTokens, "no-cached-tokens", false, "report no cached-token figures (meta_info.cached_tokens, usage.prompt_tokens_details), as an engine without --enable-cache-report")
+	fs.IntVar(&cfg.ResidueTokens, "residue-tokens", 32, "bug batch-slot-residue: the last sampled tokens a request leaves in its batch slot for the next reply")
+	fs.IntVar(&cfg.ThinkBudget, "thinking-budget", 0, "thinking_token_budget of requests that name none (0 = none)")
+	fs.StringVar(&cfg.ReasoningEnd, "reasoning-end", "</think>", "the string forced where a thinking budget runs out")
+	fs.BoolVar(&cfg.SaltHeader, "salt-header", false, "honour an X-Cache-Salt request header, overriding the body's salt (vllm#57609)")
 	fs.IntVar(&cfg.DriftTokens, "drift-tokens", 256, "bug template-drift: tokens the engine's template adds to every text prompt")
 	fs.StringVar(&cfg.Fix, "fix", kvmodel.FixNone, "none | reject-at-admission | zero-on-release | ownership-tags | decode-length-check")
 	seed := fs.Uint64("seed", 1, "seed of the model and of the random allocator")
@@ -50,6 +58,9 @@ func runSim(args []string) int {
 		return 2
 	}
 	cfg.Seed = *seed
+	if cfg.ReservedDecodeTokens == 0 {
+		cfg.ReservedDecodeTokens = -1 // the Config's "none": its zero value means the default
+	}
 	if !*quiet {
 		cfg.Log = os.Stderr
 	}

@@ -29,6 +29,9 @@ func runAudit(args []string) int {
 	fs.DurationVar(&o.Timeout, "timeout", audit.DefaultTimeout, "bound on one request, reply included")
 	fs.DurationVar(&o.MaxTime, "max-time", audit.DefaultMaxTime, "bound on the whole audit")
 	fs.IntVar(&o.Warmups, "warmups", audit.DefaultWarmups, "marked warm-up requests before the isolation probe")
+	noSalts := fs.Bool("no-salts", false, "skip the salt checks (does each backend's prefix cache keep salts apart?)")
+	fs.StringVar(&o.SecondKey, "second-key", "", "through a kvgate gateway: a second tenant's key, so the salt checks compare two tenants' salts")
+	fs.StringVar(&o.AdminKey, "admin-key", "", "through a kvgate gateway: its admin key, to list its backends and check each one's salts")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	quiet := fs.Bool("quiet", false, "no progress line on stderr")
 	fs.Usage = func() {
@@ -52,6 +55,7 @@ func runAudit(args []string) int {
 	if o.Warmups == 0 {
 		o.Warmups = -1 // the flag's 0 means none; the package's 0 means the default
 	}
+	o.NoSalts = *noSalts
 	if !*quiet {
 		o.Progress = progressLine()
 	}

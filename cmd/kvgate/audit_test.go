@@ -148,14 +148,14 @@ func TestAuditPDBugFindsLeak(t *testing.T) {
 	if err := json.Unmarshal(r.stdout, &raw); err != nil || raw.Target == nil || raw.ExitCode == nil || *raw.ExitCode != 1 {
 		t.Fatalf("top level: %v %s", err, r.stdout)
 	}
-	kinds := map[string]bool{"refusal": true, "isolation": true, "mismatch": true}
+	kinds := map[string]bool{"refusal": true, "isolation": true, "mismatch": true, "salt": true}
 	verdicts := map[string]bool{"pass": true, "warn": true, "fail": true}
 	for _, f := range raw.Findings {
 		c, _ := f["check"].(string)
 		k, _ := f["kind"].(string)
 		v, _ := f["verdict"].(string)
 		if c == "" || !kinds[k] || !verdicts[v] {
-			t.Fatalf("finding %v: want check, kind in refusal|isolation|mismatch, verdict in pass|warn|fail", f)
+			t.Fatalf("finding %v: want check, kind in refusal|isolation|mismatch|salt, verdict in pass|warn|fail", f)
 		}
 	}
 

@@ -20,6 +20,9 @@ const (
 	HeaderForeign = "X-Sim-Foreign-Requests"
 	// HeaderQuoted names the foreign requests whose text the reply quotes.
 	HeaderQuoted = "X-Sim-Quoted-Requests"
+	// HeaderCacheSalt is the request header form of the prefix-cache salt (vllm#57609),
+	// honoured with Config.SaltHeader.
+	HeaderCacheSalt = "X-Cache-Salt"
 )
 
 // ---- /generate ----
@@ -42,6 +45,7 @@ func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx) {
 		writeGenerateError(ctx, errOutcome(400, strings.TrimPrefix(err.Error(), "bad request: ")))
 		return
 	}
+	s.headerSalt(ctx, items)
 	outs, rctx, done := s.runAll(items)
 	if f := firstFailure(outs); f != nil {
 		done()
@@ -56,11 +60,11 @@ func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx) {
 		if batch {
 			replies := make([]wire.GenReply, len(outs))
 			for i, o := range outs {
-				replies[i] = genFinal(items[i].RID, o)
+				replies[i] = s.genFinal(items[i].RID, o)
 			}
 			body, _ = wire.Marshal(replies)
 		} else {
-			body, _ = wire.Marshal(genFinal(items[0].RID, outs[0]))
+			body, _ = wire.Marshal(s.genFinal(items[0].RID, outs[0]))
 		}
 		ctx.SetContentType("application/json")
 		ctx.SetBody(body)
@@ -83,7 +87,7 @@ func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx) {
 				}
 				cum.WriteString(o.gen.Texts[k])
 				ev := wire.GenReply{Text: cum.String(), OutputIDs: o.gen.IDs[:k+1], Index: idx,
-					MetaInfo: wire.GenMeta{ID: items[i].RID, PromptTokens: o.promptTokens, CompletionTokens: k + 1}}
+					MetaInfo: wire.GenMeta{ID: items[i].RID, PromptTokens: o.promptTokens, CompletionTokens: k + 1, CachedTokens: s.cachedOf(o)}}
 				if k == n-1 {
 					ev.MetaInfo.FinishReason = o.finishObj(n)
 				}
@@ -93,7 +97,7 @@ func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx) {
 			}
 			if n == 0 || o.finish == "abort" {
 				ev := wire.GenReply{Text: cum.String(), OutputIDs: o.gen.IDs[:min(n, len(o.gen.IDs))], Index: idx,
-					MetaInfo: wire.GenMeta{ID: items[i].RID, PromptTokens: o.promptTokens, FinishReason: o.finishObj(0)}}
+					MetaInfo: wire.GenMeta{ID: items[i].RID, PromptTokens: o.promptTokens, FinishReason: o.finishObj(0), CachedTokens: s.cachedOf(o)}}
 				if err := wire.WriteEvent(w, ev); err != nil {
 					return err
 				}
@@ -107,14 +111,36 @@ func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx) {
 	})
 }
 
-func genFinal(rid string, o *outcome) wire.GenReply {
+// cachedOf is meta_info.cached_tokens of o, or nil when the engine reports none.
+func (s *Server) cachedOf(o *outcome) *int {
+	if s.cfg.NoCachedTokens {
+		return nil
+	}
+	n := o.cached
+	return &n
+}
+
+func (s *Server) genFinal(rid string, o *outcome) wire.GenReply {
 	n := len(o.gen.IDs)
 	ids := o.gen.IDs
 	if ids == nil {
 		ids = []uint32{}
 	}
 	return wire.GenReply{Text: strings.Join(o.gen.Texts, ""), OutputIDs: ids,
-		MetaInfo: wire.GenMeta{ID: rid, FinishReason: o.finishObj(n), PromptTokens: o.promptTokens, CompletionTokens: n}}
+		MetaInfo: wire.GenMeta{ID: rid, FinishReason: o.finishObj(n), PromptTokens: o.promptTokens, CompletionTokens: n, CachedTokens: s.cachedOf(o)}}
+}
+
+// headerSalt applies an X-Cache-Salt header to every item (it overrides the body's salt, as
+// vllm#57609 does) when the server honours it; otherwise the header is ignored.
+func (s *Server) headerSalt(ctx *fasthttp.RequestCtx, items []*wire.Item) {
+	h := ctx.Request.Header.Peek(HeaderCacheSalt)
+	if !s.cfg.SaltHeader || len(h) == 0 {
+		return
+	}
+	s.noteSalts([]string{string(h)})
+	for _, it := range items {
+		it.Salt = string(h)
+	}
 }
 
 // runAll runs the items in order under one abortable context. The returned
@@ -134,6 +160,11 @@ func (s *Server) runAll(items []*wire.Item) ([]*outcome, context.Context, func()
 		}
 	}
 	done := func() {
+		s.mu.Lock()
+		for _, o := range outs {
+			s.leaveSlot(o)
+		}
+		s.mu.Unlock()
 		for _, o := range outs {
 			if o.pages != nil {
 				s.releasePages(o.pages)
@@ -208,6 +239,7 @@ func (s *Server) handleOpenAI(ctx *fasthttp.RequestCtx, r wire.Route) {
 		writeOpenAIError(ctx, errOutcome(400, strings.TrimPrefix(err.Error(), "bad request: ")))
 		return
 	}
+	s.headerSalt(ctx, items)
 	outs, rctx, done := s.runAll(items)
 	if f := firstFailure(outs); f != nil {
 		done()
@@ -235,6 +267,17 @@ func (s *Server) handleOpenAI(ctx *fasthttp.RequestCtx, r wire.Route) {
 		u.CompletionTokens += len(o.gen.IDs)
 	}
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	if !s.cfg.NoCachedTokens {
+		// cached_tokens is counted once per prompt, as prompt_tokens is.
+		u.PromptTokensDetails = &wire.PromptDetails{}
+		seen := map[int]bool{}
+		for i, o := range outs {
+			if !seen[promptOf[i]] {
+				seen[promptOf[i]] = true
+				u.PromptTokensDetails.CachedTokens += o.cached
+			}
+		}
+	}
 	finishOf := func(o *outcome) *string {
 		if o.finish == "abort" {
 			return wire.Strp("abort")

@@ -24,7 +24,15 @@ type Config struct {
 	Mode          string // combined | prefill | decode; default combined
 	PoolTokens    int    // KV pool size in tokens, rounded down to a page multiple; default 20480
 	ContextLength int    // the model's context length (max_model_len); default 32768
-	PageSize      int    // tokens per page; default 64
+	PageSize      int    // tokens per page; default 1, SGLang's own
+	// DPSize is the number of DP attention ranks (SGLang's --dp-size with --enable-dp-attention):
+	// each rank schedules in its own pool of PoolTokens, less DPPoolSkew pages per rank after the
+	// first (ranks profile their own memory). Default 1.
+	DPSize     int
+	DPPoolSkew int
+	// ReservedDecodeTokens is num_reserved_decode_tokens: a decode server preallocates a request
+	// only while prompt + this fits its pool. Default 512, SGLang's; -1 means 0.
+	ReservedDecodeTokens int
 	// BootstrapPort: prefill binds it (0 = ephemeral; -1 = unset, which
 	// means DefaultBootstrapPort); decode uses it when a request's
 	// bootstrap_port is null.
@@ -49,6 +57,23 @@ type Config struct {
 	// DriftTokens (bug template-drift) is how many tokens the engine's template adds before
 	// every text prompt. Default 256.
 	DriftTokens int
+
+	// NoCachedTokens leaves the cached-token figures out of every reply (meta_info.cached_tokens,
+	// usage.prompt_tokens_details): an engine without SGLang's --enable-cache-report.
+	NoCachedTokens bool
+	// SaltHeader honours an X-Cache-Salt request header, which overrides the body's salt
+	// (vllm#57609); without it the header is ignored, as engines without that change do.
+	SaltHeader bool
+
+	// ResidueTokens (bug batch-slot-residue) is how many of its last sampled tokens a request
+	// leaves in its batch slot for the next occupant's reply. Default 32.
+	ResidueTokens int
+	// ThinkBudget is the thinking_token_budget of requests that name none (0 = none): a
+	// deployment's default reasoning budget.
+	ThinkBudget int
+	// ReasoningEnd is the string forced at a thinking budget's end (vLLM's reasoning_end_str).
+	// Default "</think>".
+	ReasoningEnd string
 
 	// Fast answers the generation routes with a tiny fixed reply, without parsing the prompt,
 	// tokenizing or touching the KV pool: a backend that costs almost nothing, so a benchmark
@@ -75,7 +100,16 @@ func (c *Config) Defaults() {
 		c.ContextLength = 32768
 	}
 	if c.PageSize == 0 {
-		c.PageSize = 64
+		c.PageSize = 1
+	}
+	if c.DPSize == 0 {
+		c.DPSize = 1
+	}
+	switch c.ReservedDecodeTokens {
+	case 0:
+		c.ReservedDecodeTokens = 512
+	case -1:
+		c.ReservedDecodeTokens = 0
 	}
 	if c.BootstrapPort < 0 {
 		c.BootstrapPort = DefaultBootstrapPort
@@ -110,6 +144,12 @@ func (c *Config) Defaults() {
 	if c.FastEvents == 0 {
 		c.FastEvents = 8
 	}
+	if c.ResidueTokens == 0 {
+		c.ResidueTokens = 32
+	}
+	if c.ReasoningEnd == "" {
+		c.ReasoningEnd = "</think>"
+	}
 }
 
 // Validate refuses a configuration that cannot run, naming the field.
@@ -124,6 +164,15 @@ func (c *Config) Validate() error {
 	}
 	if c.PoolTokens < c.PageSize {
 		return fmt.Errorf("pool-tokens: %d holds no page of %d tokens", c.PoolTokens, c.PageSize)
+	}
+	if c.ReservedDecodeTokens < 0 {
+		return fmt.Errorf("num-reserved-decode-tokens: must not be negative, got %d", c.ReservedDecodeTokens)
+	}
+	if c.DPSize < 1 || c.DPSize > 64 {
+		return fmt.Errorf("dp-size: must be 1 to 64, got %d", c.DPSize)
+	}
+	if c.DPPoolSkew < 0 || c.PoolTokens/c.PageSize-(c.DPSize-1)*c.DPPoolSkew < 2 {
+		return fmt.Errorf("dp-pool-skew: %d pages less per rank leaves rank %d fewer than 2 pages", c.DPPoolSkew, c.DPSize-1)
 	}
 	if c.ContextLength < 8 {
 		return fmt.Errorf("context-length: must be at least 8, got %d", c.ContextLength)
@@ -143,9 +192,14 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("tokenizer: %q is not cl100k, chunk4 or hf:DIR", c.Tokenizer)
 	}
 	switch c.Bug {
-	case kvmodel.BugNone, kvmodel.BugAdmitRejected, kvmodel.BugTemplateDrift:
+	case kvmodel.BugNone, kvmodel.BugAdmitRejected, kvmodel.BugTemplateDrift, kvmodel.BugSaltIgnored,
+		kvmodel.BugSaltDroppedTier2, kvmodel.BugBatchSlotResidue, kvmodel.BugForcedReasoningEnd:
 	default:
-		return fmt.Errorf("bug: %q is not none, admit-rejected or template-drift", c.Bug)
+		return fmt.Errorf("bug: %q is not none, admit-rejected, template-drift, salt-ignored, salt-dropped-tier2, "+
+			"batch-slot-residue or forced-reasoning-end", c.Bug)
+	}
+	if c.ResidueTokens < 0 || c.ThinkBudget < 0 {
+		return fmt.Errorf("residue-tokens and thinking-budget must not be negative")
 	}
 	if c.DriftTokens < 0 {
 		return fmt.Errorf("drift-tokens must not be negative")

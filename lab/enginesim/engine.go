@@ -24,6 +24,13 @@ type outcome struct {
 	pages        []int32
 	finish       string // "length", "stop" or "abort"
 	self         *kvmodel.Writer
+	cached       int // prompt tokens found in the prefix cache
+	// The batch slot it holds while its reply runs, and what the advisories' bugs need
+	// (advisories.go).
+	slot      int
+	prompt    string
+	budget    int
+	forcedOut bool // its reasoning-end string went to another request (forced-reasoning-end)
 }
 
 func (o *outcome) failed() bool { return o.status != 200 }
@@ -53,7 +60,7 @@ func writeAnthropicError(ctx *fasthttp.RequestCtx, o *outcome) {
 // checkLengths applies SGLang's three input checks in its order (the
 // tokenizer manager's context and total checks, then the scheduler's pool
 // check) and returns the failing reason and message.
-func (s *Server) checkLengths(p, o int, oGiven bool) (reason, msg string) {
+func (s *Server) checkLengths(p, o int, oGiven bool, mril int) (reason, msg string) {
 	ctxLen := s.cfg.ContextLength
 	if p >= ctxLen {
 		return "context", fmt.Sprintf("The input (%d tokens) is longer than the model's context length (%d tokens).", p, ctxLen)
@@ -63,9 +70,9 @@ func (s *Server) checkLengths(p, o int, oGiven bool) (reason, msg string) {
 			"You requested a total of %d tokens: %d tokens from the input messages and %d tokens for the completion. "+
 			"Please reduce the number of tokens in the input messages or the completion to fit within the limit.", ctxLen, p+o, p, o)
 	}
-	if p >= s.mril {
+	if p >= mril {
 		return "pool", fmt.Sprintf("Input length (%d tokens) exceeds the maximum allowed length (%d tokens). "+
-			"Use a shorter input or enable --allow-auto-truncate.", p, s.mril)
+			"Use a shorter input or enable --allow-auto-truncate.", p, mril)
 	}
 	return "", ""
 }
@@ -89,7 +96,7 @@ func (s *Server) run(ctx context.Context, it *wire.Item) *outcome {
 	if !it.MaxNewGiven && s.cfg.FillContext {
 		it.MaxNew = max(s.cfg.ContextLength-1-p, 0)
 	}
-	reason, msg := s.checkLengths(p, it.MaxNew, it.MaxNewGiven)
+	reason, msg, status := s.checkInput(p, it.MaxNew, it.MaxNewGiven)
 	stub := false
 	if reason != "" {
 		if reason == "pool" && s.cfg.Mode == ModePrefill && s.cfg.Bug == kvmodel.BugAdmitRejected && s.cfg.Fix != kvmodel.FixRejectAtAdmission {
@@ -101,19 +108,25 @@ func (s *Server) run(ctx context.Context, it *wire.Item) *outcome {
 		} else {
 			s.reject(reason)
 			if s.cfg.Mode == ModePrefill && it.Boot.Has {
-				s.rooms.Abort(it.Boot.Room, 400, msg)
+				s.rooms.Abort(it.Boot.Room, status, msg)
 			}
-			return errOutcome(400, msg)
+			return errOutcome(status, msg)
 		}
 	}
 	self := &kvmodel.Writer{RID: it.RID, Tenant: it.Tenant}
+	var out *outcome
 	switch s.cfg.Mode {
 	case ModePrefill:
-		return s.runPrefill(ctx, it, self, p, stub)
+		out = s.runPrefill(ctx, it, self, p, stub)
 	case ModeDecode:
-		return s.runDecode(ctx, it, self, p)
+		out = s.runDecode(ctx, it, self, p)
+	default:
+		out = s.runCombined(ctx, it, self, p)
 	}
-	return s.runCombined(ctx, it, self, p)
+	if !out.failed() && !stub {
+		out.cached = s.prefix.admit(it.Salt, it.IDs)
+	}
+	return out
 }
 
 // driftPreamble puts the tokens of bug template-drift before a text prompt's: a preamble the
@@ -162,12 +175,20 @@ func (s *Server) writeAndGenerate(it *wire.Item, self *kvmodel.Writer, pages []i
 		v.Write(i, it.IDs[i], it.Texts[i])
 	}
 	out := s.generateLocked(v, p, o)
+	if !out.failed() {
+		out.self = self
+		budget := it.ThinkBudget
+		if budget == 0 {
+			budget = s.cfg.ThinkBudget
+		}
+		s.takeSlot(out, self, it.Texts[:p], budget)
+	}
 	s.mu.Unlock()
 	if out.failed() {
 		s.releasePages(pages)
 		return out
 	}
-	out.pages, out.promptTokens, out.self = pages, p, self
+	out.pages, out.promptTokens = pages, p
 	return out
 }
 

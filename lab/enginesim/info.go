@@ -26,7 +26,17 @@ func (s *Server) engineType() string {
 // max_total_num_tokens and max_req_input_len; context_length is the unset
 // CLI flag, null).
 func (s *Server) serverInfo(ctx *fasthttp.RequestCtx) {
-	pool := s.pool.Tokens()
+	pool := s.ranks[0].pool // the top level is rank 0's, as SGLang reports it with DP attention
+	states := make([]any, len(s.ranks))
+	for r, rk := range s.ranks {
+		states[r] = map[string]any{
+			"model_path":          s.cfg.Model,
+			"page_size":           s.cfg.PageSize,
+			"disaggregation_mode": s.reportedMode(),
+			"dp_rank":             r,
+			"memory_usage":        map[string]any{"token_capacity": rk.pool},
+		}
+	}
 	wire.WriteJSON(ctx, map[string]any{
 		"model_path":                      s.cfg.Model,
 		"tokenizer_path":                  s.cfg.Model,
@@ -37,23 +47,19 @@ func (s *Server) serverInfo(ctx *fasthttp.RequestCtx) {
 		"page_size":                       s.cfg.PageSize,
 		"tp_size":                         1,
 		"pp_size":                         1,
-		"dp_size":                         1,
+		"dp_size":                         len(s.ranks),
+		"enable_dp_attention":             len(s.ranks) > 1,
 		"api_key":                         nil,
 		"allow_auto_truncate":             false,
 		"disaggregation_mode":             s.reportedMode(),
 		"disaggregation_transfer_backend": "sim",
 		"disaggregation_bootstrap_port":   s.BootstrapPort(),
-		"num_reserved_decode_tokens":      512,
+		"num_reserved_decode_tokens":      s.cfg.ReservedDecodeTokens,
 		"enable_metrics":                  true,
 		"status":                          "ready",
 		"max_total_num_tokens":            pool,
 		"max_req_input_len":               s.mril,
-		"internal_states": []any{map[string]any{
-			"model_path":          s.cfg.Model,
-			"page_size":           s.cfg.PageSize,
-			"disaggregation_mode": s.reportedMode(),
-			"memory_usage":        map[string]any{"token_capacity": pool},
-		}},
+		"internal_states":                 states,
 		"sim": map[string]any{
 			"allocator": s.cfg.Allocator, "tokenizer": s.cfg.Tokenizer, "bug": s.cfg.Bug, "fix": s.cfg.Fix,
 			"seed": s.cfg.Seed, "context_length": s.cfg.ContextLength,
@@ -88,16 +94,25 @@ func (s *Server) snapshot() loadSnap {
 	}
 }
 
-// loads answers /v1/loads as {"dp_rank_count":1,"loads":[{"dp_rank":0,
+// loads answers /v1/loads as {"dp_rank_count":N,"loads":[{"dp_rank":r,
 // "num_running_reqs","num_waiting_reqs","num_used_tokens",
-// "max_total_num_tokens","token_usage"}]}.
+// "max_total_num_tokens","token_usage"}, …]}. The ranks share one allocator here: its use is
+// reported on rank 0.
 func (s *Server) loads(ctx *fasthttp.RequestCtx) {
 	l := s.snapshot()
-	wire.WriteJSON(ctx, map[string]any{"dp_rank_count": 1, "loads": []any{map[string]any{
-		"dp_rank": 0, "num_running_reqs": l.running, "num_waiting_reqs": l.waiting,
-		"num_used_tokens": l.used, "max_total_num_tokens": l.total,
-		"token_usage": float64(l.used) / float64(l.total),
-	}}})
+	loads := make([]any, len(s.ranks))
+	for r, rk := range s.ranks {
+		used, running, waiting := 0, 0, 0
+		if r == 0 {
+			used, running, waiting = l.used, l.running, l.waiting
+		}
+		loads[r] = map[string]any{
+			"dp_rank": r, "num_running_reqs": running, "num_waiting_reqs": waiting,
+			"num_used_tokens": used, "max_total_num_tokens": rk.pool,
+			"token_usage": float64(used) / float64(rk.pool),
+		}
+	}
+	wire.WriteJSON(ctx, map[string]any{"dp_rank_count": len(s.ranks), "loads": loads})
 }
 
 func (s *Server) metrics(ctx *fasthttp.RequestCtx) {
@@ -137,6 +152,9 @@ type SimStats struct {
 	ForeignReplies int `json:"foreign_replies"`
 	// RequestIDs are the X-Request-Id headers of the last 256 generation requests, oldest first.
 	RequestIDs []string `json:"request_ids"`
+	// RIDs are the "rid" fields of the same requests' bodies as JSON ("" when absent), in the
+	// same order.
+	RIDs []string `json:"rids"`
 	// CacheSalts counts the distinct cache_salt values seen (and /generate's extra_key): the simulator
 	// has no prefix cache to partition, so this is what a test can check.
 	CacheSalts int `json:"cache_salts"`
@@ -164,6 +182,7 @@ func (s *Server) Stats() SimStats {
 	}
 	st.MaxPromptTokens, st.TokenizeRequests, st.ForeignReplies = s.maxPT, s.tokReqs, s.foreign
 	st.RequestIDs = append([]string{}, s.headerIDs...)
+	st.RIDs = append([]string{}, s.bodyRIDs...)
 	st.CacheSalts = len(s.salts)
 	s.statsMu.Unlock()
 	st.Pool.PagesTotal, st.Pool.PagesFree = l.totalPages, l.freePages

@@ -15,9 +15,9 @@ import (
 // maxSalts bounds the distinct-salt set; beyond it cache_salts is a lower bound.
 const maxSalts = 1 << 16
 
-// noteSalts records cache_salt values (and /generate's extra_key). The
-// simulator has no prefix cache to partition, so it only counts distinct
-// salts: enough for a test to see that a gateway sets one per tenant.
+// noteSalts records cache_salt values (and /generate's extra_key, and an honoured X-Cache-Salt
+// header): /sim/stats counts the distinct ones, enough for a test to see that a gateway sets one
+// per tenant. The prefix cache (prefixcache.go) is what the salt partitions.
 func (s *Server) noteSalts(salts []string) {
 	s.statsMu.Lock()
 	for _, v := range salts {
@@ -32,6 +32,7 @@ func (s *Server) noteSalts(salts []string) {
 // behave exactly as on /v1/chat/completions). On failure it writes the
 // error with fail and returns ok=false; otherwise the caller owns done.
 func (s *Server) runOne(ctx *fasthttp.RequestCtx, it *wire.Item, fail func(*outcome)) (o *outcome, rctx context.Context, done func(), ok bool) {
+	s.headerSalt(ctx, []*wire.Item{it})
 	outs, rctx, done := s.runAll([]*wire.Item{it})
 	if f := firstFailure(outs); f != nil {
 		done()
@@ -153,7 +154,7 @@ func (s *Server) handleResponses(ctx *fasthttp.RequestCtx) {
 			Content: []wire.RespContent{{Type: "output_text", Text: text, Annotations: []any{}}}}}
 		n := len(o.gen.IDs)
 		r.Usage = &wire.RespUsage{InputTokens: o.promptTokens, OutputTokens: n, TotalTokens: o.promptTokens + n,
-			InputTokensDetails: map[string]int{"cached_tokens": 0}, OutputTokensDetails: map[string]int{"reasoning_tokens": 0}}
+			InputTokensDetails: map[string]int{"cached_tokens": o.cached}, OutputTokensDetails: map[string]int{"reasoning_tokens": 0}}
 		if req.Store == nil || *req.Store {
 			s.responses.put(id, conversation{roles: append(append([]string(nil), conv.roles...), "assistant"),
 				contents: append(append([]string(nil), conv.contents...), text)})

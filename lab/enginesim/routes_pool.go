@@ -46,9 +46,9 @@ func (s *Server) prefillOnly(in poolInput) *outcome {
 		s.reject("empty")
 		return errOutcome(400, "The input is empty: at least one token is required.")
 	}
-	if reason, msg := s.checkLengths(p, 0, false); reason != "" {
+	if reason, msg, status := s.checkInput(p, 0, false); reason != "" {
 		s.reject(reason)
-		return errOutcome(400, msg)
+		return errOutcome(status, msg)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), pageWait)
 	defer cancel()
@@ -110,7 +110,7 @@ func (s *Server) parsePool(ctx *fasthttp.RequestCtx, path string, fail func(*out
 	var req wire.PoolReq
 	err := json.Unmarshal(ctx.PostBody(), &req)
 	if err == nil {
-		err = s.env.NoteSalt(req.CacheSalt, "cache_salt")
+		_, err = s.env.NoteSalt(req.CacheSalt, "cache_salt")
 	} else {
 		err = wire.Badf("invalid JSON body: %v", err)
 	}

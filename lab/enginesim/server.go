@@ -2,6 +2,7 @@ package enginesim
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -27,7 +28,8 @@ const pageWait = 30 * time.Second
 type Server struct {
 	cfg     Config
 	tok     *kvmodel.CachedTokenizer
-	mril    int
+	mril    int      // rank 0's, as /server_info reports it
+	ranks   []dpRank // DP attention ranks (sched.go)
 	padID   uint32
 	padText string
 	created int64
@@ -52,7 +54,10 @@ type Server struct {
 	// headerIDs are the X-Request-Id headers of the last generation requests (ground truth for
 	// "the engine never sees the client's id").
 	headerIDs []string
-	salts     map[string]struct{} // distinct cache_salt values seen
+	// bodyRIDs are the "rid" fields of the same requests' bodies, as sent ("" when absent): the
+	// ground truth for "the engine never sees a client's rid" (issue 39).
+	bodyRIDs []string
+	salts    map[string]struct{} // distinct cache_salt values seen
 
 	piecesMu sync.Mutex
 	pieces   map[uint32]string // chunk4 id → piece, for /detokenize
@@ -66,11 +71,31 @@ type Server struct {
 
 	rooms *pdxfer.Store // prefill: rooms waiting for decode
 
+	prefix *prefixCache // what cache_salt partitions
+	slots  []slotState  // the batch's rows (advisories.go); guarded by mu
+	leaks  []Leak       // ground truth of the advisories' bugs; guarded by statsMu
+
+	nextRank atomic.Uint64 // the DP controller's round robin
+
 	pull *pdxfer.Client // decode: pulls rooms from prefill
 
 	srv, bootSrv *fasthttp.Server
 	ln, bootLn   net.Listener
 	closed       atomic.Bool
+}
+
+// Start builds a server from cfg on an ephemeral loopback port and serves it in the background
+// (the lab's in-process engines); Close stops it.
+func Start(cfg Config) (*Server, error) {
+	s, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Listen("127.0.0.1:0"); err != nil {
+		return nil, err
+	}
+	go func() { _ = s.Serve() }()
+	return s, nil
 }
 
 // New builds a server from cfg (defaults applied, then validated).
@@ -94,6 +119,7 @@ func New(cfg Config) (*Server, error) {
 		cfg:     cfg,
 		tok:     tok,
 		mril:    kvmodel.MaxReqInputLen(cfg.PoolTokens, cfg.PageSize, cfg.ContextLength),
+		ranks:   newRanks(cfg),
 		padID:   ids[0],
 		padText: texts[0],
 		created: time.Now().Unix(),
@@ -109,6 +135,7 @@ func New(cfg Config) (*Server, error) {
 		active:    map[string]context.CancelFunc{},
 		rooms:     pdxfer.NewStore(),
 		pull:      pdxfer.NewClient(cfg.TransferTimeout),
+		prefix:    newPrefixCache(cfg),
 	}
 	s.cond = sync.NewCond(&s.mu)
 	s.env = wire.Env{NewRID: s.newRID, NoteSalts: s.noteSalts}
@@ -262,8 +289,10 @@ func (s *Server) Handler() fasthttp.RequestHandler {
 		case post && (path == "/tokenize" || path == "/v1/tokenize"):
 			s.handleTokenize(ctx)
 		case post && path == "/v1/responses":
+			s.noteHeaders(ctx)
 			s.handleResponses(ctx)
 		case post && path == "/v1/messages":
+			s.noteHeaders(ctx)
 			s.handleMessages(ctx)
 		case post && path == "/v1/messages/count_tokens":
 			s.handleCountTokens(ctx)
@@ -303,14 +332,24 @@ func (s *Server) countRequest(route string) {
 // maxHeaderIDs bounds the X-Request-Id history kept for /sim/stats.
 const maxHeaderIDs = 256
 
-// noteHeaders remembers the request's X-Request-Id header (empty when absent).
+// noteHeaders remembers the request's X-Request-Id header and its body's rid (empty when absent).
 func (s *Server) noteHeaders(ctx *fasthttp.RequestCtx) {
 	id := string(ctx.Request.Header.Peek("X-Request-Id"))
+	var body struct {
+		RID json.RawMessage `json:"rid"`
+	}
+	_ = json.Unmarshal(ctx.PostBody(), &body) // a bad body is refused by its handler
+	rid := ""
+	if len(body.RID) > 0 && string(body.RID) != "null" {
+		rid = string(body.RID) // as JSON: a string, or a batch's list
+	}
 	s.statsMu.Lock()
 	if len(s.headerIDs) >= maxHeaderIDs {
 		s.headerIDs = append(s.headerIDs[:0], s.headerIDs[1:]...)
+		s.bodyRIDs = append(s.bodyRIDs[:0], s.bodyRIDs[1:]...)
 	}
 	s.headerIDs = append(s.headerIDs, id)
+	s.bodyRIDs = append(s.bodyRIDs, rid)
 	s.statsMu.Unlock()
 }
 

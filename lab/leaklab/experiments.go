@@ -236,6 +236,14 @@ func WriteTable(w io.Writer, r *Report) {
 			row := x.(AllocatorRow)
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t\n", row.Allocator, row.Trials, fmtp(row.TenantsMedian), fmtp(row.NeverWrittenShareMedian), fmtp(row.SourceAgeMedian))
 		}
+	case ExperimentAdvisories:
+		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "bug\tvariant\trequests\trefused\tleaking\tcut\trecorded\tdetect_rate\tweak\tmax_victim_run\tbound\tleaked (sample)\t")
+		for _, x := range r.Rows {
+			row := x.(AdvisoryRow)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%q\t\n", row.Bug, row.Variant, row.Requests, row.Refused,
+				row.Leaking, row.Cut, row.Recorded, fmtp(row.DetectRate), row.Weak, row.MaxVictimRun, row.Bound, row.LeakedText)
+		}
 	case "fixes":
 		fmt.Fprintln(tw, "fix\ttrials\tstatus_200\tstatuses\tforeign_share_median\t")
 		for _, x := range r.Rows {

@@ -48,6 +48,8 @@ type Tokenizer struct {
 	// parts: the template loops over a message's content, so engines hand it content as a list
 	// of parts (RendersParts).
 	parts bool
+	// media are the added tokens that stand for media (MediaTokens).
+	media map[string]int
 }
 
 // contentLoop finds a template's loop over a message's content ({% for c in message['content'] %}
@@ -173,7 +175,8 @@ func parse(name string, raw, cfgRaw []byte) (*Tokenizer, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Tokenizer{Counter: bpe.NewCounter("hf/"+name, split, vocab, bpe.NewSpecialMatcher(added), normalize), EncodeAdds: adds}
+	t := &Tokenizer{Counter: bpe.NewCounter("hf/"+name, split, vocab, bpe.NewSpecialMatcher(added), normalize), EncodeAdds: adds,
+		media: mediaTokens(added)}
 	if err := t.loadConfig(cfgRaw); err != nil {
 		return nil, err
 	}

@@ -1,11 +1,13 @@
-// Package imagesize reads an image's width and height from the first bytes of its file (PNG,
-// JPEG, WebP, GIF) without decoding a pixel, so a client's image can be counted against the
-// pool before any engine sees it. It reads only headers: a PNG's IHDR (CRC checked), a JPEG's
-// first frame header (SOFn, after any APPn, DQT, DHT or COM segments), a WebP's VP8, VP8L or
-// VP8X chunk, a GIF's logical screen. Anything else, a header cut short, or dimensions no
-// engine would decode is an error, never a zero size. It is a leaf library: it imports nothing
-// of kvgate, so the engine simulator may use it too, and it never allocates in proportion to
-// its input.
+// Package imagesize reads an image's width and height as Pillow opens the file (PNG, JPEG,
+// WebP, GIF) without decoding a pixel, so a client's image can be counted against the pool
+// before any engine sees it: engines' image processors open images with Pillow, and its size,
+// not the header a standard decoder reads, is what they resize and count. It reads: a PNG's IHDR
+// (CRC checked; an APNG's frames lie inside it), a JPEG's frame header walked to as Pillow walks
+// the markers (two frame headers refused), a WebP's VP8, VP8L or VP8X chunk (the canvas), a
+// GIF's logical screen grown to cover its first frame. Anything else, a header cut short, or
+// dimensions no engine would decode is an error, never a zero size. It is a leaf library: it
+// imports nothing of kvgate, so the engine simulator may use it too, and it never allocates in
+// proportion to its input.
 package imagesize
 
 import (
@@ -28,8 +30,9 @@ const (
 	GIF  Format = "gif"
 )
 
-// Size is an image's format and its dimensions in pixels, as the file's header states them
-// (what Pillow reports as Image.size, and what engines resize from).
+// Size is an image's format and its dimensions in pixels as Pillow reports them (Image.size
+// after Image.open, what engines resize from). EXIF orientation is not applied: a processor
+// that applies it sees Height×Width (counters take the larger of both, request.CountImages).
 type Size struct {
 	Format        Format
 	Width, Height int
@@ -40,9 +43,10 @@ type Size struct {
 // built on it decodes one.
 const MaxPixels = 2 * 89_478_485
 
-// MaxHeaderBytes bounds how far into a file the header is looked for: a JPEG's frame header
-// may follow large metadata segments (EXIF with a thumbnail, ICC profiles, XMP), each at most
-// 64 KiB.
+// MaxHeaderBytes bounds how far into a file the header is looked for: a JPEG's scan may follow
+// large metadata segments (EXIF with a thumbnail, ICC profiles, XMP), each at most 64 KiB, and a
+// GIF's first frame may follow its extensions. A file whose size is not settled within it is
+// refused.
 const MaxHeaderBytes = 1 << 20
 
 var (
@@ -52,8 +56,8 @@ var (
 	ErrTruncated = errors.New("the image ends before its header does")
 )
 
-// Read returns the size stated by the header at the start of b (b may be only a prefix of the
-// file: it needs the header, not the pixels).
+// Read returns the size Pillow opens the file at b's start at (b may be only a prefix of the
+// file: it needs the headers up to a JPEG's first scan or a GIF's first frame, not the pixels).
 func Read(b []byte) (Size, error) {
 	var s Size
 	var err error
@@ -101,21 +105,26 @@ func readPNG(b []byte) (Size, error) {
 	return Size{Format: PNG, Width: int(w), Height: int(h)}, nil
 }
 
-// readJPEG walks the marker segments from SOI to the first frame header (SOF0–SOF15 except
-// DHT C4, JPG C8 and DAC CC), whose height and width are the image's. A scan (SOS) or the end
-// (EOI) before any frame header is malformed.
+// readJPEG walks the markers as Pillow's JpegImageFile._open does (src/PIL/JpegImagePlugin.py
+// at 4e5f09f, lines 369–400) up to the first scan (SOS): bytes between segments that are not
+// 0xFF are skipped, 0xFF fill bytes and stuffed 0xFF00 are skipped, SOI, RSTn, EOI, JPG (C8)
+// and JPGn (F0–FD) carry no length (MARKER's None handler, lines 276–329: Pillow reads no
+// length for them, so neither does this walk), every other marker in its table is skipped by its
+// length, and a marker outside the table is an error ("no marker found"). Each frame header
+// (SOF0–SOF15 but C4, C8, CC, and DHP DE; its SOF handler, lines 188–199) sets Pillow's size, so
+// the last one before the scan wins there; libjpeg refuses a second one (JERR_SOF_DUPLICATE:
+// Pillow opens such a file and then fails to load it), so two frame headers are refused here, as
+// the engine would refuse them. The EXIF thumbnail inside APP1 is skipped with its segment.
 func readJPEG(b []byte) (Size, error) {
+	var s Size
+	frames := 0
 	i := 2
 	for {
-		// Markers may be preceded by any number of 0xFF fill bytes (T.81 B.1.1.2).
-		if i >= len(b) {
-			return Size{}, ErrTruncated
-		}
-		if b[i] != 0xFF {
-			return Size{}, fmt.Errorf("jpeg: expected a marker at byte %d", i)
+		for i < len(b) && b[i] != 0xFF {
+			i++ // junk between segments (lines 375–377)
 		}
 		for i < len(b) && b[i] == 0xFF {
-			i++
+			i++ // fill bytes (lines 393–395)
 		}
 		if i >= len(b) {
 			return Size{}, ErrTruncated
@@ -123,12 +132,12 @@ func readJPEG(b []byte) (Size, error) {
 		m := b[i]
 		i++
 		switch {
-		case m == 0xD8 || m == 0x01 || m >= 0xD0 && m <= 0xD7:
-			continue // SOI, TEM, RSTn: no length
-		case m == 0xD9 || m == 0xDA:
-			return Size{}, errors.New("jpeg: no frame header before the scan data")
 		case m == 0x00:
-			return Size{}, fmt.Errorf("jpeg: stuffed byte where a marker belongs (byte %d)", i-1)
+			continue // stuffed 0xFF00 (lines 396–397)
+		case m == 0xD8 || m == 0xD9 || m >= 0xD0 && m <= 0xD7 || m == 0xC8 || m >= 0xF0 && m <= 0xFD:
+			continue // no length in Pillow's table
+		case m < 0xC0:
+			return Size{}, fmt.Errorf("jpeg: unknown marker FF%02X (Pillow: no marker found)", m)
 		}
 		if i+2 > len(b) {
 			return Size{}, ErrTruncated
@@ -137,19 +146,33 @@ func readJPEG(b []byte) (Size, error) {
 		if n < 2 {
 			return Size{}, fmt.Errorf("jpeg: segment length %d", n)
 		}
-		if m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC {
-			// SOFn: length, precision, height, width, components.
+		isFrame := m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xCC || m == 0xDE
+		switch {
+		case m == 0xDA: // the scan: Pillow stops here (lines 383–391)
+			if frames == 0 {
+				return Size{}, errors.New("jpeg: no frame header before the scan data")
+			}
+			return s, nil
+		case isFrame:
+			// length, precision, height, width, components (lines 197–217).
 			if n < 8 {
 				return Size{}, fmt.Errorf("jpeg: frame header length %d", n)
 			}
-			if i+7 > len(b) {
+			if i+8 > len(b) {
 				return Size{}, ErrTruncated
 			}
-			h := int(binary.BigEndian.Uint16(b[i+3 : i+5]))
-			w := int(binary.BigEndian.Uint16(b[i+5 : i+7]))
-			// Height 0 defers it to a DNL segment after the first scan: engines' decoders
-			// (Pillow's libjpeg) refuse it, and so is it refused here (Read's check).
-			return Size{Format: JPEG, Width: w, Height: h}, nil
+			if frames++; frames > 1 {
+				return Size{}, errors.New("jpeg: a second frame header before the scan (libjpeg refuses the file; Pillow would size it by the last)")
+			}
+			if b[i+2] != 8 {
+				return Size{}, fmt.Errorf("jpeg: %d-bit samples (Pillow opens 8-bit JPEGs only)", b[i+2])
+			}
+			if c := b[i+7]; c != 1 && c != 3 && c != 4 {
+				return Size{}, fmt.Errorf("jpeg: %d components (Pillow opens 1, 3 or 4)", c)
+			}
+			// Height 0 defers it to a DNL segment after the first scan: Pillow's size is then
+			// 0 high and libjpeg refuses it; Read's check refuses it here.
+			s = Size{Format: JPEG, Height: int(binary.BigEndian.Uint16(b[i+3 : i+5])), Width: int(binary.BigEndian.Uint16(b[i+5 : i+7]))}
 		}
 		i += n
 	}
@@ -157,7 +180,11 @@ func readJPEG(b []byte) (Size, error) {
 
 // readWebP reads the first chunk of a RIFF WEBP file: VP8 (lossy; the key frame's 14-bit
 // dimensions), VP8L (lossless; 14-bit dimensions minus one) or VP8X (extended; the 24-bit
-// canvas dimensions minus one, what decoders report for animations and alpha images).
+// canvas dimensions minus one). Pillow sizes every WebP by libwebp's demuxer, the canvas
+// (src/PIL/WebPImagePlugin.py at 4e5f09f, lines 52–59: WebPAnimDecoder(...).get_info()), and
+// the demuxer refuses a still image whose frame differs from the canvas and an animation frame
+// that leaves it (Pillow 9.4 with libwebp: "could not create decoder object"), so the canvas
+// is the size for stills and animations alike.
 func readWebP(b []byte) (Size, error) {
 	if len(b) < 20 {
 		return Size{}, ErrTruncated
@@ -215,14 +242,57 @@ func readWebP(b []byte) (Size, error) {
 	return Size{}, fmt.Errorf("webp: unknown first chunk %q", chunk)
 }
 
-// readGIF reads the logical screen descriptor (Pillow's size for a GIF, every frame inside it).
+// readGIF sizes a GIF as Pillow opens it (src/PIL/GifImagePlugin.py at 4e5f09f): the logical
+// screen (line 111), then the first frame read by _seek(0) (lines 204–303): extensions are
+// skipped sub-block by sub-block, any other byte before an image descriptor is skipped, and the
+// first image descriptor grows the size to cover the frame, max(screen, left + width) by
+// max(screen, top + height) (lines 282–286). A 28×28 screen holding a 1×1 frame at
+// (3583, 3583) is 3584×3584 to Pillow and to every processor that opens images with it. A
+// trailer or the end of the file before any frame is an error: Pillow cannot open the file
+// ("image not found in GIF frame"). Later frames are not read: an image processor decodes the
+// first (Pillow grows the size again only on seeking to a frame).
 func readGIF(b []byte) (Size, error) {
-	if len(b) < 10 {
+	if len(b) < 13 {
 		return Size{}, ErrTruncated
 	}
 	w := int(binary.LittleEndian.Uint16(b[6:8]))
 	h := int(binary.LittleEndian.Uint16(b[8:10]))
-	return Size{Format: GIF, Width: w, Height: h}, nil
+	i := 13
+	if flags := b[10]; flags&0x80 != 0 {
+		i += 3 << (flags&7 + 1) // the global colour table (lines 115–119)
+	}
+	for {
+		if i >= len(b) {
+			return Size{}, ErrTruncated
+		}
+		c := b[i]
+		i++
+		switch c {
+		case ';':
+			return Size{}, errors.New("gif: the trailer comes before any image (Pillow cannot open it)")
+		case '!':
+			// An extension: its label, then data sub-blocks up to an empty one (lines 221–273).
+			i++
+			for {
+				if i >= len(b) {
+					return Size{}, ErrTruncated
+				}
+				n := int(b[i])
+				i += 1 + n
+				if n == 0 {
+					break
+				}
+			}
+		case ',':
+			if i+9 > len(b) {
+				return Size{}, ErrTruncated
+			}
+			x1 := int(binary.LittleEndian.Uint16(b[i:i+2])) + int(binary.LittleEndian.Uint16(b[i+4:i+6]))
+			y1 := int(binary.LittleEndian.Uint16(b[i+2:i+4])) + int(binary.LittleEndian.Uint16(b[i+6:i+8]))
+			return Size{Format: GIF, Width: max(w, x1), Height: max(h, y1)}, nil
+		}
+		// Any other byte is skipped (line 304: s = b"" and the loop reads on).
+	}
 }
 
 // ReadBase64 decodes base64 text (standard alphabet, padding optional, line breaks ignored as

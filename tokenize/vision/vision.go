@@ -46,6 +46,8 @@ type Rule struct {
 	perImage int
 	// Llama 4: the tile side, the most tiles, and tokens per tile.
 	tile, maxTiles, perTile int
+	// minSide is the shortest side the processor takes (Tokens refuses shorter ones).
+	minSide int
 	// placeholder is what the chat template renders for an image part and the processor
 	// replaces; rendered is how many tokens the template's own text for one image holds.
 	placeholder  string
@@ -167,7 +169,7 @@ func parseQwen(c preprocessorJSON) (*Rule, error) {
 	}
 	// The template renders <|vision_start|><|image_pad|><|vision_end|> per image; the
 	// processor repeats <|image_pad|> once per merged patch.
-	return &Rule{Family: Qwen, factor: f, minPixels: minP, maxPixels: maxP, placeholder: "<|image_pad|>", rendered: 3,
+	return &Rule{Family: Qwen, factor: f, minPixels: minP, maxPixels: maxP, minSide: f, placeholder: "<|image_pad|>", rendered: 3,
 		renderedText: "<|vision_start|><|image_pad|><|vision_end|>"}, nil
 }
 
@@ -187,7 +189,7 @@ func parseGemma3(c preprocessorJSON, p processorJSON) (*Rule, error) {
 	}
 	// The template renders <start_of_image>; Gemma3Processor replaces it with
 	// "\n\n<start_of_image>" + per × <image_soft_token> + "<end_of_image>\n\n".
-	return &Rule{Family: Gemma3, perImage: per, placeholder: "<start_of_image>", rendered: 1, renderedText: "<start_of_image>"}, nil
+	return &Rule{Family: Gemma3, perImage: per, minSide: patchSide, placeholder: "<start_of_image>", rendered: 1, renderedText: "<start_of_image>"}, nil
 }
 
 // parseLlama4: tiles of size.height (336) pixels, at most max_patches (16) of them; each tile
@@ -225,7 +227,7 @@ func parseLlama4(c preprocessorJSON, p processorJSON) (*Rule, error) {
 	if per <= 0 {
 		return nil, fmt.Errorf("%s: %d tokens per tile", ProcessorFile, per)
 	}
-	return &Rule{Family: Llama4, tile: tile, maxTiles: maxTiles, perTile: per, placeholder: "<|image|>", rendered: 1, renderedText: "<|image|>"}, nil
+	return &Rule{Family: Llama4, tile: tile, maxTiles: maxTiles, perTile: per, minSide: max(patch, patchSide), placeholder: "<|image|>", rendered: 1, renderedText: "<|image|>"}, nil
 }
 
 // Placeholder is the token the chat template renders for each image part and the processor
@@ -249,10 +251,26 @@ type Count struct {
 // ErrImage is wrapped by every refusal of an image's size.
 var ErrImage = errors.New("image")
 
+// patchSide is the vision encoder's patch side of Gemma 3 (SigLIP) and Llama 4 (14 pixels): the
+// shortest side they are taken at.
+const patchSide = 14
+
+// MinSide is the shortest side an image may have: Qwen's factor (patch × merge, transformers'
+// smart_resize "height:… or width:… must be larger than factor"), Gemma 3's and Llama 4's patch.
+// Below it processors refuse the image or break on it: a side of 1 or 3 pixels makes the
+// channel axis of an (h, w, 3) array ambiguous to transformers' infer_channel_dimension_format,
+// which then takes the height for the channels (vllm#8954: a 1×1 image stopped the engine;
+// CVE-2026-22773). SGLang's own Qwen resize would enlarge such an image; it is refused anyway,
+// as the processors' own rule: a client can enlarge it.
+func (r *Rule) MinSide() int { return r.minSide }
+
 // Tokens is what an image of width × height pixels becomes.
 func (r *Rule) Tokens(width, height int) (Count, error) {
 	if width <= 0 || height <= 0 {
 		return Count{}, fmt.Errorf("%w: %d×%d pixels", ErrImage, width, height)
+	}
+	if min(width, height) < r.minSide {
+		return Count{}, fmt.Errorf("%w: %d×%d pixels, under the processor's smallest side of %d pixels (send it enlarged)", ErrImage, width, height, r.minSide)
 	}
 	switch r.Family {
 	case Qwen:
@@ -335,8 +353,8 @@ func (r *Rule) Expansion(width, height int) (string, error) {
 //	return h_bar, w_bar
 //
 // Python's round is round-half-to-even, and its divisions are float64 as here. Sides below the
-// factor are not refused (transformers refuses them; SGLang resizes first, with its own
-// smart_resize that keeps at least one factor per side: max(factor, round(...))).
+// factor get one factor (SGLang's own smart_resize, run first: max(factor, round(...)));
+// transformers refuses them, and so does Rule.Tokens (MinSide).
 func SmartResize(height, width, factor, minPixels, maxPixels int) (int, int, error) {
 	if max(height, width) > 200*min(height, width) {
 		return 0, 0, fmt.Errorf("%w: aspect ratio %d×%d is over 200 (the processor refuses it)", ErrImage, width, height)

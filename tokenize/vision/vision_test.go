@@ -105,17 +105,23 @@ func TestQwen3VLCountsEqualHuggingFace(t *testing.T) {
 	}
 }
 
-// Sides below the factor: transformers refuses them, SGLang's own smart_resize (run before
-// transformers') keeps at least one factor per side; counted as SGLang serves them.
+// Sides below the processor's smallest (Qwen: the factor) are refused, as transformers'
+// smart_resize refuses them and as 1- and 3-pixel sides break processors (MinSide); the
+// factor itself is taken.
 func TestQwenSmallSides(t *testing.T) {
 	rule, _ := Load("testdata/qwen2_5_vl")
-	for _, c := range [][3]int{{14, 14, 4}, {1, 1, 4}, {7, 1000, 36}} {
-		got, err := rule.Tokens(c[0], c[1])
-		if err != nil || got.Image != c[2] {
-			t.Errorf("%d×%d: %+v %v, want %d", c[0], c[1], got, err, c[2])
+	if rule.MinSide() != 28 {
+		t.Fatalf("MinSide %d", rule.MinSide())
+	}
+	for _, s := range [][2]int{{1, 1}, {14, 14}, {27, 28}, {28, 27}, {7, 1000}, {1000, 3}} {
+		if c, err := rule.Tokens(s[0], s[1]); !errors.Is(err, ErrImage) || !strings.Contains(err.Error(), "smallest side of 28") {
+			t.Errorf("%d×%d: %+v %v, want a refusal", s[0], s[1], c, err)
 		}
 	}
-	if _, err := rule.Tokens(201, 1); !errors.Is(err, ErrImage) {
+	if got, err := rule.Tokens(28, 28); err != nil || got.Image != 4 {
+		t.Errorf("28×28: %+v %v, want 4", got, err)
+	}
+	if _, err := rule.Tokens(201*28, 28); !errors.Is(err, ErrImage) {
 		t.Errorf("aspect ratio over 200: %v", err)
 	}
 	if _, err := rule.Tokens(0, 10); !errors.Is(err, ErrImage) {
@@ -123,8 +129,32 @@ func TestQwenSmallSides(t *testing.T) {
 	}
 }
 
-// Max bounds every image: no size gives more.
-func TestMaxBoundsEveryImage(t *testing.T) {
+// Every rule refuses sides under its patch, and counts an image and its quarter turn alike
+// (EXIF orientations 5–8 swap the sides for a processor that applies them: the count does not
+// move, so the larger of both that request.CountImages charges is this count).
+func TestSmallestSideAndQuarterTurns(t *testing.T) {
+	for name, r := range testRules(t) {
+		if r.MinSide() < 4 {
+			t.Errorf("%s: MinSide %d takes 1- and 3-pixel sides", name, r.MinSide())
+		}
+		for _, s := range [][2]int{{1, 1}, {3, 500}, {500, 3}, {r.MinSide() - 1, 1000}} {
+			if _, err := r.Tokens(s[0], s[1]); !errors.Is(err, ErrImage) {
+				t.Errorf("%s %d×%d: %v, want a refusal", name, s[0], s[1], err)
+			}
+		}
+		for w := r.MinSide(); w < 15000; w = w*5/4 + 3 {
+			for h := r.MinSide(); h < 15000; h = h*4/3 + 1 {
+				a, errA := r.Tokens(w, h)
+				b, errB := r.Tokens(h, w)
+				if a != b || (errA == nil) != (errB == nil) {
+					t.Fatalf("%s: %d×%d %+v %v, turned %+v %v", name, w, h, a, errA, b, errB)
+				}
+			}
+		}
+	}
+}
+
+func testRules(t *testing.T) map[string]*Rule {
 	rules := map[string]*Rule{}
 	var err error
 	if rules["qwen"], err = Load("testdata/qwen2_5_vl"); err != nil {
@@ -136,6 +166,12 @@ func TestMaxBoundsEveryImage(t *testing.T) {
 	if rules["gemma3"], err = Parse([]byte(`{"image_processor_type": "Gemma3ImageProcessor", "image_seq_length": 256, "size": {"height": 896, "width": 896}}`), nil); err != nil {
 		t.Fatal(err)
 	}
+	return rules
+}
+
+// Max bounds every image: no size gives more.
+func TestMaxBoundsEveryImage(t *testing.T) {
+	rules := testRules(t)
 	for name, r := range rules {
 		m := r.Max()
 		for w := 1; w < 20000; w = w*3/2 + 7 {
@@ -157,13 +193,13 @@ func TestGemma3(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range [][2]int{{1, 1}, {896, 896}, {4000, 30}} {
+	for _, s := range [][2]int{{14, 14}, {896, 896}, {4000, 30}} {
 		c, err := r.Tokens(s[0], s[1])
 		if err != nil || c.Image != 256 || c.Total != 260 {
 			t.Errorf("%v: %+v %v", s, c, err)
 		}
 	}
-	exp, _ := r.Expansion(10, 10)
+	exp, _ := r.Expansion(14, 14)
 	if strings.Count(exp, "<image_soft_token>") != 256 || !strings.HasPrefix(exp, "\n\n<start_of_image>") || !strings.HasSuffix(exp, "<end_of_image>\n\n") {
 		t.Errorf("expansion %q…", exp[:40])
 	}

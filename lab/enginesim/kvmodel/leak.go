@@ -8,6 +8,19 @@ const (
 	// BugTemplateDrift: the engine renders tokens the gateway does not model (a preamble its
 	// chat template adds) before every text prompt, and reports the larger prompt_tokens.
 	BugTemplateDrift = "template-drift"
+	// BugSaltIgnored: the prefix cache ignores cache_salt (SGLang before sglang#23300), so a
+	// prompt hits another salt's cached prefix.
+	BugSaltIgnored = "salt-ignored"
+	// BugSaltDroppedTier2: the first cache tier keys by the salt, the second (host memory, an
+	// LMCache-style store written through on every prefill) drops it (LMCache#4825).
+	BugSaltDroppedTier2 = "salt-dropped-tier2"
+	// BugBatchSlotResidue (GHSA-v97p-wpxp-px84): a request starts decoding on the tokens the
+	// batch slot's previous occupant sampled last, and its reply begins with them.
+	BugBatchSlotResidue = "batch-slot-residue"
+	// BugForcedReasoningEnd (GHSA-fpch-3xrf-7q96): a request that exhausts its
+	// thinking_token_budget has the reasoning-end string forced into another running request's
+	// output instead of its own.
+	BugForcedReasoningEnd = "forced-reasoning-end"
 
 	FixNone              = "none"
 	FixRejectAtAdmission = "reject-at-admission" // prefill and decode answer 400, nothing is transferred

@@ -36,11 +36,17 @@ func ParseGenerate(env Env, body []byte) ([]*Item, bool, bool, error) {
 	if err := json.Unmarshal(body, &req); err != nil {
 		return nil, false, false, Badf("invalid JSON body: %v", err)
 	}
-	if err := env.NoteSalt(req.CacheSalt, "cache_salt"); err != nil {
+	salts, err := env.NoteSalt(req.CacheSalt, "cache_salt")
+	if err != nil {
 		return nil, false, false, err
 	}
-	if err := env.NoteSalt(req.ExtraKey, "extra_key"); err != nil {
+	// extra_key is the native name; SGLang's OpenAI routes turn cache_salt into it.
+	keys, err := env.NoteSalt(req.ExtraKey, "extra_key")
+	if err != nil {
 		return nil, false, false, err
+	}
+	if keys != nil {
+		salts = keys
 	}
 	texts, batchT, err := Strings(req.Text, "text")
 	if err != nil {
@@ -83,7 +89,7 @@ func ParseGenerate(env Env, body []byte) ([]*Item, bool, bool, error) {
 	}
 	items := make([]*Item, n)
 	for i := range items {
-		it := &Item{MaxNew: defaultGenerateMaxNew, MaxNewGiven: true, Boot: boots[i]}
+		it := &Item{MaxNew: defaultGenerateMaxNew, MaxNewGiven: true, Boot: boots[i], Salt: SaltFor(salts, i)}
 		if texts != nil {
 			it.Prompt = texts[i]
 		} else {
@@ -129,7 +135,8 @@ type GenMeta struct {
 	FinishReason     *FinishObj `json:"finish_reason"`
 	PromptTokens     int        `json:"prompt_tokens"`
 	CompletionTokens int        `json:"completion_tokens"`
-	CachedTokens     int        `json:"cached_tokens"`
+	// CachedTokens is the prompt's prefix found in the cache; nil when the engine reports none.
+	CachedTokens *int `json:"cached_tokens,omitempty"`
 }
 
 // GenReply is one /generate reply (or stream event).

@@ -87,6 +87,10 @@ type Item struct {
 	MaxNewGiven bool // whether MaxNew takes part in the prompt+output check
 	Boot        Boot
 	Tenant      string
+	Salt        string // the prefix-cache salt (cache_salt, extra_key or X-Cache-Salt); "" = none
+	// ThinkBudget is thinking_token_budget (0 = none): the reasoning tokens before the engine
+	// forces the reasoning-end string.
+	ThinkBudget int
 }
 
 // Boot is an item's PD bootstrap fields.
@@ -109,15 +113,26 @@ type Env struct {
 	Images bool
 }
 
-// NoteSalt decodes a salt field (a string or a list of strings) and hands
-// its values to NoteSalts.
-func (e Env) NoteSalt(raw json.RawMessage, field string) error {
+// NoteSalt decodes a salt field (a string or a list of strings), hands
+// its values to NoteSalts and returns them.
+func (e Env) NoteSalt(raw json.RawMessage, field string) ([]string, error) {
 	salts, _, err := Strings(raw, field)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	e.NoteSalts(salts)
-	return nil
+	return salts, nil
+}
+
+// SaltFor is item i's salt: one salt serves every item, a list names one per item.
+func SaltFor(salts []string, i int) string {
+	switch {
+	case len(salts) == 1:
+		return salts[0]
+	case i < len(salts):
+		return salts[i]
+	}
+	return ""
 }
 
 // EngineFields are the SGLang extensions every generation body may carry:
@@ -132,7 +147,8 @@ type EngineFields struct {
 
 // SingleItem builds the one item of a chat-like route (one rendered prompt).
 func SingleItem(env Env, prompt string, maxNew int, given bool, f EngineFields, tenant string) (*Item, error) {
-	if err := env.NoteSalt(f.CacheSalt, "cache_salt"); err != nil {
+	salts, err := env.NoteSalt(f.CacheSalt, "cache_salt")
+	if err != nil {
 		return nil, err
 	}
 	rids, _, err := Strings(f.RID, "rid")
@@ -143,7 +159,7 @@ func SingleItem(env Env, prompt string, maxNew int, given bool, f EngineFields, 
 	if err != nil {
 		return nil, err
 	}
-	it := &Item{Prompt: prompt, MaxNew: maxNew, MaxNewGiven: given, Boot: boots[0], Tenant: tenant}
+	it := &Item{Prompt: prompt, MaxNew: maxNew, MaxNewGiven: given, Boot: boots[0], Tenant: tenant, Salt: SaltFor(salts, 0)}
 	if len(rids) > 0 {
 		it.RID = rids[0]
 	}

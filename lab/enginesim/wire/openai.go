@@ -66,6 +66,8 @@ type OpenAIReq struct {
 	BootstrapPort json.RawMessage `json:"bootstrap_port"`
 	BootstrapRoom json.RawMessage `json:"bootstrap_room"`
 	CacheSalt     json.RawMessage `json:"cache_salt"`
+	// ThinkingTokenBudget bounds the reasoning tokens (vLLM's thinking_token_budget).
+	ThinkingTokenBudget int `json:"thinking_token_budget"`
 }
 
 // RenderChatML renders messages as the simulator counts them: each message
@@ -121,7 +123,8 @@ func ParseOpenAI(env Env, r Route, body []byte) (*OpenAIReq, []*Item, []int, err
 	if err := json.Unmarshal(body, &req); err != nil {
 		return nil, nil, nil, Badf("invalid JSON body: %v", err)
 	}
-	if err := env.NoteSalt(req.CacheSalt, "cache_salt"); err != nil {
+	salts, err := env.NoteSalt(req.CacheSalt, "cache_salt")
+	if err != nil {
 		return nil, nil, nil, err
 	}
 	var prompts []string
@@ -201,7 +204,7 @@ func ParseOpenAI(env Env, r Route, body []byte) (*OpenAIReq, []*Item, []int, err
 	var promptOf []int
 	for pi := 0; pi < nPrompts; pi++ {
 		for c := 0; c < n; c++ {
-			it := &Item{MaxNew: maxNew, MaxNewGiven: given, Boot: boots[pi], Tenant: req.User}
+			it := &Item{MaxNew: maxNew, MaxNewGiven: given, Boot: boots[pi], Tenant: req.User, Salt: SaltFor(salts, 0), ThinkBudget: req.ThinkingTokenBudget}
 			if prompts != nil {
 				it.Prompt = prompts[pi]
 			} else {
@@ -223,6 +226,13 @@ type Usage struct {
 	PromptTokens     int `json:"prompt_tokens"`
 	CompletionTokens int `json:"completion_tokens"`
 	TotalTokens      int `json:"total_tokens"`
+	// PromptTokensDetails carries cached_tokens, as SGLang's --enable-cache-report does.
+	PromptTokensDetails *PromptDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+// PromptDetails is usage.prompt_tokens_details.
+type PromptDetails struct {
+	CachedTokens int `json:"cached_tokens"`
 }
 
 // ChatMessageOut is a chat choice's message.
