@@ -208,6 +208,10 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 	if req.StoredContext != "" && !g.pol().AllowStoredContext {
 		return request.StoredContextError(req.StoredContext)
 	}
+	promptBytes := 0
+	if x.tenant.MaxPromptBytes > 0 {
+		promptBytes = len(req.OwnText()) // the prompt as the client sent it: before template and marker
+	}
 	x.watch = g.watch.Begin(x.rid, x.engineRID, x.tenant, x.kind, req) // before counting: the marker is part of the prompt
 	req.Render()
 	if tpl := models.template(x.servedModel); tpl != nil {
@@ -231,6 +235,7 @@ func (x *exchange) admit(ctx *fasthttp.RequestCtx) *apierr.Error {
 	pol := g.pol()
 	ans := x.counter.Decide(admission.Ask{Kind: x.kind, Prompts: req.Prompts, Output: req.Output, OutputGiven: req.OutputGiven, N: req.N,
 		Routes: routes, DefaultMaxTokens: pol.DefaultMaxTokens, TenantMaxPrompt: x.tenant.MaxPromptTokens,
+		TenantMaxPromptBytes: x.tenant.MaxPromptBytes, PromptBytes: promptBytes,
 		FailClosed: g.drift.failClosed(x.servedModel), FailClosedModel: flagName(x.servedModel), FailClosedRetryAfter: failClosedRetryAfter,
 		Monitor: pol.Mode == config.ModeMonitor, OverflowStatus: pol.OverflowStatus})
 	x.decision, x.estimate, x.reason, x.route, x.need = ans.Decision, ans.Estimate, ans.Reason, ans.Route, ans.Need
