@@ -75,11 +75,17 @@ type Answer struct {
 //     model's paths, less the prompt: prompt + output then stays at n × context, a bound on what
 //     the reply settles whatever our count's error (issue 31). Times the items.
 //
+// Owable is the part of Output the request did not bound (all of it when no output length is
+// named, else 0): the tenant's tpm may lend it (limits.Limiter.AdmitOwing), so a tenant whose tpm
+// is below the context can still send such a request, and the overshoot is repaid before its
+// next request passes.
+//
 // policy.default_max_tokens is not in it: that is the 413 rule's output (RuleOutput), which
 // does not bound the engine.
 type Need struct {
 	Prompt int64
 	Output int64
+	Owable int64
 }
 
 // Tokens is the whole reservation.
@@ -93,7 +99,11 @@ func NeedOf(tokens, items, output int, given bool, n, maxContext int) Need {
 	if !given {
 		per = max(int64(max(n, 1))*int64(maxContext)-int64(tokens), 0)
 	}
-	return Need{Prompt: int64(tokens) * int64(items), Output: per * int64(items)}
+	need := Need{Prompt: int64(tokens) * int64(items), Output: per * int64(items)}
+	if !given {
+		need.Owable = need.Output
+	}
+	return need
 }
 
 // RuleOutput is the output the 413 rule leaves room for (policy.Limit's O): what the request

@@ -63,22 +63,42 @@ func TestBurstWithoutMaxTokensSettlesWithinTPM(t *testing.T) {
 	t.Logf("codes %v, settled %.0f tokens in %s (tpm %d)", codes, settled, elapsed.Round(time.Millisecond), tpm)
 }
 
-// A tenant whose tpm is smaller than the context cannot send a request that names no output
-// length: it could settle more than the whole limit. The 429 says why and how to fix it, and the
-// engine is not called.
-func TestNoMaxTokensOverTPMIsRefusedUpFront(t *testing.T) {
-	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "8192", "--context-length", "8192", "--fill-context")
-	gw := testkit.StartGateway(t, testkit.ParseConfig(t, limitsYAML("", "", "tpm: 3000", "", sim.URL)))
-	before := sim.Stats(t).Requests["/v1/chat/completions"]
-	r := post(t, gw.URL, "/v1/chat/completions", tenantKey, `{"model":"sim","messages":[{"role":"user","content":"hello"}]}`)
-	checkRateLimited(t, r, "tokens")
-	if !strings.Contains(string(r.body), "Request too large") || !strings.Contains(string(r.body), "max_tokens") {
-		t.Fatalf("the 429 should say the request alone exceeds the limit: %s", r.body)
+// A tenant whose tpm holds a typical request (20,000 on a 65,536-token context) can send a
+// request that names no output length, on chat, Messages and Responses: the output it did not
+// bound is owed to its tpm, not refused up front (issue 37; it got 429 with Retry-After: 60 every
+// time). A request whose own bounded part can never fit gets 429 without Retry-After, saying what
+// to change, and no engine sees it.
+func TestNoMaxTokensUnderTPMIsServed(t *testing.T) {
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "131072", "--context-length", "65536")
+	gw := testkit.StartGateway(t, testkit.ParseConfig(t, limitsYAML("", "", "tpm: 20000", "", sim.URL)))
+	for _, c := range []struct{ path, body string }{
+		{"/v1/chat/completions", `{"model":"sim","messages":[{"role":"user","content":"hello"}]}`},
+		// Anthropic's Messages requires max_tokens: its SDK's usual 4096 is within the limit.
+		{"/v1/messages", `{"model":"sim","max_tokens":4096,"messages":[{"role":"user","content":"hello"}]}`},
+		{"/v1/responses", `{"model":"sim","input":"hello"}`},
+	} {
+		if r := post(t, gw.URL, c.path, tenantKey, c.body); r.status != 200 {
+			t.Fatalf("%s without max_tokens under tpm 20000: %d %s", c.path, r.status, r.body)
+		}
 	}
+	before := sim.Stats(t).Requests["/v1/chat/completions"]
+	r := post(t, gw.URL, "/v1/chat/completions", tenantKey, `{"model":"sim","messages":[{"role":"user","content":"hello"}],"max_tokens":30000}`)
+	checkNeverPasses(t, r)
 	if n := sim.Stats(t).Requests["/v1/chat/completions"]; n != before {
 		t.Fatalf("the engine got %d requests", n-before)
 	}
-	if r := post(t, gw.URL, "/v1/chat/completions", tenantKey, `{"model":"sim","messages":[{"role":"user","content":"hello"}],"max_tokens":8}`); r.status != 200 {
-		t.Fatalf("with max_tokens: %d %s", r.status, r.body)
+}
+
+// checkNeverPasses: a 429 on tokens that waiting cannot cure has no Retry-After and says what to
+// change (max_tokens, or the limit).
+func checkNeverPasses(t *testing.T, r reply) {
+	t.Helper()
+	if r.status != 429 {
+		t.Fatalf("want 429, got %d %s", r.status, r.body)
+	}
+	e := decodeError(t, r)
+	if e.Error.Type != "tokens" || e.Error.Code != "rate_limit_exceeded" || r.header.Get("Retry-After") != "" ||
+		!strings.Contains(string(r.body), "max_tokens") || !strings.Contains(string(r.body), "larger tpm") {
+		t.Fatalf("a request that can never pass: %v %s", r.header, r.body)
 	}
 }

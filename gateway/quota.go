@@ -106,7 +106,7 @@ type limitHold struct {
 // 413, not a 429), before any backend. It reserves the admission Need (admission.NeedOf: the
 // prompt and the output the request may produce).
 func (x *exchange) reserveLimits(ctx *fasthttp.RequestCtx) *apierr.Error {
-	ticket, limit, e := x.g.reserve(&ctx.Response.Header, x.tenant, x.need.Tokens())
+	ticket, limit, e := x.g.reserve(&ctx.Response.Header, x.tenant, x.need.Tokens(), x.need.Owable)
 	if e != nil {
 		e.Reason = "rate_limited_" + limit
 		return e
@@ -118,12 +118,12 @@ func (x *exchange) reserveLimits(ctx *fasthttp.RequestCtx) *apierr.Error {
 // reserve is the 429 decision for tokens of tenant t's limits, on any route: nil ticket and nil
 // error when t has no limits; on a refusal, the limit that refused and the client's 429. Either
 // way the reply gets OpenAI's x-ratelimit-* headers for the tenant's rpm and tpm (setHeadroom).
-func (g *Gateway) reserve(h *fasthttp.ResponseHeader, t *tenants.Tenant, tokens int64) (*limits.Ticket, string, *apierr.Error) {
+func (g *Gateway) reserve(h *fasthttp.ResponseHeader, t *tenants.Tenant, tokens, owable int64) (*limits.Ticket, string, *apierr.Error) {
 	lim := t.Limits()
 	if g.lim == nil || lim.None() {
 		return nil, "", nil
 	}
-	ticket, v := g.lim.limiter.Admit(t.Name, lim, tokens)
+	ticket, v := g.lim.limiter.AdmitOwing(t.Name, lim, tokens, owable)
 	decided := lim
 	if ticket != nil {
 		decided = ticket.Rates()
@@ -131,7 +131,7 @@ func (g *Gateway) reserve(h *fasthttp.ResponseHeader, t *tenants.Tenant, tokens 
 	setHeadroom(h, limits.HeadroomAfter(decided, v))
 	if !v.Allowed {
 		g.lim.ratelimited.WithLabelValues(t.Name, v.Limit).Inc()
-		return nil, v.Limit, rateLimited(v, lim, tokens)
+		return nil, v.Limit, rateLimited(v, lim, tokens-owable)
 	}
 	g.lim.reserved.WithLabelValues(t.Name).Add(float64(ticket.Reserved()))
 	return ticket, "", nil
@@ -170,7 +170,9 @@ func rateLimited(v limits.Verdict, lim limits.Rates, tokens int64) *apierr.Error
 	case limits.TPM:
 		e.Type = "tokens"
 		if v.Never {
-			e.Message = fmt.Sprintf("Request too large: it needs %d tokens (prompt and requested output), more than this API key's limit of %d tokens per minute. Reduce the prompt or max_tokens.", tokens, lim.TPM)
+			// Waiting never helps: no Retry-After; the message says what to change.
+			e.RetryAfter = 0
+			e.Message = fmt.Sprintf("Request too large: it needs %d tokens (prompt and requested output), more than this API key's limit of %d tokens per minute, so it can never pass. Reduce the prompt or max_tokens, or ask for a larger tpm limit.", tokens, lim.TPM)
 		} else {
 			e.Message = fmt.Sprintf("Rate limit reached for tokens per minute: limit %d, this request needs %d. Please try again in %ds.", lim.TPM, tokens, e.RetryAfter)
 		}

@@ -90,7 +90,7 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 		// request as larger than the whole minute; settlement charges the engine's count.
 		bound = min(bound, int64(t.TPM))
 	}
-	ticket, _, e := g.reserve(&ctx.Response.Header, t, bound)
+	ticket, _, e := g.reserve(&ctx.Response.Header, t, bound, 0)
 	if e != nil {
 		fail(e)
 		return
