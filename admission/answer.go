@@ -75,11 +75,17 @@ type Answer struct {
 //     model's paths, less the prompt: prompt + output then stays at n × context, a bound on what
 //     the reply settles whatever our count's error (issue 31). Times the items.
 //
+// Owable is the part of Output the request did not bound (all of it when no output length is
+// named, else 0): the tenant's tpm may lend it (limits.Limiter.AdmitOwing), so a tenant whose tpm
+// is below the context can still send such a request, and the overshoot is repaid before its
+// next request passes.
+//
 // policy.default_max_tokens is not in it: that is the 413 rule's output (RuleOutput), which
 // does not bound the engine.
 type Need struct {
 	Prompt int64
 	Output int64
+	Owable int64
 }
 
 // Tokens is the whole reservation.
@@ -93,7 +99,11 @@ func NeedOf(tokens, items, output int, given bool, n, maxContext int) Need {
 	if !given {
 		per = max(int64(max(n, 1))*int64(maxContext)-int64(tokens), 0)
 	}
-	return Need{Prompt: int64(tokens) * int64(items), Output: per * int64(items)}
+	need := Need{Prompt: int64(tokens) * int64(items), Output: per * int64(items)}
+	if !given {
+		need.Owable = need.Output
+	}
+	return need
 }
 
 // RuleOutput is the output the 413 rule leaves room for (policy.Limit's O): what the request
@@ -124,15 +134,18 @@ func (c *Counter) Decide(a Ask) Answer {
 		}
 	}
 	output := RuleOutput(a.Output, a.OutputGiven, a.N, a.DefaultMaxTokens)
+	// The rule's numbers, all at once: each path's largest prompt, and the overall limit.
 	var pathBuf [4]policy.Path // the usual few routes: no allocation
-	paths := pathBuf[:0]
+	var maxBuf [4]int
+	paths, maxes := pathBuf[:0], maxBuf[:0]
 	maxContext := 0
 	for i := range a.Routes {
 		paths = append(paths, a.Routes[i].Path)
+		maxes = append(maxes, policy.MaxPrompt(a.Routes[i].Path, output, a.TenantMaxPrompt))
 		maxContext = max(maxContext, a.Routes[i].ContextLen)
 	}
 	limit := policy.Limit(paths, output, a.TenantMaxPrompt)
-	res := c.DecidePaths(a.Prompts, a.Routes, output, a.TenantMaxPrompt, limit, a.FailClosed)
+	res := c.decidePaths(a.Prompts, a.Routes, maxes, limit, a.FailClosed)
 	ans := Answer{Decision: res.Decision, Estimate: res.Estimate}
 	pick := res.Pick
 	if !res.Decision.Admit {
@@ -143,7 +156,7 @@ func (c *Counter) Decide(a Ask) Answer {
 		switch {
 		case a.Monitor:
 			ans.Verdict = VerdictMonitorPass
-			pick = Roomiest(a.Routes, output, a.TenantMaxPrompt)
+			pick = roomiest(maxes)
 		case res.Undecided:
 			// Some path might admit it, but no sound count could say: not a 413 (the prompt
 			// may fit), and never an admit. Retryable.

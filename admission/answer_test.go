@@ -31,7 +31,7 @@ func TestDecideAnswers(t *testing.T) {
 		{name: "admitted, output named", ask: admission.Ask{Kind: request.Chat, Prompts: []request.Prompt{{Text: text, Templated: true}}, Output: 100, OutputGiven: true, N: 1},
 			reason: policy.ReasonOK, verdict: admission.VerdictAdmit, route: "big", need: admission.Need{Prompt: int64(n), Output: 100}, counted: true},
 		{name: "admitted, no output named: n × the largest context less the prompt", ask: admission.Ask{Kind: request.Chat, Prompts: []request.Prompt{{Text: text, Templated: true}}, N: 2, DefaultMaxTokens: 16},
-			reason: policy.ReasonOK, verdict: admission.VerdictAdmit, route: "big", need: admission.Need{Prompt: int64(n), Output: 2*8192 - int64(n)}, counted: true},
+			reason: policy.ReasonOK, verdict: admission.VerdictAdmit, route: "big", need: admission.Need{Prompt: int64(n), Output: 2*8192 - int64(n), Owable: 2*8192 - int64(n)}, counted: true},
 		{name: "a batch reserves per item", ask: admission.Ask{Kind: request.Completions, Prompts: []request.Prompt{{Text: text, Templated: true}, {Text: "hi", Templated: true}}, Output: 10, OutputGiven: true, N: 1},
 			reason: policy.ReasonOK, verdict: admission.VerdictAdmit, route: "big", need: admission.Need{Prompt: 2 * int64(n), Output: 20}, counted: true},
 		{name: "413 on the engines' limit", ask: admission.Ask{Kind: request.Chat, Prompts: []request.Prompt{{Text: over, Templated: true}}, N: 1, OverflowStatus: 413},
@@ -96,11 +96,11 @@ func TestNeedOf(t *testing.T) {
 		n, ctx                int
 		want                  admission.Need
 	}{
-		{100, 1, 50, true, 1, 8192, admission.Need{100, 50}},
-		{100, 3, 50, true, 1, 8192, admission.Need{300, 150}},
-		{100, 1, 0, false, 1, 8192, admission.Need{100, 8092}},
-		{100, 0, 0, false, 2, 8192, admission.Need{100, 16284}},
-		{9000, 1, 0, false, 1, 8192, admission.Need{9000, 0}},
+		{100, 1, 50, true, 1, 8192, admission.Need{100, 50, 0}},
+		{100, 3, 50, true, 1, 8192, admission.Need{300, 150, 0}},
+		{100, 1, 0, false, 1, 8192, admission.Need{100, 8092, 8092}},
+		{100, 0, 0, false, 2, 8192, admission.Need{100, 16284, 16284}},
+		{9000, 1, 0, false, 1, 8192, admission.Need{9000, 0, 0}},
 	} {
 		if got := admission.NeedOf(c.tokens, c.items, c.output, c.given, c.n, c.ctx); got != c.want {
 			t.Errorf("%+v: %+v", c, got)

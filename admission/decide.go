@@ -12,9 +12,22 @@ import (
 
 // Roomiest is the index of the path that admits the largest prompt.
 func Roomiest(routes []backends.Route, output, tenantMax int) int {
-	best := 0
+	return roomiest(maxPrompts(nil, routes, output, tenantMax))
+}
+
+// maxPrompts appends each path's largest admitted prompt (policy.MaxPrompt) to buf.
+func maxPrompts(buf []int, routes []backends.Route, output, tenantMax int) []int {
 	for i := range routes {
-		if policy.MaxPrompt(routes[i].Path, output, tenantMax) > policy.MaxPrompt(routes[best].Path, output, tenantMax) {
+		buf = append(buf, policy.MaxPrompt(routes[i].Path, output, tenantMax))
+	}
+	return buf
+}
+
+// roomiest is the index of the largest of maxes (the first of equals).
+func roomiest(maxes []int) int {
+	best := 0
+	for i, m := range maxes {
+		if m > maxes[best] {
 			best = i
 		}
 	}
@@ -42,6 +55,12 @@ type Result struct {
 // admits only token-id prompts (policy.Request.FailClosed): the model's admission is fail-closed
 // after count drift.
 func (g *Counter) DecidePaths(prompts []request.Prompt, routes []backends.Route, output, tenantMax, limit int, failClosed bool) Result {
+	var buf [4]int
+	return g.decidePaths(prompts, routes, maxPrompts(buf[:0], routes, output, tenantMax), limit, failClosed)
+}
+
+// decidePaths is DecidePaths with each path's largest admitted prompt known (maxes, by route).
+func (g *Counter) decidePaths(prompts []request.Prompt, routes []backends.Route, maxes []int, limit int, failClosed bool) Result {
 	loads := make([]int64, len(routes))
 	for i := range routes {
 		loads[i] = routes[i].Load()
@@ -63,10 +82,10 @@ func (g *Counter) DecidePaths(prompts []request.Prompt, routes []backends.Route,
 	if g.exact != nil {
 		cache = map[string]int{}
 	}
-	room := Roomiest(routes, output, tenantMax)
+	room := roomiest(maxes)
 	var refusal policy.Decision
 	for _, i := range order {
-		d := g.decideOn(prompts, &routes[i], policy.MaxPrompt(routes[i].Path, output, tenantMax), ratio, ests, cache, &res.Estimate, failClosed)
+		d := g.decideOn(prompts, &routes[i], maxes[i], ratio, ests, cache, &res.Estimate, failClosed)
 		if d.Admit {
 			d.Limit = limit
 			res.Pick, res.Decision, res.Undecided = i, d, false

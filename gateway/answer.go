@@ -163,6 +163,27 @@ func (x *exchange) finish() {
 	x.endSpan()
 }
 
+// utilityLine is a utility call's access line and request count: its route, the model it
+// named, and the engine's count of its tokens (counted < 0: none).
+func (x *exchange) utilityLine(path, model string, counted int64) {
+	g := x.g
+	g.metrics.requests.WithLabelValues(path, statusLabel(x.status)).Inc()
+	if ce := g.access.Check(zap.InfoLevel, "request"); ce != nil {
+		tenant := ""
+		if x.tenant != nil {
+			tenant = x.tenant.Name
+		}
+		fields := make([]zap.Field, 0, 12)
+		fields = append(fields, zap.String("request_id", x.rid), zap.String("tenant", tenant), zap.String("client_addr", x.client()),
+			zap.String("method", x.method), zap.String("route", path), zap.String("model", model), zap.Int("status", x.status),
+			zap.String("upstream", x.upstream), zap.Duration("latency", time.Since(x.start)))
+		if counted >= 0 {
+			fields = append(fields, zap.Int64("prompt_tokens", counted), zap.Int64("completion_tokens", 0), zap.String("usage", "engine"))
+		}
+		ce.Write(fields...)
+	}
+}
+
 // accessFields are the access log line's field slices (~1.4 KB each), reused: one per request
 // was the largest allocation of a small request's bookkeeping.
 var accessFields = sync.Pool{New: func() any { f := make([]zap.Field, 0, 22); return &f }}

@@ -109,11 +109,7 @@ type limitHold struct {
 // owable (limits: owing): the request passes when its prompt fits the tenant's tpm room, is
 // charged the whole Need, and the settlement's refund repays what the reply did not use.
 func (x *exchange) reserveLimits(ctx *fasthttp.RequestCtx) *apierr.Error {
-	var owable int64
-	if !x.req.OutputGiven {
-		owable = x.need.Output
-	}
-	ticket, limit, e := x.g.reserveOwing(&ctx.Response.Header, x.tenant, x.need.Tokens(), owable, outputParam(x.kind))
+	ticket, limit, e := x.g.reserveOwing(&ctx.Response.Header, x.tenant, x.need.Tokens(), x.need.Owable, outputParam(x.kind))
 	if e != nil {
 		e.Reason = "rate_limited_" + limit
 		return e

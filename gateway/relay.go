@@ -10,28 +10,38 @@ import (
 
 	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/internal/panics"
 	"github.com/kvgate/kvgate/reply"
 	"github.com/kvgate/kvgate/request"
 )
 
-// newEventRelay is the reply stream for this exchange; onLeak records the incident and aborts
-// the engines.
-func (x *exchange) newEventRelay(gd *reply.Guard, onLeak func()) *reply.Stream {
+// newEventRelay is the reply stream for this exchange, reporting to sink.
+func (x *exchange) newEventRelay(gd *reply.Guard, sink reply.Sink) *reply.Stream {
 	return reply.NewStream(reply.StreamOptions{
-		Guard: gd, MaxEventBytes: x.g.cfg.Upstream.MaxEventBytes, HideUsage: x.hideUsage,
-		OnEvent:  x.noteEvent,  // kvgate limits: usage as decoded
-		OnPassed: x.notePassed, // events passed on undecoded carry no usage
-		OnLeak:   onLeak,
-		OnFail: func(code string, err error) {
-			x.ended(0, code)
-			x.g.log.Warn("engine stream ended by the gateway", zap.String("request_id", x.rid), zap.String("upstream", x.upstream),
-				zap.String("error_code", code), zap.Error(err))
-		},
+		Guard: gd, MaxEventBytes: x.g.cfg.Upstream.MaxEventBytes, HideUsage: x.hideUsage, Sink: sink,
 		FailEvent: streamFailEvent[x.kind],
 		CutEvent:  streamCutEvent[x.kind],
 	})
 }
+
+// Value notes an event's decoded value (kvgate limits: usage as decoded).
+func (r *relayReader) Value(v any) { r.x.noteEvent(v) }
+
+// Passed notes an event passed on undecoded (it carries no usage).
+func (r *relayReader) Passed(carriesText bool) { r.x.notePassed(carriesText) }
+
+// Leak records the incident and aborts the leg and its PD peer.
+func (r *relayReader) Leak(h canary.Hit) { r.x.cut(&h, r.l.B, r.l.Rids, r.other) }
+
+// Failed records and logs why the gateway ended the engine's stream.
+func (r *relayReader) Failed(code string, err error) {
+	r.x.ended(0, code)
+	r.x.g.log.Warn("engine stream ended by the gateway", zap.String("request_id", r.x.rid), zap.String("upstream", r.x.upstream),
+		zap.String("error_code", code), zap.Error(err))
+}
+
+var _ reply.Sink = (*relayReader)(nil)
 
 // The events that end a stream the gateway failed or cut, per route kind: built once, since a
 // stream rarely needs them.
@@ -65,7 +75,7 @@ type relayReader struct {
 
 func (x *exchange) newRelayReader(l *backends.Leg, other *backends.Backend, src io.Reader, peek bool, gd *reply.Guard) *relayReader {
 	r := &relayReader{x: x, l: l, other: other, src: src, peek: peek}
-	r.ev = x.newEventRelay(gd, func() { x.cut(r.ev.Leak(), l.B, l.Rids, other) })
+	r.ev = x.newEventRelay(gd, r)
 	return r
 }
 

@@ -36,36 +36,22 @@ var utilityFields = map[string]map[string]bool{
 // utilityTimeout bounds one utility call: they are quick on any engine.
 const utilityTimeout = 10 * time.Second
 
+// utility serves one utility call as an exchange of its own: ids, answers and the access line
+// come from the same one way out (answer.go) as every other route's.
 func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
-	start := time.Now()
-	rid, _ := requestIDs(ctx)
-	status, backend := 0, ""
-	client, method := ctx.RemoteAddr().String(), string(ctx.Method())
-	var tenant, model string
+	x := &exchange{g: g, start: time.Now()}
+	x.clientAddr, x.method = ctx.RemoteAddr(), methodName(ctx.Method())
+	x.rid, _ = requestIDs(ctx)
+	var model string
 	counted := int64(-1) // the engine's count of the request's tokens, once known
-	defer func() {
-		g.metrics.requests.WithLabelValues(path, fmt.Sprint(status)).Inc()
-		if ce := g.access.Check(zap.InfoLevel, "request"); ce != nil {
-			fields := make([]zap.Field, 0, 12)
-			fields = append(fields, zap.String("request_id", rid), zap.String("tenant", tenant), zap.String("client_addr", client),
-				zap.String("method", method), zap.String("route", path), zap.String("model", model), zap.Int("status", status),
-				zap.String("upstream", backend), zap.Duration("latency", time.Since(start)))
-			if counted >= 0 {
-				fields = append(fields, zap.Int64("prompt_tokens", counted), zap.Int64("completion_tokens", 0), zap.String("usage", "engine"))
-			}
-			ce.Write(fields...)
-		}
-	}()
-	fail := func(e *apierr.Error) {
-		writeError(ctx, e)
-		status = e.Status
-	}
+	defer func() { x.utilityLine(path, model, counted) }()
+	fail := func(e *apierr.Error) { x.answer(ctx, e) }
 	t := g.authenticate(ctx)
 	if t == nil {
 		fail(apierr.Unauthorized)
 		return
 	}
-	tenant = t.Name
+	x.tenant = t
 	body, e := readBody(ctx, g.cfg.MaxBodyBytes)
 	if e != nil {
 		fail(e)
@@ -116,10 +102,10 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 		fail(apierr.NoBackend())
 		return
 	}
-	backend = b.Name
+	x.upstream = b.Name
 	resp, err := b.Call(path, body, utilityTimeout)
 	if err != nil {
-		g.log.Warn("utility call failed", zap.String("request_id", rid), zap.String("backend", b.Name), zap.Error(err))
+		g.log.Warn("utility call failed", zap.String("request_id", x.rid), zap.String("backend", b.Name), zap.Error(err))
 		fail(fromUpstream(err))
 		return
 	}
@@ -130,7 +116,7 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 	var out []byte
 	var v any
 	if c.Reserve(config.ReplyCostFactor * int64(len(resp.Body))) {
-		out, v, _, err = reply.Body(g.watch.Begin(rid, "", t, 0, nil).Guard(), resp.ContentType, resp.Body, c)
+		out, v, _, err = reply.Body(g.watch.Begin(x.rid, "", t, 0, nil).Guard(), resp.ContentType, resp.Body, c)
 	} else {
 		err = reply.ErrBudget
 	}
@@ -140,7 +126,7 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 		return
 	}
 	if err != nil {
-		g.log.Warn("utility reply refused", zap.String("request_id", rid), zap.String("backend", b.Name), zap.Error(err))
+		g.log.Warn("utility reply refused", zap.String("request_id", x.rid), zap.String("backend", b.Name), zap.Error(err))
 		fail(apierr.UpstreamFailed("The engine's reply could not be used."))
 		return
 	}
@@ -150,8 +136,7 @@ func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
 			used, counted = n, n
 		}
 	}
-	status = resp.Status
-	ctx.SetStatusCode(resp.Status)
+	x.replied(ctx, resp.Status)
 	ctx.SetContentType("application/json")
 	ctx.SetBody(out)
 }

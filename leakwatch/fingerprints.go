@@ -211,7 +211,7 @@ func (x *Watch) notePrompt() {
 
 // textDetector is the reply's fingerprint scanner for the guard (nil: none). A token-id prompt
 // whose text no engine gave back gets none: its own text cannot be told from another's.
-func (x *Watch) textDetector() reply.TextDetector {
+func (x *Watch) textDetector() *printsDetector {
 	if x.w.prints == nil || x.backends == nil || x.idsUnread || !x.kind.Generates() {
 		return nil
 	}
@@ -219,7 +219,7 @@ func (x *Watch) textDetector() reply.TextDetector {
 		x.awaitPrints()
 		x.fp.scanner = x.w.prints.NewScanner(x.tenant, x.backends, x.fp.own)
 	}
-	return printsDetector{x}
+	return &printsDetector{x}
 }
 
 // printsWait bounds how long a reply waits for its own prompt record's publish.

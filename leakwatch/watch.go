@@ -141,6 +141,8 @@ type Watch struct {
 	// echoes are foreign markers the client's own prompt contained (or began).
 	echoes []string
 	fp     printsState // prompt fingerprints (fingerprints.go)
+	// text is the reply's prompt-text detector (nil: none), made with its guard.
+	text *printsDetector
 	// idsUnread: a token-id prompt whose text no engine on the route could give back; short
 	// marker fragments in its reply may be the client's own, so they cut the reply but
 	// quarantine nothing (a whole marker still does; see shortFragment).
@@ -190,9 +192,20 @@ func (x *Watch) Forwarding(route *backends.Route, enc tokenize.Encoder) {
 // Guard is the reply's scanner (nil when canaries are off): its echoes and leaks are reported
 // to this watch. One per reply read.
 func (x *Watch) Guard() *reply.Guard {
+	x.text = x.textDetector()
 	return reply.NewGuard(reply.Scope{Keyring: x.w.keyring, Requester: x.tenant, Echoes: x.echoes, Kind: x.kind,
-		EngineRID: x.engineRID, OnEcho: x.Echo, Text: x.textDetector()})
+		EngineRID: x.engineRID, Watch: x})
 }
+
+// Reading opens a reading of the reply's text for the prompt-text detector (nil: none).
+func (x *Watch) Reading() reply.TextReading {
+	if x.text == nil {
+		return nil
+	}
+	return x.text.Reading()
+}
+
+var _ reply.Watch = (*Watch)(nil)
 
 // Done ends the watch once the reply is over: a weak prompt-text match is counted and logged.
 func (x *Watch) Done() {

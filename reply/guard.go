@@ -21,19 +21,21 @@ type Scope struct {
 	Echoes    []string // foreign markers (or fragments) the requester's own prompt held
 	Kind      request.Kind
 	EngineRID string // the rid held text is released under (/generate)
-	// OnEcho records an echoed marker (the requester's own text coming back).
-	OnEcho func(canary.Hit)
-	// Text is a second detector (nil: none): it says when the reply's text carries another
-	// tenant's prompt text. It reads the text values in the order a client joins them, and in a
-	// stream also each text field on its own (per choice, per field path, per content block
-	// or output item), as a client's SDK assembles them: choices interleaved word by word
-	// break every shingle of the joined reading but none of a choice's own.
-	Text TextDetector
+	// Watch is told what the scan finds besides a leak, and reads the reply's text for the
+	// second detector (nil: neither).
+	Watch Watch
 }
 
-// TextDetector reads a reply's text (the gateway's prompt fingerprints). Reading opens one
-// reading of it: the joined text, or one field's.
-type TextDetector interface {
+// Watch is what a Guard reports to (the request's leak detection, package leakwatch). Echo
+// records an echoed marker (the requester's own text coming back). Reading opens one reading of
+// the reply's text for the prompt-text detector, which says when the text carries another
+// tenant's prompt: the joined text (the values in the order a client joins them) or, in a
+// stream, one text field's (per choice, per field path, per content block or output item), as a
+// client's SDK assembles them: choices interleaved word by word break every shingle of the
+// joined reading but none of a choice's own. A nil reading: the watch reads no text, and is not
+// asked again.
+type Watch interface {
+	Echo(h canary.Hit)
 	Reading() TextReading
 }
 
@@ -70,6 +72,8 @@ type Guard struct {
 	// case), that reading, aliasText, stands for it and the text is hashed once; the joined
 	// reading forks from it when a second field or other joined text arrives.
 	joinText, aliasText TextReading
+	// textOff: the watch reads no text (none given, or its first reading was nil).
+	textOff bool
 	// one scans whole values (reset for each), oneIn and oneBuf its input and output buffers;
 	// kit holds it with the joined reading's scanners (all three set together: takeKit)
 	kit           *scanKit
@@ -110,7 +114,7 @@ func NewGuard(sc Scope) *Guard {
 	if sc.Keyring == nil {
 		return nil
 	}
-	return &Guard{sc: sc, lastBlock: "0"} // its maps are made on first use: most replies need none
+	return &Guard{sc: sc, lastBlock: "0", textOff: sc.Watch == nil} // its maps are made on first use: most replies need none
 }
 
 // scanKit is a guard's whole-value scanners (Guard.one, joinStrict, joinLoose) and their
@@ -229,8 +233,7 @@ func (gd *Guard) feedField(f *fieldScan, text []byte, join bool) ([]byte, bool) 
 func (gd *Guard) looseStage(f *fieldScan, mid []byte, join bool) ([]byte, bool) {
 	if join {
 		aliased := false
-		if gd.sc.Text != nil && !gd.whole {
-			r := gd.fieldText(f)
+		if r := gd.fieldText(f); r != nil {
 			if h := r.Feed(unsafe.String(unsafe.SliceData(mid), len(mid))); h != nil {
 				gd.noteLeak(h)
 				return nil, false
@@ -254,16 +257,29 @@ func (gd *Guard) looseStage(f *fieldScan, mid []byte, join bool) ([]byte, bool) 
 	return out, true
 }
 
-// fieldText is the field's prompt-text reading for the current item.
+// fieldText is the field's prompt-text reading for the current item (nil: no text is read, or a
+// whole reply's, which has only the joined reading).
 func (gd *Guard) fieldText(f *fieldScan) TextReading {
+	if gd.textOff || gd.whole {
+		return nil
+	}
 	r := f.texts[gd.item]
 	if r == nil {
+		if r = gd.reading(); r == nil {
+			return nil
+		}
 		if f.texts == nil {
 			f.texts = make(map[[3]uint32]TextReading, 1)
 		}
-		r = gd.sc.Text.Reading()
 		f.texts[gd.item] = r
 	}
+	return r
+}
+
+// reading opens a reading of the reply's text; the first nil says the watch reads none.
+func (gd *Guard) reading() TextReading {
+	r := gd.sc.Watch.Reading()
+	gd.textOff = r == nil
 	return r
 }
 
@@ -291,8 +307,8 @@ func itemIndex(b []byte) uint32 {
 
 func (gd *Guard) note(v canary.Verdict) {
 	for _, e := range v.Echoes {
-		if gd.sc.OnEcho != nil {
-			gd.sc.OnEcho(e)
+		if gd.sc.Watch != nil {
+			gd.sc.Watch.Echo(e)
 		}
 	}
 	if v.Leak != nil {
@@ -639,14 +655,16 @@ func (gd *Guard) joinedRead(b []byte, aliased bool) ([]byte, bool) {
 			s = unsafe.String(unsafe.SliceData(b), len(b))
 		}
 	}
-	if gd.sc.Text != nil && !aliased {
+	if !gd.textOff && !aliased {
 		if gd.joinText == nil {
 			if gd.aliasText != nil {
 				gd.joinText, gd.aliasText = gd.aliasText.Fork(), nil
 			} else {
-				gd.joinText = gd.sc.Text.Reading()
+				gd.joinText = gd.reading()
 			}
 		}
+	}
+	if gd.joinText != nil && !aliased {
 		if h := gd.joinText.Feed(s); h != nil {
 			gd.noteLeak(h)
 			return nil, false
@@ -833,7 +851,7 @@ func (gd *Guard) event(v any) (any, bool) {
 	if idx, ok := obj["index"].(json.Number); ok && gd.sc.Kind == request.Messages {
 		gd.lastBlock = idx // where held text of a content block goes back
 	}
-	if gd.sc.Text != nil {
+	if !gd.textOff {
 		gd.setItem(numberBytes(obj["index"]), numberBytes(obj["output_index"]), numberBytes(obj["content_index"]))
 	}
 	var restore func()

@@ -223,7 +223,7 @@ func (c *canonReader) topBytes(v int32) []byte {
 // emitFast takes the fast path for ev when it may; false: nothing was done (no scanner was fed),
 // the slow path takes the event.
 func (e *Stream) emitFast(ev sse.Event) bool {
-	if e.noFast || e.o.OnEvent != nil && e.o.OnPassed == nil {
+	if e.noFast {
 		return false
 	}
 	f := e.fastState()
@@ -271,7 +271,7 @@ func (e *Stream) emitFast(ev sse.Event) bool {
 				gd.lastBlock = json.Number(n) // where held text of a content block goes back
 			}
 		}
-		if gd.sc.Text != nil {
+		if !gd.textOff {
 			gd.setItem(c.topBytes(c.top.index), c.topBytes(c.top.outputIndex), c.topBytes(c.top.contentIndex))
 		}
 		if !e.scanFast(gd, 0) {
@@ -300,8 +300,8 @@ func (e *Stream) emitFast(ev sse.Event) bool {
 }
 
 func (e *Stream) passed(c *canonReader) {
-	if e.o.OnPassed != nil {
-		e.o.OnPassed(c.carriesText())
+	if e.o.Sink != nil {
+		e.o.Sink.Passed(c.carriesText())
 	}
 }
 

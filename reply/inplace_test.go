@@ -222,7 +222,7 @@ func TestFastPathMatchesSlowPath(t *testing.T) {
 			passed := 0
 			defer func() { totalPassed += passed }()
 			s := NewStream(StreamOptions{Guard: NewGuard(sc), MaxEventBytes: 1 << 20, FailEvent: []byte("data: fail\n\n"), CutEvent: []byte("data: cut\n\n"),
-				OnEvent: func(any) {}, OnPassed: func(bool) { passed++ }})
+				Sink: funcSink{passed: func(bool) { passed++ }}})
 			s.noFast = !fast
 			for _, ev := range events {
 				s.Write([]byte(ev))

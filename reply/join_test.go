@@ -56,7 +56,7 @@ func TestSplitAcrossJoinedValuesIsALeak(t *testing.T) {
 func TestStreamSplitAcrossFieldsIsCut(t *testing.T) {
 	sc, m := testScope(t, request.Chat)
 	cut := 0
-	s := NewStream(StreamOptions{Guard: NewGuard(sc), MaxEventBytes: 1 << 20, OnLeak: func() { cut++ },
+	s := NewStream(StreamOptions{Guard: NewGuard(sc), MaxEventBytes: 1 << 20, Sink: funcSink{leak: func() { cut++ }},
 		FailEvent: []byte("data: fail\n\n"), CutEvent: []byte("data: cut\n\n")})
 	ev := func(field, text string, idx int) string {
 		return `data: {"object":"chat.completion.chunk","choices":[{"index":` + string(rune('0'+idx)) + `,"delta":{"` + field + `":"` + text + `"}}]}` + "\n\n"
@@ -87,7 +87,7 @@ func TestAliasedIndexRefused(t *testing.T) {
 			t.Errorf("whole tool call, index %s: %v", idx, err)
 		}
 		leaks := 0
-		s := NewStream(StreamOptions{Guard: NewGuard(sc), MaxEventBytes: 1 << 20, OnLeak: func() { leaks++ },
+		s := NewStream(StreamOptions{Guard: NewGuard(sc), MaxEventBytes: 1 << 20, Sink: funcSink{leak: func() { leaks++ }},
 			FailEvent: []byte("data: fail\n\n"), CutEvent: []byte("data: cut\n\n")})
 		s.Write([]byte(`data: {"choices":[{"index":` + idx + `,"delta":{"content":"hi"}}]}` + "\n\n"))
 		if out := string(s.Pending()); leaks != 0 || out != "data: fail\n\n" || !s.Ended() {

@@ -16,7 +16,7 @@ func TestStreamedMarkerSuffixIsCut(t *testing.T) {
 	sc, m := testScope(t, request.Chat)
 	tail := m[len(m)-13:]
 	cut := 0
-	s := NewStream(StreamOptions{Guard: NewGuard(sc), MaxEventBytes: 1 << 20, OnLeak: func() { cut++ },
+	s := NewStream(StreamOptions{Guard: NewGuard(sc), MaxEventBytes: 1 << 20, Sink: funcSink{leak: func() { cut++ }},
 		FailEvent: []byte("data: fail\n\n"), CutEvent: []byte("data: cut\n\n")})
 	ev := func(text string) string {
 		return `data: {"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"` + text + `"}}]}` + "\n\n"

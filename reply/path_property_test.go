@@ -277,7 +277,7 @@ func runStream(t *testing.T, rnd *rand.Rand, sc Scope, kind request.Kind, pieces
 		event("", "[DONE]")
 	}
 	leaked := false
-	e := NewStream(StreamOptions{Guard: NewGuard(sc), MaxEventBytes: 1 << 20, OnLeak: func() { leaked = true },
+	e := NewStream(StreamOptions{Guard: NewGuard(sc), MaxEventBytes: 1 << 20, Sink: funcSink{leak: func() { leaked = true }},
 		FailEvent: []byte("data: {\"error\":\"fail\"}\n\n"), CutEvent: []byte("data: {\"error\":\"cut\"}\n\n")})
 	b := []byte(raw.String())
 	for i := 0; i < len(b) && !e.Ended(); {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kvgate/kvgate/canary"
 	"github.com/kvgate/kvgate/internal/sse"
 )
 
@@ -33,19 +34,24 @@ type StreamOptions struct {
 	// HideUsage drops OpenAI's usage-only chunk (asked of the engine for settlement, not by the
 	// client).
 	HideUsage bool
-	// OnEvent sees every event's decoded value (nil: produced, but refused), for usage.
-	OnEvent func(v any)
-	// OnPassed sees, instead of OnEvent, every event passed on without being decoded (the fast
-	// path, inplace.go): such an event holds no usage section; carriesText is
-	// backends.CarriesText of it. With OnEvent set and OnPassed nil, every event is decoded.
-	OnPassed func(carriesText bool)
-	// OnLeak records the incident and aborts the engines.
-	OnLeak func()
-	// OnFail logs why the stream was ended (the client gets FailEvent).
-	OnFail func(code string, err error)
+	// Sink is told what the stream carried and how it ended (nil: nobody).
+	Sink Sink
 	// FailEvent and CutEvent end the client's stream, in its route's error shape: after a
 	// failure of the engine's stream, and after a cut on a foreign marker.
 	FailEvent, CutEvent []byte
+}
+
+// Sink is what a Stream reports to (the gateway's exchange). Value sees every event's decoded
+// value (nil: produced, but refused), for usage; Passed sees, instead, every event passed on
+// without being decoded (the fast path, inplace.go): such an event holds no usage section, and
+// carriesText is backends.CarriesText of it. Leak is the foreign marker (or prompt text) the
+// stream was cut on: record the incident, abort the engines. Failed says why the gateway ended
+// the stream (the client gets FailEvent).
+type Sink interface {
+	Value(v any)
+	Passed(carriesText bool)
+	Leak(h canary.Hit)
+	Failed(code string, err error)
 }
 
 // NewStream starts a stream.
@@ -87,11 +93,11 @@ func (e *Stream) End() {
 	}
 }
 
-// Fail ends the stream with an error event; the detail goes to OnFail only.
+// Fail ends the stream with an error event; the detail goes to the Sink only.
 func (e *Stream) Fail(code string, err error) {
 	e.ended = true
-	if e.o.OnFail != nil {
-		e.o.OnFail(code, err)
+	if e.o.Sink != nil {
+		e.o.Sink.Failed(code, err)
 	}
 	e.out = append(e.out, e.o.FailEvent...)
 }
@@ -142,8 +148,8 @@ func (e *Stream) Leak() *Hit {
 // event (and [DONE]) close the body, and the incident is recorded.
 func (e *Stream) cut() {
 	e.ended = true
-	if e.o.OnLeak != nil {
-		e.o.OnLeak()
+	if h := e.Leak(); h != nil && e.o.Sink != nil {
+		e.o.Sink.Leak(*h)
 	}
 	e.out = append(e.out, e.o.CutEvent...)
 }
@@ -208,8 +214,8 @@ func (e *Stream) emit(ev sse.Event) {
 }
 
 func (e *Stream) onEvent(v any) {
-	if e.o.OnEvent != nil {
-		e.o.OnEvent(v)
+	if e.o.Sink != nil {
+		e.o.Sink.Value(v)
 	}
 }
 

@@ -18,6 +18,7 @@ type printsText struct{ base *fingerprint.Scanner }
 type printsRead struct{ sc *fingerprint.Scanner }
 
 func (p *printsText) Reading() TextReading { return printsRead{p.base.Fork()} }
+func (p *printsText) Echo(canary.Hit)      {}
 
 func (r printsRead) Feed(s string) *canary.Hit {
 	if r.sc.Feed(s) {
@@ -58,11 +59,11 @@ func BenchmarkStreamTextReadings(b *testing.B) {
 			b.SetBytes(int64(len(reply) * choices))
 			b.ReportAllocs()
 			for b.Loop() {
-				sc.Text = nil
+				sc.Watch = nil
 				if run.text {
-					sc.Text = &printsText{base: ix.NewScanner("z", []string{"u0"}, nil)}
+					sc.Watch = &printsText{base: ix.NewScanner("z", []string{"u0"}, nil)}
 				}
-				s := NewStream(StreamOptions{Guard: NewGuard(sc), MaxEventBytes: 1 << 20, OnLeak: func() { b.Fatal("leak") },
+				s := NewStream(StreamOptions{Guard: NewGuard(sc), MaxEventBytes: 1 << 20, Sink: funcSink{leak: func() { b.Fatal("leak") }},
 					FailEvent: []byte("data: fail\n\n"), CutEvent: []byte("data: cut\n\n")})
 				s.Write(events)
 				s.End()

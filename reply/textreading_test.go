@@ -17,6 +17,8 @@ type recReading struct {
 	b strings.Builder
 }
 
+func (d *recDetector) Echo(canary.Hit) {}
+
 func (d *recDetector) Reading() TextReading {
 	r := &recReading{d: d}
 	d.reads = append(d.reads, r)
@@ -80,8 +82,8 @@ func TestTextReadingsPerFieldAndJoined(t *testing.T) {
 	} {
 		sc, _ := testScope(t, c.kind)
 		d := &recDetector{}
-		sc.Text = d
-		s := NewStream(StreamOptions{Guard: NewGuard(sc), MaxEventBytes: 1 << 20, OnLeak: func() { t.Errorf("%s: leak", c.name) },
+		sc.Watch = d
+		s := NewStream(StreamOptions{Guard: NewGuard(sc), MaxEventBytes: 1 << 20, Sink: funcSink{leak: func() { t.Errorf("%s: leak", c.name) }},
 			FailEvent: []byte("data: fail\n\n"), CutEvent: []byte("data: cut\n\n")})
 		s.Write([]byte(strings.Join(c.events, "")))
 		s.End()
