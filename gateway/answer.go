@@ -60,7 +60,11 @@ func errorEvent(kind request.Kind, e *apierr.Error) []byte { return e.Event(enve
 // answer replies with e and records it for the access line (status, the logged code and, for a
 // refusal, the decision). The request id is on the reply already (open).
 func (x *exchange) answer(ctx *fasthttp.RequestCtx, e *apierr.Error) {
-	respond.Error(ctx, e, envelopeOf(x.kind))
+	env := envelopeOf(x.kind)
+	if anthropicPath(ctx.Path()) { // a utility exchange has no generation kind: /v1/messages/count_tokens
+		env = apierr.Anthropic
+	}
+	respond.Error(ctx, e, env)
 	x.ended(e.Status, e.Logged())
 	if e.Reason != "" {
 		x.reason = e.Reason
