@@ -27,11 +27,16 @@ func anthropicPath(path []byte) bool { return bytes.HasPrefix(path, []byte("/v1/
 // respond.Error, the one writer, in Anthropic's envelope on Anthropic's routes and OpenAI's
 // elsewhere. An exchange answers through answer, which also records the outcome.
 func writeError(ctx *fasthttp.RequestCtx, e *apierr.Error) {
-	env := apierr.OpenAI
-	if anthropicPath(ctx.Path()) {
-		env = apierr.Anthropic
+	respond.Error(ctx, e, pathEnvelope(ctx.Path()))
+}
+
+// pathEnvelope is the error shape of a route known only by its path (before an exchange, and
+// utility exchanges, which have no generation kind): Anthropic's on Anthropic's routes.
+func pathEnvelope(path []byte) apierr.Envelope {
+	if anthropicPath(path) {
+		return apierr.Anthropic
 	}
-	respond.Error(ctx, e, env)
+	return apierr.OpenAI
 }
 
 // envelopeOf is the error shape of a route kind's clients.
@@ -60,11 +65,7 @@ func errorEvent(kind request.Kind, e *apierr.Error) []byte { return e.Event(enve
 // answer replies with e and records it for the access line (status, the logged code and, for a
 // refusal, the decision). The request id is on the reply already (open).
 func (x *exchange) answer(ctx *fasthttp.RequestCtx, e *apierr.Error) {
-	env := envelopeOf(x.kind)
-	if anthropicPath(ctx.Path()) { // a utility exchange has no generation kind: /v1/messages/count_tokens
-		env = apierr.Anthropic
-	}
-	respond.Error(ctx, e, env)
+	respond.Error(ctx, e, x.env)
 	x.ended(e.Status, e.Logged())
 	if e.Reason != "" {
 		x.reason = e.Reason

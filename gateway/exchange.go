@@ -33,6 +33,7 @@ import (
 type exchange struct {
 	g     *Gateway
 	kind  request.Kind
+	env   apierr.Envelope // the error shape of the route's clients (answer)
 	start time.Time
 	// rid is the client-facing request id (X-Request-Id, the client's if sane); engineRID is the
 	// rid the engines see, always ours.
@@ -113,7 +114,7 @@ type spans struct {
 // generate serves the generation routes: one exchange, its chain run, and its one end (a
 // streamed reply ends in the relay's Close instead, when the client has it all).
 func (g *Gateway) generate(ctx *fasthttp.RequestCtx, kind request.Kind) {
-	x := &exchange{g: g, start: time.Now(), kind: kind}
+	x := &exchange{g: g, start: time.Now(), kind: kind, env: envelopeOf(kind)}
 	x.clientAddr, x.method = ctx.RemoteAddr(), methodName(ctx.Method())
 	x.rid, x.engineRID = requestIDs(ctx)
 	defer x.recoverPanic(ctx)

@@ -39,7 +39,7 @@ const utilityTimeout = 10 * time.Second
 // utility serves one utility call as an exchange of its own: ids, answers and the access line
 // come from the same one way out (answer.go) as every other route's.
 func (g *Gateway) utility(ctx *fasthttp.RequestCtx, path string) {
-	x := &exchange{g: g, start: time.Now()}
+	x := &exchange{g: g, start: time.Now(), env: pathEnvelope(ctx.Path())}
 	x.clientAddr, x.method = ctx.RemoteAddr(), methodName(ctx.Method())
 	x.rid, _ = requestIDs(ctx)
 	var model string
