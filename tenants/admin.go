@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvgate/kvgate/apierr"
 	"github.com/kvgate/kvgate/config"
+	"github.com/kvgate/kvgate/request"
 	"github.com/kvgate/kvgate/state"
 )
 
@@ -28,6 +29,11 @@ func Decode(body []byte, r *config.Tenant) *apierr.Error {
 				return apierr.BadRequest(k, "'"+k+"' is refused: send 'key_sha256', the hex SHA-256 of the key (printf %s KEY | sha256sum); kvgate never accepts or stores a key itself.")
 			}
 		}
+	}
+	// encoding/json keeps the last of two equal keys and matches keys case-insensitively, so
+	// "rpm":5,"rpm":0 would store no limit: refused, naming the key, as every route refuses it.
+	if e := request.CheckKeys(body); e != nil {
+		return e
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()

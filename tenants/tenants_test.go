@@ -71,6 +71,11 @@ func TestDecodeNamesTheField(t *testing.T) {
 		{`{"name":"x",` + key + `,"rpm":1.5}`, "rpm"},
 		{`{"name":"x",` + key + `,"canary_opt_out":"yes"}`, "canary_opt_out"},
 		{`{"name":"x","colour":"red"}`, "colour"},
+		// Go's decoder keeps the last of duplicate keys and matches case-insensitively: rpm 5
+		// then rpm 0 would be stored as no limit at all.
+		{`{"name":"x",` + key + `,"rpm":5,"rpm":0}`, "rpm"},
+		{`{"name":"x",` + key + `,"tpm":100,"TPM":0}`, "TPM"},
+		{`{"name":"x",` + key + `,"name":"y"}`, "name"},
 		{`{"name":"x"`, ""},
 	} {
 		var r config.Tenant
