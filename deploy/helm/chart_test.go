@@ -397,3 +397,36 @@ func TestChartValuesSchemaRefusesTypos(t *testing.T) {
 		}
 	}
 }
+
+// A changed Secret rolls the pods (issue 51): kvgate reads its secrets at start only, so the pod
+// template carries the chart-made Secret's checksum, which moves with any secret value and with
+// nothing else.
+func TestChartSecretChangeRollsPods(t *testing.T) {
+	bin := helmBinary(t)
+	annotations := func(set ...string) map[string]string {
+		args := []string{"template", "kvgate", chartDir(t)}
+		for _, s := range set {
+			args = append(args, "--set", s)
+		}
+		r := decodeAll(t, helm(t, bin, args...))
+		if len(r.deployments) != 1 {
+			t.Fatalf("%d deployments", len(r.deployments))
+		}
+		return r.deployments[0].Spec.Template.Annotations
+	}
+	a := annotations("secrets.values.canarySecret=first-canary-secret-of-32-chars!")
+	again := annotations("secrets.values.canarySecret=first-canary-secret-of-32-chars!")
+	b := annotations("secrets.values.canarySecret=other-canary-secret-of-32-chars!")
+	if a["checksum/secret"] == "" || a["checksum/config"] == "" {
+		t.Fatalf("pod template annotations %v: want checksum/config and checksum/secret", a)
+	}
+	if a["checksum/secret"] != again["checksum/secret"] {
+		t.Fatalf("the same values gave two secret checksums: %q, %q", a["checksum/secret"], again["checksum/secret"])
+	}
+	if a["checksum/secret"] == b["checksum/secret"] {
+		t.Fatalf("a changed canary secret left checksum/secret at %q: the pods would keep the old secret", a["checksum/secret"])
+	}
+	if a["checksum/config"] != b["checksum/config"] {
+		t.Fatal("a secret change moved checksum/config: the config does not hold secrets")
+	}
+}
