@@ -10,10 +10,11 @@ export KVGATE_TEST_REDIS ?= redis://127.0.0.1:6379/15
 .PHONY: build test demo bench bench-quick bench-proxy bench-compare bench-micro fuzz soak lint docker clean tools helm promtool chart screenshot falsealarm bench-scanner
 
 # The product binary (kvgate) and the lab's (kvgate-lab: simulator, leak lab, demo), which the
-# product never links.
+# product never links. -buildvcs=auto stamps the git revision (kvgate_build_info) even where
+# GOFLAGS says -buildvcs=false, and skips it outside a repository (the Docker build).
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/kvgate
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(LAB_BIN) ./cmd/kvgate-lab
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=auto -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/kvgate
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=auto -ldflags '$(LDFLAGS)' -o $(LAB_BIN) ./cmd/kvgate-lab
 
 # Packages run one at a time (-p 1): the machine has two cores and the end-to-end tests start
 # real simulator processes whose timing they measure.

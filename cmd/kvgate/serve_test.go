@@ -89,6 +89,16 @@ server: {drain_delay: 100ms, metrics_key_sha256: %q}
 	if !regexp.MustCompile(`(?m)^kvgate_build_info\{go_version="go[^"]+",revision="[^"]+",` + regexp.QuoteMeta(want) + `$`).Match(metrics) {
 		t.Errorf("kvgate_build_info lacks %s:\n%s", want, regexp.MustCompile(`(?m)^kvgate_build_info.*$`).Find(metrics))
 	}
+	// Built from a git checkout (make build, or this test's own build), the revision is the
+	// checkout's commit, not "unknown" (issue 51: GOFLAGS=-buildvcs=false had hidden it).
+	if root, err := procs.ModuleRoot(); err == nil {
+		if head, err := exec.Command("git", "-C", root, "rev-parse", "HEAD").Output(); err == nil {
+			rev := regexp.MustCompile(`(?m)^kvgate_build_info\{[^}]*revision="([^"]*)"`).FindSubmatch(metrics)
+			if rev == nil || !strings.HasPrefix(string(rev[1]), strings.TrimSpace(string(head))) {
+				t.Errorf("kvgate_build_info revision %q, want the checkout's HEAD %s", rev, head)
+			}
+		}
+	}
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()

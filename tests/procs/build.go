@@ -60,7 +60,7 @@ func (b *built) get(t testing.TB, env, name string) string {
 			return
 		}
 		out := filepath.Join(dir, name)
-		cmd := exec.Command("go", "build", "-o", out, "./cmd/"+name)
+		cmd := exec.Command("go", "build", "-buildvcs=auto", "-o", out, "./cmd/"+name)
 		cmd.Dir = root
 		b.log, b.err = cmd.CombinedOutput()
 		b.path = out
