@@ -26,8 +26,18 @@ func anthropicPath(path []byte) bool { return bytes.HasPrefix(path, []byte("/v1/
 // writeError answers with e before an exchange exists (framing, routing, utility routes):
 // respond.Error, the one writer, in Anthropic's envelope on Anthropic's routes and OpenAI's
 // elsewhere. An exchange answers through answer, which also records the outcome.
+// Every refusal carries one X-Request-Id: those refused by fasthttp's handlers before any
+// handler ran (an oversized body from its header, Expect: 100-continue) get theirs here.
 func writeError(ctx *fasthttp.RequestCtx, e *apierr.Error) {
-	respond.Error(ctx, e, pathEnvelope(ctx.Path()))
+	writeErrorIn(ctx, e, pathEnvelope(ctx.Path()))
+}
+
+// writeErrorIn is writeError in a given envelope (the path known from elsewhere).
+func writeErrorIn(ctx *fasthttp.RequestCtx, e *apierr.Error, env apierr.Envelope) {
+	if len(ctx.Response.Header.Peek("X-Request-Id")) == 0 {
+		requestIDs(ctx)
+	}
+	respond.Error(ctx, e, env)
 }
 
 // pathEnvelope is the error shape of a route known only by its path (before an exchange, and

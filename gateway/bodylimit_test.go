@@ -76,3 +76,40 @@ func TestBodyLimitRefusedFromHeader(t *testing.T) {
 		t.Fatalf("the engine should have seen only the small request: %+v", st.Requests)
 	}
 }
+
+// An oversized body on Anthropic's route is refused in Anthropic's envelope with one
+// X-Request-Id, like every other refusal there (issue 48: it came in OpenAI's, without an id),
+// whether it is refused from the header, after "Expect: 100-continue", or while reading.
+func TestBodyLimitOnMessagesInAnthropicsEnvelope(t *testing.T) {
+	sim := procs.StartSim(t, "--mode", "combined", "--pool-tokens", "4096", "--context-length", "8192")
+	gw := testkit.StartGateway(t, testkit.ParseConfig(t, gatewayYAML("max_body_bytes: 65536\n", [3]string{"sim", sim.URL, "unified"})))
+	for _, c := range []struct{ name, extra, length, body string }{
+		{"from the header", "", "10737418240", ""},
+		{"expect 100-continue", "Expect: 100-continue\r\n", "10737418240", ""},
+		{"while reading", "", "70000", `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"` + strings.Repeat("a", 69900) + `"}]}`},
+	} {
+		conn, err := net.Dial("tcp", gw.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.WriteString(conn, "POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Api-Key: "+tenantKey+"\r\n"+
+			"Authorization: Bearer "+tenantKey+"\r\n"+c.extra+"Content-Length: "+c.length+"\r\n\r\n"+c.body)
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		conn.Close()
+		var e struct {
+			Type  string `json:"type"`
+			Error struct{ Type, Message string }
+		}
+		if resp.StatusCode != 413 || json.Unmarshal(b, &e) != nil || e.Type != "error" || e.Error.Type != "request_too_large" || e.Error.Message == "" {
+			t.Errorf("%s: %d %s, want 413 in Anthropic's envelope (type error, error.type request_too_large)", c.name, resp.StatusCode, b)
+		}
+		if ids := resp.Header.Values("X-Request-Id"); len(ids) != 1 || ids[0] == "" {
+			t.Errorf("%s: X-Request-Id %q, want exactly one", c.name, ids)
+		}
+	}
+}

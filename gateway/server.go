@@ -213,9 +213,15 @@ func New(cfg *config.Config, set *backends.Set, st *state.State, log *zap.Logger
 			var small *fasthttp.ErrSmallBuffer
 			var netErr net.Error
 			switch {
-			case errors.Is(err, fasthttp.ErrBodyTooLarge) || g.takeOversized(ctx):
+			case errors.Is(err, fasthttp.ErrBodyTooLarge) || g.nOversized.Load() > 0 && g.isOversized(&ctx.Request.Header):
 				ctx.SetConnectionClose()
-				writeError(ctx, apierr.TooLarge(cfg.MaxBodyBytes))
+				// The envelope comes from the mark: after the failed read the request's path may
+				// already be gone, and /v1/messages must still get Anthropic's.
+				env, marked := g.takeOversized(ctx)
+				if !marked {
+					env = pathEnvelope(ctx.Path())
+				}
+				writeErrorIn(ctx, apierr.TooLarge(cfg.MaxBodyBytes), env)
 			case errors.As(err, &small):
 				writeError(ctx, &apierr.Error{Status: 431, Type: "invalid_request_error", Code: "request_header_too_large",
 					Message: "Request headers are larger than the gateway accepts (" + strconv.Itoa(cfg.Server.MaxHeaderBytes) + " bytes)."})
@@ -360,7 +366,7 @@ func (g *Gateway) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConf
 	if h.ContentLength() <= g.cfg.MaxBodyBytes {
 		return fasthttp.RequestConfig{ReadTimeout: g.cfg.Server.ReadTimeout}
 	}
-	if _, loaded := g.oversized.LoadOrStore(h, struct{}{}); !loaded {
+	if _, loaded := g.oversized.LoadOrStore(h, pathEnvelope(h.RequestURI())); !loaded {
 		g.nOversized.Add(1)
 	}
 	return fasthttp.RequestConfig{ReadTimeout: time.Nanosecond, MaxRequestBodySize: 1}
@@ -376,9 +382,22 @@ func (g *Gateway) expect(ctx *fasthttp.RequestCtx) int {
 	return fasthttp.StatusContinue
 }
 
-// takeOversized reports (and clears) the oversized mark of ctx's request.
-func (g *Gateway) takeOversized(ctx *fasthttp.RequestCtx) bool {
-	return g.nOversized.Load() > 0 && g.clearOversized(&ctx.Request.Header)
+// takeOversized reports (and clears) the oversized mark of ctx's request: the error envelope of
+// the path it was sent to.
+func (g *Gateway) takeOversized(ctx *fasthttp.RequestCtx) (apierr.Envelope, bool) {
+	if g.nOversized.Load() == 0 {
+		return 0, false
+	}
+	if v, ok := g.oversized.LoadAndDelete(&ctx.Request.Header); ok {
+		g.nOversized.Add(-1)
+		return v.(apierr.Envelope), true
+	}
+	return 0, false
+}
+
+func (g *Gateway) isOversized(h *fasthttp.RequestHeader) bool {
+	_, ok := g.oversized.Load(h)
+	return ok
 }
 
 func (g *Gateway) clearOversized(h *fasthttp.RequestHeader) bool {
