@@ -4,7 +4,6 @@
 package config
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
@@ -674,18 +673,59 @@ func Parse(raw []byte, environ []string) (*Config, error) {
 	// Set before decoding, so that an explicit 0 in the file or the environment stands.
 	c.Upstream.Retries = defaultRetries
 	c.Server.DrainDelay, c.Server.DrainTimeout = defaultDrainDelay, defaultDrainTimeout
-	dec := yaml.NewDecoder(bytes.NewReader(raw))
-	dec.KnownFields(true) // an unknown key is an error that names it
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("config: %w", err)
+	var root yaml.Node
+	if err := yaml.Unmarshal(raw, &root); err != nil {
+		return nil, fmt.Errorf("config: %w", err) // not YAML at all: yaml.v3 names the line
 	}
-	// Environment and validation errors are reported together: one run names every bad key.
+	var fileErrs []fileError
+	if len(root.Content) > 0 {
+		// Unknown keys and ill-typed values are named by path and taken out of the tree, so the
+		// decode succeeds and the rest of the file is still checked in this run.
+		fileErrs = checkTree(root.Content[0], reflect.TypeOf(c), "")
+		if err := root.Content[0].Decode(&c); err != nil {
+			return nil, fmt.Errorf("config: %w", err)
+		}
+	}
+	// File, environment and validation errors are reported together: one run names every bad key.
 	envErr := ApplyEnv(&c, environ)
 	c.applyDefaults()
-	if err := errors.Join(envErr, c.Validate()); err != nil {
+	errs := make([]error, 0, len(fileErrs)+2)
+	for _, e := range fileErrs {
+		errs = append(errs, e)
+	}
+	for _, e := range []error{envErr, c.Validate()} {
+		errs = append(errs, withoutDropped(e, fileErrs)...)
+	}
+	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	return &c, nil
+}
+
+// withoutDropped is the errors joined in err, less those about a value the file check already
+// refused (that value was dropped, so validation saw the default and would blame it wrongly).
+func withoutDropped(err error, dropped []fileError) []error {
+	if err == nil {
+		return nil
+	}
+	list := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		list = j.Unwrap()
+	}
+	var out []error
+next:
+	for _, e := range list {
+		msg := e.Error()
+		for _, d := range dropped {
+			for _, sep := range []string{":", ".", "["} {
+				if strings.HasPrefix(msg, "config: "+d.path+sep) {
+					continue next
+				}
+			}
+		}
+		out = append(out, e)
+	}
+	return out
 }
 
 func (c *Config) applyDefaults() {
