@@ -59,6 +59,9 @@ type metrics struct {
 	// kvgate overhead (overhead.go): the vector and its three children, resolved once.
 	overhead                                      *prometheus.HistogramVec
 	overheadBefore, overheadAfter, overheadStream prometheus.Observer
+
+	// configuration reloads (reload.go)
+	reload reloadGauges
 }
 
 func newMetrics(set *backends.Set, ratio func() float64, degraded func() bool) *metrics {
@@ -108,6 +111,7 @@ func newMetrics(set *backends.Set, ratio func() float64, degraded func() bool) *
 	m.overheadStream = m.overhead.WithLabelValues(phaseStreamRead)
 	m.reg.MustRegister(m.overhead)
 	m.reg.MustRegister(m.degraded, panics.Total)
+	m.reload = newReloadGauges(m.reg)
 	m.reg.MustRegister(m.decisions, m.admitSeconds, m.upstream, m.requests, m.capChanges, m.exactCalls, m.calibrations, m.ratio,
 		&backendCollector{set: set}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"reflect"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/config"
@@ -16,9 +18,10 @@ import (
 // what they were admitted with (their tenant, route and backends) and are not touched. Other
 // settings (listen addresses, state, canary, limits, upstream, server) need a restart: a change
 // there is logged and not applied. On an error nothing changes.
-func (g *Gateway) Reload(cfg *config.Config) error {
+func (g *Gateway) Reload(cfg *config.Config) (err error) {
 	g.reloadMu.Lock()
 	defer g.reloadMu.Unlock()
+	defer func() { g.metrics.reload.record(err == nil) }()
 	// Everything that can fail is built first.
 	models, err := newModelTable(cfg, g.backends, tokenize.NewSafetyRatio(cfg.Tokenizer.SafetyRatio, cfg.Tokenizer.SafetyRatioMax), g.metrics, g.log)
 	if err != nil {
@@ -64,4 +67,37 @@ func restartOnly(old, cur *config.Config) []string {
 		}
 	}
 	return out
+}
+
+// ReloadFailed records a reload that never reached Reload (the file did not load or validate):
+// kvgate_config_last_reload_successful drops to 0 until a reload succeeds.
+func (g *Gateway) ReloadFailed() { g.metrics.reload.record(false) }
+
+// reloadGauges say whether the last reload took, and when the running configuration was
+// loaded, as Prometheus's own config_last_reload_* do: an alert on == 0 catches a bad file
+// pushed to a config map that every replica silently kept ignoring.
+type reloadGauges struct {
+	ok, at prometheus.Gauge
+}
+
+func newReloadGauges(reg *prometheus.Registry) reloadGauges {
+	r := reloadGauges{
+		ok: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvgate_config_last_reload_successful",
+			Help: "1 when the last configuration reload (SIGHUP or reload.watch) was applied, or none was tried; 0 when it failed and the previous configuration runs."}),
+		at: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvgate_config_last_reload_success_timestamp_seconds",
+			Help: "Unix time the running configuration was loaded: the start, or the last reload applied."}),
+	}
+	r.ok.Set(1)
+	r.at.SetToCurrentTime()
+	reg.MustRegister(r.ok, r.at)
+	return r
+}
+
+func (r reloadGauges) record(ok bool) {
+	if ok {
+		r.ok.Set(1)
+		r.at.SetToCurrentTime()
+		return
+	}
+	r.ok.Set(0)
 }

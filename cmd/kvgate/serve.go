@@ -100,7 +100,7 @@ func runServe(args []string) int {
 		log.Error("cannot start", zap.Error(err))
 		return 1
 	}
-	reloader(ctx, fs.Lookup("config").Value.String(), gw, cfg.Reload.Watch, log)
+	reloader(ctx, fs.Lookup("config").Value.String(), gw, cfg, cfg.Reload.Watch, log)
 	log.Info("kvgate serving", zap.String("listen", ln.Addr().String()), zap.String("mode", string(cfg.Policy.Mode)),
 		zap.Int("backends", len(cfg.Backends)), zap.Int("tenants", len(cfg.Tenants)))
 	<-ctx.Done()
